@@ -1,0 +1,5 @@
+import sys
+
+from torch_tensorrt_dist.cli import main
+
+sys.exit(main())

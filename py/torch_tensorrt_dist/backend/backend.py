@@ -1,0 +1,92 @@
+"""The ``torch_tensorrt_dist`` Dynamo backend: AOTAutograd capture, lowering, checks, engine.
+
+    torch.compile(model, backend="torch_tensorrt_dist", options={"engine": "inductor"})
+
+Every graph Dynamo hands over is traced to aten by AOTAutograd (DTensor redistributions become
+``_c10d_functional`` collectives there), lowered by :func:`fuse_collectives`, recorded for
+reports, and handed to the engine. Inference only: the typed collectives have no autograd.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import fx
+from torch._dynamo.backends.common import aot_autograd
+
+from torch_tensorrt_dist.backend.engines import build_engine, engine_decompositions
+from torch_tensorrt_dist.backend.report import GraphReport, collectives_in
+from torch_tensorrt_dist.backend.settings import CompileSettings
+from torch_tensorrt_dist.errors import UnsupportedCollectiveError
+from torch_tensorrt_dist.lowering import fuse_collectives, fusion_report
+
+__all__ = ["BACKEND_NAME", "lower_graph", "recording", "torch_tensorrt_dist_backend"]
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "torch_tensorrt_dist"
+
+_recorders: list[list[GraphReport]] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[GraphReport]]:
+    """Collect a :class:`GraphReport` for every graph the backend lowers inside the block."""
+    reports: list[GraphReport] = []
+    _recorders.append(reports)
+    try:
+        yield reports
+    finally:
+        _recorders.remove(reports)
+
+
+def lower_graph(gm: fx.GraphModule, settings: CompileSettings) -> GraphReport:
+    """Lower an aten graph in place and describe it (shared by the backend and ``explain``)."""
+    fuse_collectives(gm, strict=settings.strict)
+    report = GraphReport(
+        index=0,
+        collectives=collectives_in(gm),
+        unfused=list(fusion_report(gm).unfused),
+        num_nodes=len(gm.graph.nodes),
+    )
+    if report.unfused and settings.engine == "tensorrt":
+        raise UnsupportedCollectiveError(
+            "collectives the TensorRT engine cannot take were left in the graph: "
+            + "; ".join(reason for _, reason in report.unfused)
+        )
+    for reports in _recorders:
+        report.index = len(reports)
+        reports.append(report)
+    return report
+
+
+def torch_tensorrt_dist_backend(
+    gm: fx.GraphModule,
+    example_inputs: list[torch.Tensor],
+    *,
+    options: Mapping[str, Any] | None = None,
+) -> Callable[..., Any]:
+    """Dynamo backend entry point (registered as ``"torch_tensorrt_dist"``)."""
+    settings = CompileSettings.from_options(options)
+
+    def fw_compiler(aten_gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., Any]:
+        report = lower_graph(aten_gm, settings)
+        logger.info(
+            "graph %d: %d nodes, %d collectives, %d unfused",
+            report.index,
+            report.num_nodes,
+            len(report.collectives),
+            len(report.unfused),
+        )
+        return build_engine(aten_gm, inputs, settings)
+
+    compiler = aot_autograd(
+        fw_compiler=fw_compiler,
+        inference_compiler=fw_compiler,
+        decompositions=engine_decompositions(settings) or {},
+    )
+    return compiler(gm, example_inputs)

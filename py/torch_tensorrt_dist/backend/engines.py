@@ -1,0 +1,66 @@
+"""Engines: what runs a lowered aten graph on one rank."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+from torch import fx
+from torch._functorch.aot_autograd import make_boxed_func
+
+from torch_tensorrt_dist.backend.settings import CompileSettings
+from torch_tensorrt_dist.errors import EngineUnavailableError
+
+__all__ = ["build_engine", "engine_decompositions"]
+
+
+def engine_decompositions(settings: CompileSettings) -> dict[OpOverload, Callable[..., Any]] | None:
+    """Decompositions AOTAutograd applies while tracing for this engine."""
+    if settings.engine == "inductor":
+        from torch._inductor.decomposition import select_decomp_table
+
+        return dict(select_decomp_table())
+    if settings.engine == "tensorrt":
+        decompositions = getattr(_tensorrt_module(), "decompositions", None)
+        return decompositions(settings) if decompositions is not None else None
+    return None
+
+
+def build_engine(
+    gm: fx.GraphModule, example_inputs: list[torch.Tensor], settings: CompileSettings
+) -> Callable[..., Any]:
+    """A boxed callable (takes the list of inputs) that runs ``gm`` with the chosen engine."""
+    if settings.engine == "eager":
+        return make_boxed_func(gm.forward)
+    if settings.engine == "inductor":
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        return compile_fx_inner(gm, example_inputs)
+    if settings.engine == "tensorrt":
+        return _tensorrt_module().compile_tensorrt(gm, example_inputs, settings)
+    raise AssertionError(f"unreachable: engine {settings.engine!r} passed validation")
+
+
+def _tensorrt_module() -> Any:
+    """The TensorRT engine module, or an error that says what to install."""
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError as exc:
+        raise EngineUnavailableError(
+            "engine='tensorrt' needs TensorRT, which is not importable here "
+            f"({exc}). Install it with `pip install 'torch_tensorrt_dist[tensorrt]'` on a machine "
+            "with an NVIDIA GPU and driver, or choose engine='inductor' or engine='eager'"
+        ) from exc
+    try:
+        import torch_tensorrt  # noqa: F401
+    except ImportError as exc:
+        raise EngineUnavailableError(
+            f"engine='tensorrt' needs Torch-TensorRT, which is not importable here ({exc}). "
+            "Install it with `pip install 'torch_tensorrt_dist[tensorrt]'` "
+            "(torch-tensorrt>=2.14,<2.15), or choose engine='inductor' or engine='eager'"
+        ) from exc
+    from torch_tensorrt_dist.conversion import engine
+
+    return engine

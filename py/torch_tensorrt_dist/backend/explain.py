@@ -1,0 +1,138 @@
+"""``explain``: how a (sharded) model compiles, without running an engine.
+
+    report = torch_tensorrt_dist.explain(model, x)
+    print(report)          # graphs, breaks, and one row per collective
+    report.collectives     # [CollectiveInfo(op, group_ranks, reduce_op, dtype, shape, bytes)]
+
+It compiles the model with the ``eager`` engine (so it works on a fake process group, on CPU,
+for any world size), counts Dynamo's graphs and graph breaks, and lists the lowered collectives.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from torch_tensorrt_dist.backend.backend import BACKEND_NAME, recording
+from torch_tensorrt_dist.backend.report import CollectiveInfo, GraphReport, format_table
+
+__all__ = ["ExplainReport", "explain"]
+
+
+@dataclass
+class ExplainReport:
+    """How a model compiles on this rank."""
+
+    graph_count: int
+    graph_breaks: list[str]
+    collectives: list[CollectiveInfo]
+    graphs: list[GraphReport] = field(default_factory=list)
+    rank: int | None = None
+    world_size: int | None = None
+
+    @property
+    def unfused(self) -> list[tuple[str, str]]:
+        return [item for g in self.graphs for item in g.unfused]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(c.bytes for c in self.collectives)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "graph_count": self.graph_count,
+            "graph_breaks": list(self.graph_breaks),
+            "collectives": [c.as_dict() for c in self.collectives],
+            "unfused": [list(u) for u in self.unfused],
+            "total_bytes": self.total_bytes,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2)
+
+    def __str__(self) -> str:
+        where = f" (rank {self.rank} of {self.world_size})" if self.rank is not None else ""
+        lines = [
+            f"torch_tensorrt_dist explain{where}",
+            f"  graphs: {self.graph_count}   graph breaks: {len(self.graph_breaks)}   "
+            f"collectives: {len(self.collectives)}   bytes sent: {self.total_bytes:,}",
+        ]
+        lines += [f"  break: {reason}" for reason in self.graph_breaks]
+        lines += [f"  unfused {node}: {reason}" for node, reason in self.unfused]
+        if self.collectives:
+            rows = []
+            for g in self.graphs:
+                for c in g.collectives:
+                    rows.append(
+                        [
+                            g.index,
+                            c.op,
+                            list(c.group_ranks),
+                            c.reduce_op or "-",
+                            c.dtype,
+                            list(c.shape),
+                            f"{c.bytes:,}",
+                            c.not_convertible or "-",
+                        ]
+                    )
+            headers = ["graph", "op", "group ranks", "reduce", "dtype", "shape", "bytes"]
+            table = format_table([*headers, "converts"], rows)
+            lines += ["", *("  " + row for row in table.splitlines())]
+        return "\n".join(lines)
+
+
+def explain(
+    model: Callable[..., Any] | torch.nn.Module,
+    *example_inputs: Any,
+    dynamic: bool | None = False,
+    **example_kwargs: Any,
+) -> ExplainReport:
+    """Compile ``model`` on these inputs and report graphs, breaks and collectives.
+
+    Runs the model once (through the ``eager`` engine); on a fake process group the collectives
+    do nothing, so any world size and mesh can be explained in one CPU process.
+    """
+    torch._dynamo.reset()
+    counters.clear()
+    target = model
+    if isinstance(model, torch.nn.Module):
+        # compiling a call of the module (not the module) inlines its hooks, such as the
+        # input/output hooks of DTensor parallel styles, into the same graph
+        def target(*args: Any, **kwargs: Any) -> Any:
+            return model(*args, **kwargs)
+
+    compiled = torch.compile(
+        target, backend=BACKEND_NAME, options={"engine": "eager"}, dynamic=dynamic
+    )
+    with recording() as graphs, torch.no_grad():
+        compiled(*example_inputs, **example_kwargs)
+    breaks = [
+        f"{reason} (x{count})" if count > 1 else reason
+        for reason, count in counters["graph_break"].items()
+    ]
+    torch._dynamo.reset()
+    unexplained = len(graphs) - 1 - sum(counters["graph_break"].values())
+    if unexplained > 0:
+        breaks.append(
+            f"{unexplained} more graph(s) from code Dynamo compiled as separate frames "
+            "(module hooks, or functions it could not inline)"
+        )
+    rank = world_size = None
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return ExplainReport(
+        graph_count=len(graphs),
+        graph_breaks=breaks,
+        collectives=[c for g in graphs for c in g.collectives],
+        graphs=graphs,
+        rank=rank,
+        world_size=world_size,
+    )

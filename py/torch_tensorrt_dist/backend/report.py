@@ -1,0 +1,100 @@
+"""What a compiled graph communicates: one entry per typed collective, and readable tables."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from torch_tensorrt_dist.ops.collectives import COLLECTIVE_OPS
+
+__all__ = ["CollectiveInfo", "GraphReport", "collectives_in", "format_table"]
+
+_OP_NAMES = {overload: name for name, overload in COLLECTIVE_OPS.items()}
+
+
+@dataclass(frozen=True)
+class CollectiveInfo:
+    """One collective of a lowered graph (sizes are of the tensor a rank sends in)."""
+
+    op: str
+    group_ranks: tuple[int, ...]
+    reduce_op: str | None
+    dtype: str
+    shape: tuple[int, ...]
+    bytes: int
+    node: str = ""
+    #: why the TensorRT engine would not convert it (None: it converts, or not checked)
+    not_convertible: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GraphReport:
+    """One captured graph: its collectives and what the lowering left unfused."""
+
+    index: int
+    collectives: list[CollectiveInfo] = field(default_factory=list)
+    unfused: list[tuple[str, str]] = field(default_factory=list)
+    num_nodes: int = 0
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def collectives_in(gm: fx.GraphModule) -> list[CollectiveInfo]:
+    """The typed collectives of a lowered graph, in graph order."""
+    out = []
+    for node in gm.graph.nodes:
+        name = _OP_NAMES.get(node.target) if node.op == "call_function" else None
+        if name is None:
+            continue
+        x = node.args[0]
+        val = x.meta.get("val") if isinstance(x, fx.Node) else None
+        shape = tuple(int(s) for s in val.shape) if val is not None else ()
+        dtype = val.dtype if val is not None else torch.float32
+        numel = 1
+        for s in shape:
+            numel *= s
+        out.append(
+            CollectiveInfo(
+                op=name,
+                group_ranks=tuple(int(r) for r in node.args[-1]),
+                reduce_op=str(node.args[1]) if name in ("all_reduce", "reduce_scatter") else None,
+                dtype=_dtype_name(dtype),
+                shape=shape,
+                bytes=numel * dtype.itemsize,
+                node=node.name,
+            )
+        )
+    return out
+
+
+def format_table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A plain fixed-width table (no dependency), numbers right-aligned."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+    numeric = [all(_is_number(r[i]) for r in cells) and cells for i in range(len(headers))]
+
+    def line(row: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if numeric[i] else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))
+        ).rstrip()
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), sep, *(line(r) for r in cells)])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.replace(",", ""))
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,72 @@
+"""Compile settings of the ``torch_tensorrt_dist`` backend: one dataclass, defaults in one place."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from torch_tensorrt_dist.errors import ConfigError
+
+__all__ = ["COLLECTIVE_IMPLS", "ENGINES", "ENV_COLLECTIVE_IMPL", "CompileSettings"]
+
+ENGINES = ("tensorrt", "inductor", "eager")
+COLLECTIVE_IMPLS = ("auto", "native", "plugin")
+#: overrides ``collective_impl`` when set (the settings value wins if given explicitly)
+ENV_COLLECTIVE_IMPL = "TORCH_TENSORRT_DIST_COLLECTIVE_IMPL"
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """Options of ``torch.compile(..., backend="torch_tensorrt_dist", options={...})``."""
+
+    #: what runs the lowered graph: ``tensorrt`` (Torch-TensorRT, one engine per rank; an error
+    #: where it is not installed), ``inductor`` (Inductor; collectives through c10d) or
+    #: ``eager`` (the lowered FX graph as is: the reference)
+    engine: str = "tensorrt"
+    #: TensorRT collective layers: ``native`` DistCollective (TensorRT >= 10.16), ``plugin``
+    #: (TensorRT-LLM NCCL plugins, needs an MPI launch) or ``auto`` (native where available)
+    collective_impl: str = "auto"
+    #: explicit path of ``libnvinfer_plugin_tensorrt_llm.so`` (else searched)
+    plugin_path: str | None = None
+    #: raise if a collective cannot be fused into a typed op (instead of leaving it and warning)
+    strict: bool = False
+    #: compare the collective sequence of the ranks of each group before the first run
+    check_schedule: bool = True
+    #: seconds the schedule check waits for the other ranks
+    schedule_timeout_s: float = 120.0
+    #: passed through to ``torch_tensorrt.dynamo.compile`` (e.g. ``enabled_precisions``)
+    torch_tensorrt_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine={self.engine!r} is not one of {', '.join(ENGINES)}")
+        if self.collective_impl not in COLLECTIVE_IMPLS:
+            raise ConfigError(
+                f"collective_impl={self.collective_impl!r} is not one of "
+                f"{', '.join(COLLECTIVE_IMPLS)}"
+            )
+        if self.schedule_timeout_s <= 0:
+            raise ConfigError(f"schedule_timeout_s must be > 0, got {self.schedule_timeout_s}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None = None) -> CompileSettings:
+        """Settings from a ``torch.compile`` options dict; unknown keys are an error."""
+        options = dict(options or {})
+        known = {f.name for f in fields(cls)}
+        for key in options:
+            if key not in known:
+                close = difflib.get_close_matches(key, sorted(known), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(
+                    f"unknown torch_tensorrt_dist option {key!r}{hint} "
+                    f"(known: {', '.join(sorted(known))})"
+                )
+        if "collective_impl" not in options and os.environ.get(ENV_COLLECTIVE_IMPL):
+            options["collective_impl"] = os.environ[ENV_COLLECTIVE_IMPL].strip().lower()
+        return cls(**options)
+
+    def with_(self, **changes: Any) -> CompileSettings:
+        return replace(self, **changes)

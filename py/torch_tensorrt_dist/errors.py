@@ -1,0 +1,35 @@
+"""Exception types. Each message says what was found and how to fix it."""
+
+from __future__ import annotations
+
+
+class TensorRTDistError(RuntimeError):
+    """Base class of every error this package raises on purpose."""
+
+
+class GroupResolutionError(TensorRTDistError):
+    """A collective names a process group that cannot be found, or whose ranks changed."""
+
+
+class UnsupportedCollectiveError(TensorRTDistError):
+    """A collective (or an argument of one) that this package cannot handle."""
+
+
+class EngineUnavailableError(TensorRTDistError):
+    """The requested engine needs software that is not installed (TensorRT, Torch-TensorRT)."""
+
+
+class ConfigError(TensorRTDistError, ValueError):
+    """A user-facing option, mesh or model configuration is invalid."""
+
+
+class ScheduleMismatchError(TensorRTDistError):
+    """Ranks of one group would issue different collective sequences (a hang in NCCL)."""
+
+
+class DistributedSetupError(TensorRTDistError):
+    """The process was launched in a way that cannot work (conflicting variables, no MPI...)."""
+
+
+class CheckpointError(ConfigError):
+    """A model checkpoint is missing, truncated, or holds tensors of the wrong name or shape."""

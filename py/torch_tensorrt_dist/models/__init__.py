@@ -1,0 +1,1 @@
+"""Reference model code: toy models and Llama-family decoders."""

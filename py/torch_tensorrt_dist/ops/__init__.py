@@ -1,0 +1,17 @@
+"""Typed collective ops (``torch.ops.tensorrt_dist.*``) and process-group resolution."""
+
+from torch_tensorrt_dist.ops.collectives import (
+    COLLECTIVE_OPS,
+    REDUCE_OPS,
+    normalize_reduce_op,
+)
+from torch_tensorrt_dist.ops.groups import check_group_ranks, group_ranks, resolve_group
+
+__all__ = [
+    "COLLECTIVE_OPS",
+    "REDUCE_OPS",
+    "check_group_ranks",
+    "group_ranks",
+    "normalize_reduce_op",
+    "resolve_group",
+]

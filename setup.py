@@ -1,0 +1,47 @@
+"""Packaging for torch_tensorrt_dist (the package lives under py/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+_HERE = Path(__file__).parent
+_version: dict[str, str] = {}
+exec((_HERE / "py" / "torch_tensorrt_dist" / "_version.py").read_text(), _version)
+
+DEV = [
+    "pytest>=8",
+    "pytest-timeout>=2.3",
+    "hypothesis>=6.100",
+    "ruff>=0.6",
+    "mypy>=1.10",
+    "transformers>=4.45",
+    "accelerate>=1.0",
+]
+
+setup(
+    name="torch_tensorrt_dist",
+    version=_version["__version__"],
+    description="Distributed (tensor / pipeline parallel) LLM inference for Torch-TensorRT",
+    long_description=(_HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    license="BSD-3-Clause",
+    python_requires=">=3.10",
+    package_dir={"": "py"},
+    packages=find_packages("py"),
+    package_data={"torch_tensorrt_dist": ["py.typed", "data/*"]},
+    install_requires=[
+        "torch>=2.14,<2.15",
+        "numpy>=1.26",
+        "safetensors>=0.4",
+        "tokenizers>=0.19",
+        "tqdm>=4.66",
+    ],
+    extras_require={
+        "tensorrt": ["torch-tensorrt>=2.14,<2.15"],
+        "mpi": ["mpi4py>=3.1"],
+        "dev": DEV,
+    },
+    entry_points={"console_scripts": ["torchtrt-dist=torch_tensorrt_dist.cli:main"]},
+)

@@ -1,0 +1,45 @@
+"""Test tiers: markers that skip with a reason where the hardware or software is absent."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import pytest
+import torch
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _tensorrt_reason() -> str | None:
+    if not _has("tensorrt"):
+        return "TensorRT (the `tensorrt` Python package with libnvinfer) is not installed"
+    if not _has("torch_tensorrt"):
+        return "Torch-TensorRT is not installed (pip install 'torch_tensorrt_dist[tensorrt]')"
+    return None
+
+
+_SKIPS = {
+    "tensorrt": _tensorrt_reason,
+    "gpu": lambda: None if torch.cuda.is_available() else "no CUDA GPU in this machine",
+    "multigpu": lambda: (
+        None
+        if torch.cuda.device_count() >= 2
+        else f"needs 2+ CUDA GPUs, found {torch.cuda.device_count()}"
+    ),
+    "mpi": lambda: (
+        None
+        if shutil.which("mpirun") and _has("mpi4py")
+        else "needs Open MPI's mpirun and mpi4py (apt-get install openmpi-bin; pip install mpi4py)"
+    ),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reasons = {name: check() for name, check in _SKIPS.items()}
+    for item in items:
+        for name, reason in reasons.items():
+            if reason and name in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))

@@ -1,0 +1,65 @@
+"""``torchtrt-dist explain`` end to end, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torch_tensorrt_dist", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_rank_5_of_8_with_tp_4_uses_ranks_4_to_7() -> None:
+    proc = _run("explain", "--model", "mlp", "--world-size", "8", "--tp", "4", "--rank", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert "rank 5 of 8" in proc.stdout
+    assert "graphs: 1   graph breaks: 0   collectives: 1" in proc.stdout
+    assert "all_reduce  [4, 5, 6, 7]" in proc.stdout
+
+
+def test_json_report_on_a_2d_mesh() -> None:
+    proc = _run(
+        "explain",
+        "--model",
+        "mlp-sp",
+        "--world-size",
+        "8",
+        "--tp",
+        "2",
+        "--rank",
+        "3",
+        "--dtype",
+        "bfloat16",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["graph_count"] == 1 and report["graph_breaks"] == []
+    assert [c["op"] for c in report["collectives"]] == ["all_gather", "reduce_scatter"]
+    assert all(c["group_ranks"] == [2, 3] for c in report["collectives"])
+    assert all(c["dtype"] == "bfloat16" for c in report["collectives"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--world-size", "6", "--tp", "4"], "tp=4 must be >= 1 and divide the world size 6"),
+        (["--world-size", "8", "--tp", "4", "--dp", "3"], "does not match the world size 8"),
+        (["--world-size", "4", "--rank", "4"], "rank 4 is not a rank of a world of size 4"),
+        (["--world-size", "2", "--dim", "63"], "--dim 63 must be divisible by --tp 2"),
+    ],
+)
+def test_bad_layouts_are_clear_errors(args: list[str], message: str) -> None:
+    proc = _run("explain", *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
