@@ -8,12 +8,13 @@ import torch
 import torch.distributed as dist
 
 import torch_tensorrt_dist  # noqa: F401  (registers ops and backend)
-from torch_tensorrt_dist.models.toy import MLP, NormMLP
+from torch_tensorrt_dist.models.toy import MLP, Block, NormMLP
 from torch_tensorrt_dist.parallel import make_mesh
 from torch_tensorrt_dist.parallel.plans import (
     FunctionalTPMLP,
     ShardSwap,
     sequence_parallel_block,
+    tensor_parallel_block,
     tensor_parallel_mlp,
 )
 
@@ -38,10 +39,16 @@ def compiled_vs_unsharded(
     dim = 32
     if model == "mlp-sp":
         full: torch.nn.Module = NormMLP(dim, 4 * dim)
+    elif model == "block":
+        full = Block(dim, n_heads=4)
     else:
         full = MLP(dim, 4 * dim)
     full = full.to(dt)
-    x = torch.randn(2, 8, dim, dtype=dt) if model == "mlp-sp" else torch.randn(8, dim, dtype=dt)
+    x = (
+        torch.randn(2, 8, dim, dtype=dt)
+        if model in ("mlp-sp", "block")
+        else torch.randn(8, dim, dtype=dt)
+    )
     x = x + mesh.get_local_rank("dp")  # data parallel: each replica gets its own input
     with torch.no_grad():
         ref = full(x) if model != "all-to-all" else None
@@ -49,6 +56,9 @@ def compiled_vs_unsharded(
 
         if model == "mlp":
             sharded: Any = tensor_parallel_mlp(copy.deepcopy(full), tp_mesh)
+            local_in, expected = x, ref
+        elif model == "block":
+            sharded = tensor_parallel_block(copy.deepcopy(full), tp_mesh)
             local_in, expected = x, ref
         elif model == "funcol-mlp":
             sharded = FunctionalTPMLP(full, tp_mesh).to(dt)

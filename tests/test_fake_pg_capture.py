@@ -17,6 +17,7 @@ EXPECTED_OPS = {
     "mlp": ["all_reduce"],
     "funcol-mlp": ["all_reduce"],
     "mlp-sp": ["all_gather", "reduce_scatter"],
+    "block": ["all_reduce", "all_reduce"],
     "all-to-all": ["all_to_all", "all_to_all"],
 }
 

@@ -47,6 +47,11 @@ def test_two_ranks_inductor_engine() -> None:
 
 @pytest.mark.slow
 def test_four_ranks_2x2_mesh_tp_inner() -> None:
-    """dp=2 x tp=2: ranks {0,1} and {2,3} are TP groups; each replica gets its own input."""
-    cases = [("mlp", "eager", 2, "float32"), ("mlp-sp", "inductor", 2, "float32")]
+    """dp=2 x tp=2: ranks {0,1} and {2,3} are TP groups; each replica gets its own input.
+    Includes an attention block with a plan the foundation never special-cased."""
+    cases = [
+        ("mlp", "eager", 2, "float32"),
+        ("block", "eager", 2, "float32"),
+        ("mlp-sp", "inductor", 2, "float32"),
+    ]
     _check(run_on_ranks(_rank_fns.compiled_cases, 4, cases, timeout=300), cases, 4)

@@ -51,9 +51,18 @@ def _all_to_all(mesh: Any, args: argparse.Namespace) -> tuple[Any, tuple[Any, ..
     return ShardSwap(mesh, args.dim), (torch.randn(args.batch, args.dim),)
 
 
+def _block(mesh: Any, args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
+    from torch_tensorrt_dist.models.toy import Block
+    from torch_tensorrt_dist.parallel.plans import tensor_parallel_block
+
+    model = tensor_parallel_block(Block(args.dim, n_heads=max(4, mesh.size())), mesh)
+    return model, (torch.randn(args.batch, args.seq, args.dim),)
+
+
 #: name -> (description, builder(tp_mesh, args) -> (model, example inputs))
 BUILTIN_MODELS: dict[str, tuple[str, Callable[[Any, argparse.Namespace], Any]]] = {
     "mlp": ("DTensor column/row-parallel MLP (1 all_reduce)", _mlp),
+    "block": ("DTensor attention + MLP block, torchtitan plan (2 all_reduces)", _block),
     "mlp-sp": ("sequence-parallel norm + MLP block (all_gather + reduce_scatter)", _mlp_sp),
     "funcol-mlp": ("hand-sharded MLP with a functional all_reduce", _funcol_mlp),
     "all-to-all": ("row <-> column re-sharding through all_to_all", _all_to_all),

@@ -33,3 +33,41 @@ class NormMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, S, dim]
         return x + self.mlp(self.norm(x))
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention; head count taken from the projection's local width,
+    so it runs unchanged when q/k/v are column-sharded (each rank holds n_heads/tp heads)."""
+
+    def __init__(self, dim: int = 64, n_heads: int = 4) -> None:
+        super().__init__()
+        self.head_dim = dim // n_heads
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, dim, bias=False)
+        self.wv = nn.Linear(dim, dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # [B, S, local heads * hd] -> [B, local heads, S, hd]
+        q, k, v = (
+            proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+            for proj in (self.wq, self.wk, self.wv)
+        )
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, S, hd]
+        return self.wo(o.transpose(1, 2).reshape(b, s, -1))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: attention and MLP, each with a residual."""
+
+    def __init__(self, dim: int = 64, n_heads: int = 4) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, n_heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = MLP(dim, 4 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))

@@ -19,12 +19,13 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from torch_tensorrt_dist.models.toy import MLP, NormMLP
+from torch_tensorrt_dist.models.toy import MLP, Block, NormMLP
 
 __all__ = [
     "FunctionalTPMLP",
     "ShardSwap",
     "sequence_parallel_block",
+    "tensor_parallel_block",
     "tensor_parallel_mlp",
 ]
 
@@ -33,6 +34,23 @@ def tensor_parallel_mlp(mlp: MLP, mesh: DeviceMesh) -> MLP:
     """w1 column-, w2 row-parallel: replicated in, replicated out, one all_reduce."""
     parallelize_module(mlp, mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
     return mlp
+
+
+def tensor_parallel_block(block: Block, mesh: DeviceMesh) -> Block:
+    """torchtitan's plan: q/k/v and w1 column-, wo and w2 row-parallel; 2 all_reduces."""
+    parallelize_module(
+        block,
+        mesh,
+        {
+            "attn.wq": ColwiseParallel(),
+            "attn.wk": ColwiseParallel(),
+            "attn.wv": ColwiseParallel(),
+            "attn.wo": RowwiseParallel(),
+            "mlp.w1": ColwiseParallel(),
+            "mlp.w2": RowwiseParallel(),
+        },
+    )
+    return block
 
 
 def sequence_parallel_block(block: NormMLP, mesh: DeviceMesh) -> NormMLP:
