@@ -75,3 +75,18 @@ def test_graph_breaks_are_counted_with_reasons() -> None:
     assert "graph_break" in report.graph_breaks[0]
     assert [c.op for c in report.collectives] == ["all_reduce", "all_reduce"]
     assert "graph breaks: 1" in str(report)
+
+
+def test_report_says_which_tensorrt_layer_each_collective_would_become() -> None:
+    with fake_world(2, 4):
+        mesh = make_mesh(tp=2)
+        swap, (x,) = BUILTIN_MODELS["all-to-all"][1](mesh["tp"], _args())
+        a2a = explain(swap, x)
+        mlp, (y,) = BUILTIN_MODELS["mlp"][1](mesh["tp"], _args())
+        ar = explain(mlp.to(torch.float16), y.to(torch.float16))
+    assert [c.converts for c in ar.collectives] == ["native+plugin"]
+    assert all(c.converts == "native" for c in a2a.collectives)
+    reason = a2a.collectives[0].tensorrt["plugin"]
+    assert reason is not None and "no all_to_all plugin" in reason
+    assert "no TensorRT plugin layer: TensorRT-LLM has no all_to_all plugin" in str(a2a)
+    assert a2a.as_dict()["collectives"][0]["tensorrt"]["native"] is None

@@ -40,3 +40,4 @@ __all__ = [
 ]
 
 # --- integrations (one line each) ---
+import torch_tensorrt_dist.conversion._autoregister  # noqa: F401  (Torch-TensorRT hook)

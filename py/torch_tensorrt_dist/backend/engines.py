@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._ops import OpOverload
 from torch import fx
 from torch._functorch.aot_autograd import make_boxed_func
+from torch._ops import OpOverload
 
 from torch_tensorrt_dist.backend.settings import CompileSettings
 from torch_tensorrt_dist.errors import EngineUnavailableError

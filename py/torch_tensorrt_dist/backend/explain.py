@@ -80,12 +80,18 @@ class ExplainReport:
                             c.dtype,
                             list(c.shape),
                             f"{c.bytes:,}",
-                            c.not_convertible or "-",
+                            c.converts,
                         ]
                     )
             headers = ["graph", "op", "group ranks", "reduce", "dtype", "shape", "bytes"]
-            table = format_table([*headers, "converts"], rows)
+            table = format_table([*headers, "TensorRT"], rows)
             lines += ["", *("  " + row for row in table.splitlines())]
+            lines += [
+                f"  {c.node}: no TensorRT {impl} layer: {reason}"
+                for c in self.collectives
+                for impl, reason in c.tensorrt.items()
+                if reason is not None
+            ]
         return "\n".join(lines)
 
 

@@ -26,8 +26,14 @@ class CollectiveInfo:
     shape: tuple[int, ...]
     bytes: int
     node: str = ""
-    #: why the TensorRT engine would not convert it (None: it converts, or not checked)
-    not_convertible: str | None = None
+    #: TensorRT implementation ("native", "plugin") -> None if it converts, else the reason
+    tensorrt: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def converts(self) -> str:
+        """``native+plugin``, ``native``, ``plugin`` or ``no``: what TensorRT can take."""
+        ok = [impl for impl, reason in self.tensorrt.items() if reason is None]
+        return "+".join(ok) if ok else "no"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,9 +53,30 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _tensorrt_decisions(gm: fx.GraphModule) -> dict[fx.Node, dict[str, str | None]]:
+    """Per typed collective: would each TensorRT implementation convert it (pure, no TRT)?
+
+    Native layers share the one communicator the engine binds (its most used group).
+    """
+    from torch_tensorrt_dist.conversion.engine import engine_group
+    from torch_tensorrt_dist.conversion.node_args import collective_calls, node_decision
+
+    bound = engine_group(collective_calls(gm))
+    comm = list(bound.group_ranks) if bound is not None else None
+    decisions = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _OP_NAMES:
+            decisions[node] = {}
+            for impl, ranks in (("native", comm), ("plugin", None)):
+                ok, reason = node_decision(node, impl, comm_ranks=ranks)
+                decisions[node][impl] = None if ok else reason
+    return decisions
+
+
 def collectives_in(gm: fx.GraphModule) -> list[CollectiveInfo]:
     """The typed collectives of a lowered graph, in graph order."""
     out = []
+    decisions = _tensorrt_decisions(gm)
     for node in gm.graph.nodes:
         name = _OP_NAMES.get(node.target) if node.op == "call_function" else None
         if name is None:
@@ -70,6 +97,7 @@ def collectives_in(gm: fx.GraphModule) -> list[CollectiveInfo]:
                 shape=shape,
                 bytes=numel * dtype.itemsize,
                 node=node.name,
+                tensorrt=decisions[node],
             )
         )
     return out

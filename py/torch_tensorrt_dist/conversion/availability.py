@@ -1,0 +1,116 @@
+"""Which collective implementation this process can use (imports TensorRT lazily).
+
+    with collective_settings("plugin", plugin_path="/opt/trtllm/lib"):
+        current_impl()          # ImplChoice(impl="plugin", reason=...)
+
+Outside a ``collective_settings`` block (plain ``torch.compile(backend="torch_tensorrt")``)
+the request comes from ``$TORCH_TENSORRT_DIST_COLLECTIVE_IMPL`` (default "auto") and the plugin
+library from ``$TRTLLM_PLUGINS_PATH`` or the search in ``plugin_loader``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+from torch_tensorrt_dist.conversion.capability import ImplChoice, requested_impl, select_impl
+from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError
+
+__all__ = [
+    "bound_communicator_ranks",
+    "collective_settings",
+    "current_impl",
+    "native_missing",
+    "plugin_missing",
+    "plugin_path_setting",
+]
+
+_settings: ContextVar[tuple[str, str | None] | None] = ContextVar(
+    "torch_tensorrt_dist_collective_settings", default=None
+)
+_PIP = "pip install 'torch_tensorrt_dist[tensorrt]'"
+
+
+@contextlib.contextmanager
+def collective_settings(
+    collective_impl: str = "auto", plugin_path: str | None = None
+) -> Iterator[None]:
+    """Use these settings (instead of the environment) for conversions inside the block."""
+    token = _settings.set((collective_impl, plugin_path))
+    try:
+        yield
+    finally:
+        _settings.reset(token)
+
+
+@functools.lru_cache(maxsize=1)
+def native_missing() -> str | None:
+    """None if native DistCollective layers can be built and bound here, else why not."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return f"TensorRT is not installed ({_PIP})"
+    try:
+        import tensorrt as trt
+    except (ImportError, OSError) as exc:
+        return f"TensorRT cannot be imported ({exc})"
+    if not hasattr(trt.INetworkDefinition, "add_dist_collective"):
+        return f"TensorRT {trt.__version__} has no DistCollective layer (needs TensorRT >= 10.16)"
+    if importlib.util.find_spec("torch_tensorrt") is None:
+        return f"Torch-TensorRT is not installed ({_PIP})"
+    try:
+        from torch_tensorrt._features import ENABLED_FEATURES
+    except (ImportError, OSError) as exc:
+        return f"Torch-TensorRT cannot be imported ({exc})"
+    if not getattr(ENABLED_FEATURES, "native_trt_collectives", False):
+        return (
+            "the installed Torch-TensorRT runtime was built without NCCL collectives "
+            "(ENABLED_FEATURES.native_trt_collectives is False), so it cannot bind a "
+            "communicator to an engine"
+        )
+    return None
+
+
+def plugin_missing(plugin_path: str | None = None) -> str | None:
+    """None if the TensorRT-LLM plugins are registered (loading them if needed), else why not."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return f"TensorRT is not installed ({_PIP})"
+    from torch_tensorrt_dist.conversion.plugin_loader import load_trtllm_plugins
+
+    try:
+        load_trtllm_plugins(plugin_path)
+    except (EngineUnavailableError, ConfigError) as exc:
+        return str(exc)
+    return None
+
+
+def plugin_path_setting() -> str | None:
+    """The plugin library path of the enclosing ``collective_settings`` block (or None)."""
+    current = _settings.get()
+    return None if current is None else current[1]
+
+
+def current_impl() -> ImplChoice:
+    """The implementation the converters use now (settings block, else environment)."""
+    setting, plugin_path = _settings.get() or ("auto", None)
+    requested = requested_impl(setting)
+    native = native_missing() if requested in ("auto", "native") else "not requested"
+    wants_plugin = requested == "plugin" or (requested == "auto" and native is not None)
+    plugin = plugin_missing(plugin_path) if wants_plugin else "not requested"
+    return select_impl(requested, native_missing=native, plugin_missing=plugin)
+
+
+def bound_communicator_ranks() -> list[int] | None:
+    """Global ranks of the process group Torch-TensorRT binds to engines here (its active
+    ``distributed_context`` group, else the world); None where none is active."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        from torch_tensorrt.distributed._distributed import get_active_group
+    except ImportError:
+        return None
+    group = get_active_group()
+    return None if group is None else list(dist.get_process_group_ranks(group))

@@ -1,0 +1,133 @@
+"""Read a typed collective's arguments from an FX node or a converter's ``args`` (pure).
+
+After ``fuse_collectives`` every collective is a ``torch.ops.tensorrt_dist.*`` call with named
+arguments; this module binds them by name (via the table), so no converter indexes ``args``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from torch_tensorrt_dist.conversion.capability import Decision, conversion_decision
+from torch_tensorrt_dist.conversion.table import COLLECTIVES, CollectiveRow
+from torch_tensorrt_dist.errors import UnsupportedCollectiveError
+
+__all__ = ["CollectiveCall", "bind_collective", "collective_calls", "node_decision", "row_of"]
+
+
+def _targets() -> dict[Any, CollectiveRow]:
+    from torch_tensorrt_dist.ops.collectives import COLLECTIVE_OPS
+
+    return {COLLECTIVE_OPS[name]: row for name, row in COLLECTIVES.items()}
+
+
+def row_of(target: Any) -> CollectiveRow | None:
+    """The table row of a typed collective op (OpOverload or packet), else None."""
+    targets = _targets()
+    if target in targets:
+        return targets[target]
+    default = getattr(target, "default", None)
+    return targets.get(default) if default is not None else None
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """One typed collective, its arguments bound by name."""
+
+    op: str
+    group_ranks: tuple[int, ...]
+    group_name: str
+    reduce_op: str | None = None
+    src: int | None = None
+    output_split_sizes: tuple[int, ...] = ()
+    input_split_sizes: tuple[int, ...] = ()
+    dtype: torch.dtype | None = None
+    dim0: int | None = None
+
+
+def bind_collective(
+    row: CollectiveRow, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None
+) -> CollectiveCall:
+    """Bind ``args``/``kwargs`` of a typed op call (input first) to the row's argument names."""
+    kwargs = dict(kwargs or {})
+    names = ("x", *row.args)
+    if len(args) > len(names):
+        raise UnsupportedCollectiveError(f"{row.op} got {len(args)} arguments, expects {names}")
+    bound = dict(zip(names, args))
+    for key, value in kwargs.items():
+        if key not in names or key in bound:
+            raise UnsupportedCollectiveError(f"{row.op} got an unexpected argument {key!r}")
+        bound[key] = value
+    missing = [n for n in names if n not in bound]
+    if missing:
+        raise UnsupportedCollectiveError(f"{row.op} call is missing {missing}")
+    return CollectiveCall(
+        op=row.op,
+        group_ranks=tuple(int(r) for r in bound["group_ranks"]),
+        group_name=str(bound["group_name"]),
+        reduce_op=str(bound["reduce_op"]) if row.reduces else None,
+        src=int(bound["src"]) if row.rooted else None,
+        output_split_sizes=tuple(int(s) for s in bound.get("output_split_sizes") or ()),
+        input_split_sizes=tuple(int(s) for s in bound.get("input_split_sizes") or ()),
+        dtype=_input_dtype(bound["x"]),
+        dim0=_input_dim0(bound["x"]),
+    )
+
+
+def _input_val(x: Any) -> Any:
+    return x.meta.get("val") if isinstance(x, fx.Node) else x
+
+
+def _input_dtype(x: Any) -> torch.dtype | None:
+    val = _input_val(x)
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
+def _input_dim0(x: Any) -> int | None:
+    val = _input_val(x)
+    if not isinstance(val, torch.Tensor) or val.dim() == 0:
+        return None
+    dim0 = val.shape[0]
+    return dim0 if isinstance(dim0, int) else None  # a SymInt: not known at build time
+
+
+def collective_calls(gm: fx.GraphModule) -> list[CollectiveCall]:
+    """Every typed collective of a lowered graph, in graph order."""
+    out = []
+    for node in gm.graph.nodes:
+        row = row_of(node.target) if node.op == "call_function" else None
+        if row is not None:
+            out.append(bind_collective(row, node.args, node.kwargs))
+    return out
+
+
+def node_decision(
+    node: fx.Node, impl: str, comm_ranks: Sequence[int] | None = None
+) -> Decision:
+    """:func:`conversion_decision` for one FX node (what the capability validators call)."""
+    row = row_of(node.target) if node.op == "call_function" else None
+    if row is None:
+        return Decision(False, f"{node.format_node()} is not a torch.ops.tensorrt_dist collective")
+    try:
+        call = bind_collective(row, node.args, node.kwargs)
+    except UnsupportedCollectiveError as exc:
+        return Decision(False, str(exc))
+    if call.dtype is None:
+        return Decision(False, f"{node.name}: the input has no recorded dtype (meta['val'])")
+    return conversion_decision(
+        call.op,
+        call.dtype,
+        call.group_ranks,
+        impl=impl,
+        reduce_op=call.reduce_op,
+        src=call.src,
+        output_split_sizes=call.output_split_sizes,
+        input_split_sizes=call.input_split_sizes,
+        dim0=call.dim0,
+        comm_ranks=comm_ranks,
+    )

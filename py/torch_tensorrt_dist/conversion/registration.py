@@ -1,0 +1,97 @@
+"""Plug into Torch-TensorRT: our lowering pass in its pass list, our converters in its registry.
+
+``import torch_tensorrt_dist`` calls :func:`register_with_torch_tensorrt`, after which
+``torch.compile(model, backend="torch_tensorrt")`` lowers c10d collectives to our typed ops
+(before Torch-TensorRT's own ``fuse_distributed_ops``) and converts them with our converters.
+Where Torch-TensorRT is not installed this is a cheap no-op (one ``find_spec``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+from typing import Any
+
+from torch import fx
+
+from torch_tensorrt_dist.errors import EngineUnavailableError
+
+__all__ = ["PASS_NAME", "fuse_collectives_pass", "register_with_torch_tensorrt"]
+
+logger = logging.getLogger(__name__)
+
+PASS_NAME = "torch_tensorrt_dist_fuse_collectives"
+#: Torch-TensorRT's own collective pass; ours must run before it
+UPSTREAM_PASS = "fuse_distributed_ops"
+
+_lock = threading.Lock()
+_registered: list[bool] = []
+
+
+def fuse_collectives_pass(gm: fx.GraphModule, settings: Any = None) -> fx.GraphModule:
+    """Torch-TensorRT lowering-pass signature ``(gm, settings) -> gm`` around fuse_collectives."""
+    from torch_tensorrt_dist.lowering import fuse_collectives
+
+    fuse_collectives(gm)
+    return gm
+
+
+fuse_collectives_pass.__name__ = PASS_NAME
+
+
+def pass_index(pass_names: list[str]) -> int | None:
+    """Where our pass goes: just before Torch-TensorRT's collective pass, else at the end."""
+    return pass_names.index(UPSTREAM_PASS) if UPSTREAM_PASS in pass_names else None
+
+
+def _register_pass() -> None:
+    from torch_tensorrt.dynamo.lowering.passes._aten_lowering_pass import (
+        ATEN_POST_LOWERING_PASSES,
+        _aten_lowering_pass,
+    )
+
+    names = [getattr(p, "__name__", "") for p in ATEN_POST_LOWERING_PASSES.passes]
+    if PASS_NAME in names:
+        return
+    _aten_lowering_pass(fuse_collectives_pass, index=pass_index(names))
+
+
+def register_with_torch_tensorrt(strict: bool = False) -> bool:
+    """Register the pass and converters once; False (and nothing done) without Torch-TensorRT.
+
+    Where Torch-TensorRT is installed but unusable (import fails, or its registry API is not
+    the one we call) this logs a warning and returns False, so ``import torch_tensorrt_dist``
+    still works for the other engines; ``strict=True`` (``engine="tensorrt"``) raises instead.
+    """
+    if importlib.util.find_spec("torch_tensorrt") is None:
+        if strict:
+            raise EngineUnavailableError(
+                "Torch-TensorRT is not installed: pip install 'torch_tensorrt_dist[tensorrt]'"
+            )
+        return False
+    with _lock:
+        if _registered:
+            return True
+        from torch_tensorrt_dist.conversion.nccl_library import preload_torch_nccl
+
+        preload_torch_nccl()  # before TensorRT can dlopen an NCCL of its own
+        try:
+            import torch_tensorrt  # noqa: F401
+
+            from torch_tensorrt_dist.conversion.converters import register_converters
+
+            _register_pass()
+            register_converters()
+        except (ImportError, OSError, TypeError, AttributeError) as exc:
+            message = (
+                f"cannot register with the installed Torch-TensorRT ({type(exc).__name__}: "
+                f"{exc}); install torch-tensorrt>=2.14,<2.15 with a matching TensorRT"
+            )
+            if strict:
+                raise EngineUnavailableError(message) from exc
+            logger.warning("%s; backend='torch_tensorrt' will not convert our collectives", message)
+            return False
+        _registered.append(True)
+        logger.debug("registered %s and the collective converters with Torch-TensorRT", PASS_NAME)
+        return True
