@@ -1,6 +1,7 @@
 """Guards for the private torch names this package relies on (fail loudly on a torch upgrade).
 
 - ``torch.distributed.distributed_c10d._resolve_process_group``: group name -> ProcessGroup
+- ``torch.distributed.distributed_c10d._get_default_store``: the schedule check's store
 - ``torch.ops._c10d_functional.*`` / ``_c10d_functional_autograd.*`` schemas the pass binds
 - ``torch.testing._internal.distributed.fake_pg.FakeStore``: the fake process group
 - ``torch._dynamo.utils.counters["graph_break"]``: graph-break reasons for ``explain``
@@ -16,10 +17,11 @@ from torch_tensorrt_dist.lowering.fuse_collectives import SOURCE_COLLECTIVES
 F = torch.ops._c10d_functional
 
 
-def test_resolve_process_group_exists() -> None:
+def test_resolve_process_group_and_default_store_exist() -> None:
     from torch.distributed import distributed_c10d
 
     assert callable(distributed_c10d._resolve_process_group)
+    assert callable(distributed_c10d._get_default_store)  # the schedule check's store
 
 
 def test_functional_collective_schemas_have_the_arguments_we_bind() -> None:

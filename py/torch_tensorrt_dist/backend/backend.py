@@ -20,6 +20,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from torch_tensorrt_dist.backend.engines import build_engine, engine_decompositions
 from torch_tensorrt_dist.backend.report import GraphReport, collectives_in
+from torch_tensorrt_dist.backend.schedule_check import with_schedule_check
 from torch_tensorrt_dist.backend.settings import CompileSettings
 from torch_tensorrt_dist.errors import UnsupportedCollectiveError
 from torch_tensorrt_dist.lowering import fuse_collectives, fusion_report
@@ -82,7 +83,10 @@ def torch_tensorrt_dist_backend(
             len(report.collectives),
             len(report.unfused),
         )
-        return build_engine(aten_gm, inputs, settings)
+        engine = build_engine(aten_gm, inputs, settings)
+        if settings.check_schedule:
+            engine = with_schedule_check(engine, report.collectives, settings.schedule_timeout_s)
+        return engine
 
     compiler = aot_autograd(
         fw_compiler=fw_compiler,

@@ -63,7 +63,7 @@ def _tensorrt_decisions(gm: fx.GraphModule) -> dict[fx.Node, dict[str, str | Non
 
     bound = engine_group(collective_calls(gm))
     comm = list(bound.group_ranks) if bound is not None else None
-    decisions = {}
+    decisions: dict[fx.Node, dict[str, str | None]] = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _OP_NAMES:
             decisions[node] = {}
