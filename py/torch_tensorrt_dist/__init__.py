@@ -21,6 +21,7 @@ from torch_tensorrt_dist.errors import (
     UnsupportedCollectiveError,
 )
 from torch_tensorrt_dist.lowering import fuse_collectives
+from torch_tensorrt_dist.runtime import init_distributed
 
 __all__ = [
     "CompileSettings",
@@ -35,6 +36,7 @@ __all__ = [
     "__version__",
     "explain",
     "fuse_collectives",
+    "init_distributed",
     "init_distributed",
     "ops",
 ]

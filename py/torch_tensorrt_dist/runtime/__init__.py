@@ -1,0 +1,33 @@
+"""Runtime: launching ranks, setting up ``torch.distributed``, NCCL libraries, timeouts.
+
+* :func:`init_distributed` - process group from torchrun, mpirun or a single process.
+* :func:`launch` - start N ranks of a script, module or function (torchrun or mpirun).
+* :func:`plan_from_env` - the pure reading of launcher variables behind ``init_distributed``.
+"""
+
+from __future__ import annotations
+
+from torch_tensorrt_dist.runtime.distributed import DistInfo, init_distributed
+from torch_tensorrt_dist.runtime.env import DistPlan, is_launched, mpi_world_size, plan_from_env
+from torch_tensorrt_dist.runtime.launcher import LaunchResult, launch
+from torch_tensorrt_dist.runtime.timeouts import (
+    TIMEOUT_ENV,
+    CollectiveTimeoutError,
+    collective_timeouts_explained,
+    resolve_timeout,
+)
+
+__all__ = [
+    "TIMEOUT_ENV",
+    "CollectiveTimeoutError",
+    "DistInfo",
+    "DistPlan",
+    "LaunchResult",
+    "collective_timeouts_explained",
+    "init_distributed",
+    "is_launched",
+    "launch",
+    "mpi_world_size",
+    "plan_from_env",
+    "resolve_timeout",
+]
