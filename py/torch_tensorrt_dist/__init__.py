@@ -37,7 +37,6 @@ __all__ = [
     "explain",
     "fuse_collectives",
     "init_distributed",
-    "init_distributed",
     "ops",
 ]
 
