@@ -1,0 +1,160 @@
+"""Read slices of tensors from a ``.safetensors`` file with plain positioned reads.
+
+``safetensors.safe_open`` maps the whole file: a column slice (``w[:, a:b]``) touches every page
+of the tensor, and those mapped pages count in the rank's resident memory, so a TP rank peaks at
+about the whole checkpoint. This reader parses the header itself and ``pread``s only the bytes of
+the slice into the destination, row by row for column slices: a rank's peak memory is the
+weights it keeps, and ``bytes_read`` says exactly what it read.
+
+Format: 8-byte little-endian header length N, N bytes of JSON
+``{name: {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, "__metadata__": ...}``,
+then the data (offsets relative to byte 8 + N).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import torch
+
+from torch_tensorrt_dist.errors import ConfigError
+
+__all__ = ["CheckpointError", "SafetensorsReader", "TensorInfo"]
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}  # fmt: skip
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint file or directory is missing, truncated, or does not match its config."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int  # absolute file offset of the first byte
+    end: int
+
+
+class SafetensorsReader:
+    """``with SafetensorsReader(path) as f: f.read(name, dim=1, start=0, stop=128)``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.bytes_read = 0
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        except OSError as exc:
+            raise CheckpointError(f"cannot open {self.path}: {exc}") from exc
+        try:
+            self.tensors = self._parse_header()
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def _pread(self, n: int, offset: int) -> bytes:
+        data = os.pread(self._fd, n, offset)
+        if len(data) != n:
+            raise CheckpointError(
+                f"{self.path} is truncated: wanted {n} bytes at offset {offset}, got "
+                f"{len(data)}; download the file again"
+            )
+        return data
+
+    def _parse_header(self) -> dict[str, TensorInfo]:
+        size = os.fstat(self._fd).st_size
+        if size < 8:
+            raise CheckpointError(f"{self.path} is too short to be a safetensors file")
+        (n,) = struct.unpack("<Q", self._pread(8, 0))
+        if n > min(size - 8, 100 * 2**20):
+            raise CheckpointError(f"{self.path} is not a safetensors file (header length {n})")
+        try:
+            header = json.loads(self._pread(n, 8))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{self.path} has a corrupt safetensors header: {exc}") from exc
+        tensors = {}
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            if meta["dtype"] not in _DTYPES:
+                raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {meta['dtype']}")
+            begin, end = (8 + n + int(o) for o in meta["data_offsets"])
+            if end > size:
+                raise CheckpointError(
+                    f"{self.path} is truncated: tensor {name!r} ends at byte {end}, the file has "
+                    f"{size}; download the file again"
+                )
+            tensors[name] = TensorInfo(_DTYPES[meta["dtype"]], tuple(meta["shape"]), begin, end)
+        return tensors
+
+    def keys(self) -> list[str]:
+        return list(self.tensors)
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise CheckpointError(f"{self.path} has no tensor {name!r}") from None
+
+    def read(
+        self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None
+    ) -> torch.Tensor:
+        """The tensor, or its ``[start:stop]`` slice along ``dim`` (0 or 1), freshly read."""
+        t = self.info(name)
+        shape = list(t.shape)
+        item = t.dtype.itemsize
+        if dim is None or not shape:
+            out = bytearray(self._pread(t.end - t.begin, t.begin))
+            self.bytes_read += len(out)
+            return (
+                torch.frombuffer(out, dtype=t.dtype).view(shape)
+                if out
+                else torch.empty(shape, dtype=t.dtype)
+            )
+        stop = shape[dim] if stop is None else stop
+        if not 0 <= start <= stop <= shape[dim]:
+            raise CheckpointError(f"slice [{start}:{stop}] of dim {dim} of {name!r} {shape}")
+        inner = 1
+        for s in shape[dim + 1 :]:
+            inner *= s
+        outer = 1
+        for s in shape[:dim]:
+            outer *= s
+        chunk = (stop - start) * inner * item  # contiguous bytes per outer index
+        stride = shape[dim] * inner * item
+        out = bytearray(outer * chunk)
+        view = memoryview(out)
+        for o in range(outer):
+            offset = t.begin + o * stride + start * inner * item
+            view[o * chunk : (o + 1) * chunk] = self._pread(chunk, offset)
+        self.bytes_read += len(out)
+        shape[dim] = stop - start
+        if not out:
+            return torch.empty(shape, dtype=t.dtype)
+        return torch.frombuffer(out, dtype=t.dtype).view(shape)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> SafetensorsReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
