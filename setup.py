@@ -30,7 +30,7 @@ setup(
     python_requires=">=3.10",
     package_dir={"": "py"},
     packages=find_packages("py"),
-    package_data={"torch_tensorrt_dist": ["py.typed", "data/*"]},
+    package_data={"torch_tensorrt_dist": ["py.typed", "data/*", "data/demo/*"]},
     install_requires=[
         "torch>=2.14,<2.15",
         "numpy>=1.26",

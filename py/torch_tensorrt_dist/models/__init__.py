@@ -1,1 +1,5 @@
 """Reference model code: toy models and Llama-family decoders."""
+
+from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+
+__all__ = ["ModelArgs", "Transformer"]

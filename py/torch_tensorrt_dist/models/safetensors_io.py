@@ -22,7 +22,7 @@ from types import TracebackType
 
 import torch
 
-from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.errors import CheckpointError
 
 __all__ = ["CheckpointError", "SafetensorsReader", "TensorInfo"]
 
@@ -32,10 +32,6 @@ _DTYPES = {
     "U8": torch.uint8, "BOOL": torch.bool,
     "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }  # fmt: skip
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint file or directory is missing, truncated, or does not match its config."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,269 @@
+"""``torchtrt-dist generate``: tensor-parallel text generation from a HF Llama-family checkpoint.
+
+    torchtrt-dist generate --model PATH --tp 2 --engine inductor --prompt "Hello" --json
+    torchrun --nproc-per-node 2 -m torch_tensorrt_dist generate --model PATH --prompt "Hello"
+
+Without a launcher (no ``RANK`` in the environment) and ``--tp`` > 1 it starts its own ranks
+(torchrun's elastic agent on a free port; when one rank fails the others are stopped). Under
+torchrun or mpirun it uses the environment. Rank 0 streams the text (or prints one JSON object
+with ``--json``). ``--model`` defaults to the shipped demo checkpoint, or, where that is absent,
+to the ``tiny`` preset with deterministic random weights; a preset name also works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.models.llama import PRESETS, ModelArgs
+
+__all__ = ["register", "run"]
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+ENGINE_CHOICES = ("tensorrt", "inductor", "eager", "none")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text with a tensor-parallel Llama/Mistral/Qwen2 model",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="HF checkpoint directory or preset name (default: the demo checkpoint)",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        help="tensor-parallel ranks (default: WORLD_SIZE under a launcher, else 1)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=ENGINE_CHOICES,
+        default="eager",
+        help="tensorrt | inductor | eager (compiled FX, the reference) | none "
+        "(plain PyTorch, no torch.compile); default eager",
+    )
+    p.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="prompt text; repeat for a batch (default: one sample prompt)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (the same on every rank)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="KV cache length (default: what the prompts and new tokens need)",
+    )
+    p.add_argument("--lm-head", choices=("vocab_parallel", "replicated"), default="vocab_parallel")
+    p.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="time the first call too (compilation lands in ttft_s)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object on rank 0")
+    p.set_defaults(func=run)
+
+
+@dataclass
+class _Plan:
+    """What every rank (and the launching process) derives from the arguments alone."""
+
+    path: Path | None
+    preset: str | None
+    args: ModelArgs
+    prompts: list[list[int]]
+    cache_len: int
+
+
+def _resolve_model(model: str | None) -> tuple[Path | None, str | None]:
+    if model is None:
+        try:
+            from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+
+            return demo_checkpoint_path(), None
+        except (ImportError, ConfigError) as exc:
+            logger.info("no demo checkpoint (%s); using the 'tiny' preset with random weights", exc)
+            return None, "tiny"
+    if Path(model).is_dir():
+        return Path(model), None
+    if model in PRESETS:
+        return None, model
+    raise ConfigError(
+        f"--model {model!r} is neither a checkpoint directory nor a preset "
+        f"({', '.join(sorted(PRESETS))})"
+    )
+
+
+def _plan(ns: argparse.Namespace) -> _Plan:
+    from torch_tensorrt_dist.generation import SamplingConfig, check_lengths, prefill_bucket
+    from torch_tensorrt_dist.models.loader import read_config
+    from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+    from torch_tensorrt_dist.parallel.llama import tp_layout
+
+    SamplingConfig(ns.temperature, ns.top_k, ns.top_p, ns.seed)  # validates
+    path, preset = _resolve_model(ns.model)
+    args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
+    tp_layout(args, 0, ns.tp, ns.lm_head)  # heads / MLP divisible by tp
+    tok = load_tokenizer(path, vocab_size=args.vocab_size)
+    prompts = [tok.encode(text) for text in ns.prompt]
+    limit = min(args.max_seq_len, ns.max_seq_len or args.max_seq_len)
+    for ids in prompts:
+        check_lengths(len(ids), ns.max_new_tokens, limit)
+    cache_len = ns.max_seq_len
+    if cache_len is None:  # enough for the bucket and the new tokens, rounded up to 64
+        need = max(prefill_bucket(len(p), ns.max_new_tokens, limit) for p in prompts)
+        cache_len = min(limit, -(-(need + ns.max_new_tokens) // 64) * 64)
+    return _Plan(path, preset, args, prompts, cache_len)
+
+
+def _rank_main(ns: argparse.Namespace) -> int:
+    """One rank: set up distributed, load the shard, generate, report on rank 0."""
+    import torch.distributed as dist
+
+    from torch_tensorrt_dist.generation import Generator, SamplingConfig, TextStream
+    from torch_tensorrt_dist.models.loader import load_llama, random_llama
+    from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+    from torch_tensorrt_dist.runtime import init_distributed
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != ns.tp:
+        raise ConfigError(
+            f"--tp {ns.tp} but the launcher started {world} ranks; generate uses "
+            f"all ranks for tensor parallelism: pass --tp {world} or start {ns.tp}"
+        )
+    device: torch.device | str = "cpu"
+    group = None
+    rank = 0
+    if world > 1:
+        info = init_distributed()
+        rank, group, device = info.rank, dist.group.WORLD, info.device
+    elif torch.cuda.is_available():
+        device = "cuda"
+    plan = _plan(ns)
+    dtype = DTYPES[ns.dtype]
+    if plan.path is not None:
+        model = load_llama(
+            plan.path,
+            group=group,
+            dtype=dtype,
+            device=device,
+            lm_head=ns.lm_head,
+            max_seq_len=plan.args.max_seq_len,
+        )
+    else:
+        model = random_llama(plan.args, seed=0, group=group, dtype=dtype, lm_head=ns.lm_head).to(
+            device
+        )
+    tok = load_tokenizer(plan.path, vocab_size=plan.args.vocab_size)
+    gen = Generator(
+        model, engine=ns.engine, max_batch_size=len(plan.prompts), cache_len=plan.cache_len
+    )
+    compile_s = 0.0
+    if not ns.no_warmup:
+        compile_s = gen.warmup(max(map(len, plan.prompts)), ns.max_new_tokens, len(plan.prompts))
+    stop_ids = tok.eos_ids or plan.args.eos_token_ids
+    stream = TextStream(tok, len(plan.prompts))
+    printing = rank == 0 and not ns.json and len(plan.prompts) == 1
+
+    def on_step(step_ids: list[int]) -> None:
+        piece = stream.push(step_ids, tuple(stop_ids))[0]
+        if piece:
+            print(piece, end="", flush=True)
+
+    if printing:
+        print(ns.prompt[0], end="", flush=True)
+    sampling = SamplingConfig(ns.temperature, ns.top_k, ns.top_p, ns.seed)
+    result = gen.generate(
+        plan.prompts,
+        max_new_tokens=ns.max_new_tokens,
+        sampling=sampling,
+        stop_ids=stop_ids,
+        on_step=on_step if printing else None,
+    )
+    if rank == 0:
+        texts = [tok.decode([i for i in ids if i not in stop_ids]) for ids in result.tokens]
+        summary = {
+            "tokens": result.tokens,
+            "text": texts,
+            "ttft_s": result.ttft_s,
+            "tokens_per_s": result.tokens_per_s,
+            "tp": ns.tp,
+            "engine": ns.engine,
+            "prefill_len": result.prefill_len,
+            "decode_steps": result.decode_steps,
+            "compile_s": compile_s,
+            "dtype": ns.dtype,
+            "model": str(plan.path) if plan.path else f"preset:{plan.preset} (random weights)",
+        }
+        if ns.json:
+            print(json.dumps(summary), flush=True)
+        else:
+            if printing:
+                print(flush=True)  # end the streamed line
+            else:
+                for prompt, text in zip(ns.prompt, texts):
+                    print(f"{prompt}{text}\n")
+            print(
+                f"[tp={ns.tp} engine={ns.engine}] ttft {result.ttft_s * 1e3:.1f} ms, "
+                f"decode {result.tokens_per_s:.1f} tok/s, compile {compile_s:.1f} s",
+                file=sys.stderr,
+            )
+    return 0
+
+
+def _rank_entry(ns: argparse.Namespace) -> None:
+    """Entry of a launched rank: exit non-zero on error so the launcher stops the others."""
+    try:
+        code = _rank_main(ns)
+    except ConfigError as exc:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    if code:
+        raise SystemExit(code)
+
+
+def run(ns: argparse.Namespace) -> int:
+    from torch_tensorrt_dist.runtime import is_launched, launch
+
+    launched = is_launched(os.environ)
+    if ns.tp is None:
+        ns.tp = int(os.environ.get("WORLD_SIZE", "1")) if launched else 1
+    ns.prompt = ns.prompt or ["The quick brown fox"]
+    try:
+        if ns.tp < 1:
+            raise ConfigError(f"--tp must be >= 1, got {ns.tp}")
+        _plan(ns)  # bad input fails here, before any rank starts
+        if ns.tp == 1 or launched:
+            return _rank_main(ns)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    ns.func = None  # the ranks get a plain, picklable namespace
+    result = launch(_rank_entry, ns.tp, [ns])
+    if not result.ok:
+        print(f"error: {result.message}", file=sys.stderr)
+    return int(result.returncode)

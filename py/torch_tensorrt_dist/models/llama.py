@@ -1,0 +1,285 @@
+"""A compact Llama-family decoder (Llama 2/3, Mistral, Qwen2) with a static KV cache.
+
+RMSNorm, RoPE in Hugging Face's ``rotate_half`` layout (so HF q/k weights load without a
+permutation; Llama-3 frequency scaling included), grouped-query attention, SwiGLU MLP, optional
+q/k/v bias, tied or untied embeddings. Tensor parallelism (``parallel/llama.py``) shards the
+linears by hand and sets the per-rank head counts and the TP group on the modules; the forward
+then issues exactly two all-reduces per layer (attention output, MLP down projection) and, with a
+vocabulary-parallel LM head, one all-gather of the logits.
+
+    model = Transformer(ModelArgs.from_name("tiny"))
+    model.setup_caches(max_batch_size=1, max_seq_len=64)
+    logits = model(tokens, cache_pos)          # tokens: [B, S], cache_pos: [S] -> [B, S, V]
+
+``cache_pos`` holds the KV-cache slots of the S tokens (the same for every row); ``pad`` ([B])
+says how many leading slots of each row are left padding: they are masked out and positions
+(RoPE) start at 0 after them. Everything is a tensor, so decode steps never recompile.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import cast
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.models.llama_args import PRESETS, ModelArgs, RopeScaling
+
+__all__ = [
+    "PRESETS",
+    "Attention",
+    "FeedForward",
+    "KVCache",
+    "ModelArgs",
+    "RMSNorm",
+    "RopeScaling",
+    "Transformer",
+    "TransformerBlock",
+    "rope_tables",
+]
+
+
+def _all_reduce(x: Tensor, group: dist.ProcessGroup | None) -> Tensor:
+    # One plain functional collective: traced as _c10d_functional.all_reduce + wait_tensor.
+    return x if group is None else funcol.all_reduce(x, "sum", group)
+
+
+def rope_inv_freq(args: ModelArgs) -> Tensor:
+    """Inverse frequencies [head_dim // 2], with Llama-3 or linear scaling applied."""
+    d = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    s = args.rope_scaling
+    if s is None:
+        return inv_freq
+    if s.kind == "linear":
+        return inv_freq / s.factor
+    # Llama 3.1: long wavelengths slowed by `factor`, short kept, a smooth band in between.
+    old_len = s.original_max_position_embeddings
+    low_wavelen, high_wavelen = old_len / s.low_freq_factor, old_len / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(args: ModelArgs, max_seq_len: int) -> tuple[Tensor, Tensor]:
+    """cos, sin: [max_seq_len, head_dim] in float32, rotate_half layout (halves repeated)."""
+    t = torch.arange(max_seq_len, dtype=torch.float32)
+    freqs = torch.outer(t, rope_inv_freq(args))  # [L, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [L, D]
+    return emb.cos(), emb.sin()
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x: [B, H, S, D], cos/sin: [B, S, D] (already in x's dtype)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return x * cos + _rotate_half(x) * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class KVCache(nn.Module):
+    """Static cache of the (local) KV heads: k_cache, v_cache: [B, H_kv, L, D]."""
+
+    k_cache: Tensor
+    v_cache: Tensor
+
+    def __init__(
+        self,
+        max_batch_size: int,
+        n_kv_heads: int,
+        max_seq_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        shape = (max_batch_size, n_kv_heads, max_seq_len, head_dim)
+        self.register_buffer(
+            "k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False
+        )
+        self.register_buffer(
+            "v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False
+        )
+
+    def update(self, cache_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        # cache_pos: [S]; k, v: [B, H_kv, S, D] -> full caches [B, H_kv, L, D]
+        b = k.shape[0]
+        self.k_cache[:b].index_copy_(2, cache_pos, k)
+        self.v_cache[:b].index_copy_(2, cache_pos, v)
+        return self.k_cache[:b], self.v_cache[:b]
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        d = args.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, d
+        self.wq = nn.Linear(args.dim, args.n_heads * d, bias=args.qkv_bias)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * d, bias=args.qkv_bias)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * d, bias=args.qkv_bias)
+        self.wo = nn.Linear(args.n_heads * d, args.dim, bias=False)
+        # Added once, after the all-reduce (a row-parallel bias must not be summed tp times).
+        self.wo_bias = nn.Parameter(torch.zeros(args.dim)) if args.o_bias else None
+        self.kv_cache: KVCache | None = None
+        self.group: dist.ProcessGroup | None = None  # TP group; set by parallel.llama.apply_tp
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, cache_pos: Tensor
+    ) -> Tensor:
+        # x: [B, S, dim]; cos/sin: [B, S, D]; mask: [B, 1, S, L] (bool); cache_pos: [S]
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)  # [B, Hq, S, D]
+        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, S, D]
+        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.kv_cache is None:
+            raise ConfigError("call Transformer.setup_caches(...) before running the model")
+        k, v = self.kv_cache.update(cache_pos, k, v)  # [B, Hkv, L, D]
+        rep = self.n_heads // self.n_kv_heads
+        k = k.repeat_interleave(rep, dim=1)  # [B, Hq, L, D]
+        v = v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, Hq, S, D]
+        y = self.wo(y.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
+        y = _all_reduce(y, self.group)  # 1st all-reduce of the layer
+        return y if self.wo_bias is None else y + self.wo_bias
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(args.dim, args.intermediate_size, bias=False)  # gate
+        self.w3 = nn.Linear(args.dim, args.intermediate_size, bias=False)  # up
+        self.w2 = nn.Linear(args.intermediate_size, args.dim, bias=False)  # down
+        self.group: dist.ProcessGroup | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return _all_reduce(y, self.group)  # 2nd all-reduce of the layer
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, cache_pos: Tensor
+    ) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, mask, cache_pos)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    rope_cos: Tensor  # [L, D] float32, set by setup_caches
+    rope_sin: Tensor
+    key_slots: Tensor  # [L]: arange(L)
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        # Tied: the head reads tok_embeddings.weight (or its own vocab shard, under TP).
+        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, False)
+        self.group: dist.ProcessGroup | None = None  # set when the LM head is vocab-parallel
+        self.max_batch_size = -1
+        self.max_seq_len = -1
+
+    def setup_caches(
+        self, max_batch_size: int, max_seq_len: int, *, dtype: torch.dtype | None = None
+    ) -> None:
+        """Allocate the KV caches and RoPE tables for ``max_batch_size`` x ``max_seq_len``."""
+        if max_seq_len > self.args.max_seq_len:
+            raise ConfigError(
+                f"max_seq_len={max_seq_len} exceeds the model's limit {self.args.max_seq_len} "
+                "(max_position_embeddings); ask for fewer tokens"
+            )
+        weight = self.tok_embeddings.weight
+        dtype = dtype or weight.dtype
+        for block in self.blocks:
+            attn = block.attention
+            attn.kv_cache = KVCache(
+                max_batch_size, attn.n_kv_heads, max_seq_len, attn.head_dim, dtype, weight.device
+            )
+        cos, sin = rope_tables(self.args, max_seq_len)
+        self.register_buffer("rope_cos", cos.to(weight.device), persistent=False)
+        self.register_buffer("rope_sin", sin.to(weight.device), persistent=False)
+        self.register_buffer(
+            "key_slots", torch.arange(max_seq_len, device=weight.device), persistent=False
+        )
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+
+    @property
+    def blocks(self) -> list[TransformerBlock]:
+        return [cast(TransformerBlock, layer) for layer in self.layers]
+
+    def _mask_and_positions(self, cache_pos: Tensor, pad: Tensor) -> tuple[Tensor, Tensor]:
+        # cache_pos: [S], pad: [B] -> mask [B, 1, S, L] (bool), positions [B, S]
+        j = self.key_slots  # [L]
+        q = cache_pos[:, None]  # [S, 1]
+        visible = (j[None, None, :] >= pad[:, None, None]) | (j == q)[None]  # [B, S, L]
+        mask = (j <= q)[None] & visible
+        if self.args.sliding_window is not None:
+            mask = mask & (j > q - self.args.sliding_window)[None]
+        positions = (cache_pos[None, :] - pad[:, None]).clamp(min=0)  # [B, S]
+        return mask[:, None], positions
+
+    def forward(
+        self,
+        tokens: Tensor,
+        cache_pos: Tensor,
+        pad: Tensor | None = None,
+        *,
+        last_only: bool = False,
+    ) -> Tensor:
+        # tokens: [B, S] int64; cache_pos: [S] int64; pad: [B] int64 -> logits [B, S|1, V]
+        if self.max_seq_len < 0:
+            raise ConfigError("call Transformer.setup_caches(...) before running the model")
+        if pad is None:
+            pad = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
+        mask, positions = self._mask_and_positions(cache_pos, pad)
+        x = self.tok_embeddings(tokens)  # [B, S, dim]
+        cos = self.rope_cos[positions].to(x.dtype)  # [B, S, D]
+        sin = self.rope_sin[positions].to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, cache_pos)
+        if last_only:
+            x = x[:, -1:]
+        x = self.norm(x)
+        head = self.tok_embeddings.weight if self.output is None else self.output.weight
+        logits = F.linear(x, head)  # [B, S, V] or [B, S, V_shard] when vocab-parallel
+        if self.group is not None:
+            b, s, v = logits.shape
+            tp = dist.get_world_size(self.group)
+            # the one collective outside the layers: [tp * B, S, V/tp] -> [B, S, tp * V/tp]
+            full = funcol.all_gather_single(logits.contiguous(), 0, self.group)
+            logits = full.view(tp, b, s, v).permute(1, 2, 0, 3).reshape(b, s, tp * v)
+            logits = logits[..., : self.args.vocab_size]  # drop the last shard's zero padding
+        return logits

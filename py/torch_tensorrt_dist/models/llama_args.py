@@ -1,0 +1,237 @@
+"""``ModelArgs``: the hyper-parameters of a Llama-family decoder, named presets, HF configs.
+
+One dataclass serves Llama 2/3, Mistral and Qwen2 checkpoints: they differ only in a few fields
+(GQA head counts, q/k/v bias, tied embeddings, RoPE scaling, sliding window).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch_tensorrt_dist.errors import ConfigError
+
+__all__ = ["PRESETS", "ModelArgs", "RopeScaling"]
+
+_SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling: ``"llama3"`` (Llama 3.1 wavelength bands) or ``"linear"``."""
+
+    kind: str = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("llama3", "linear"):
+            raise ConfigError(
+                f"RoPE scaling type {self.kind!r} is not supported; use 'llama3', 'linear' or none"
+            )
+        if self.factor <= 0:
+            raise ConfigError(f"RoPE scaling factor must be > 0, got {self.factor}")
+
+
+@dataclass
+class ModelArgs:
+    """Hyper-parameters of the decoder (full model sizes; TP derives per-rank counts)."""
+
+    dim: int = 4096
+    """Hidden size."""
+    n_layers: int = 32
+    n_heads: int = 32
+    """Query heads."""
+    n_kv_heads: int = 0
+    """Key/value heads (grouped-query attention); 0 means ``n_heads``."""
+    vocab_size: int = 32000
+    intermediate_size: int = 11008
+    """Hidden size of the SwiGLU MLP."""
+    head_dim: int = 0
+    """Per-head size; 0 means ``dim // n_heads``."""
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    max_seq_len: int = 2048
+    """Longest sequence (prompt + generated) the RoPE tables and KV cache are built for."""
+    qkv_bias: bool = False
+    """Bias on the q/k/v projections (Qwen2; Llama with ``attention_bias``)."""
+    o_bias: bool = False
+    """Bias on the attention output projection (Llama with ``attention_bias``, not Qwen2)."""
+    tie_embeddings: bool = False
+    """The LM head reuses the token embedding matrix."""
+    sliding_window: int | None = None
+    """Keys older than this many positions are masked (Mistral); None for full attention."""
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.n_kv_heads == 0:
+            self.n_kv_heads = self.n_heads
+        if self.head_dim == 0:
+            if self.n_heads <= 0 or self.dim % self.n_heads:
+                raise ConfigError(
+                    f"dim={self.dim} is not divisible by n_heads={self.n_heads}; set head_dim"
+                )
+            self.head_dim = self.dim // self.n_heads
+        for name in (
+            "dim",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "vocab_size",
+            "intermediate_size",
+            "head_dim",
+            "max_seq_len",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"ModelArgs.{name} must be > 0, got {getattr(self, name)}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim={self.head_dim} must be even for RoPE")
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> ModelArgs:
+        """A named preset (see ``PRESETS``), with optional field overrides."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown model preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any], *, max_seq_len: int | None = None) -> ModelArgs:
+        """Translate a Hugging Face ``config.json`` (llama, mistral, qwen2) into ModelArgs."""
+        model_type = cfg.get("model_type", "llama")
+        if model_type not in _SUPPORTED_MODEL_TYPES:
+            raise ConfigError(
+                f"config.json has model_type={model_type!r}; supported: "
+                f"{', '.join(_SUPPORTED_MODEL_TYPES)}"
+            )
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"config.json has hidden_act={act!r}; only 'silu' (SwiGLU) works")
+        if cfg.get("mlp_bias"):
+            raise ConfigError("config.json sets mlp_bias=true, which this model does not support")
+        rope = dict(cfg.get("rope_parameters") or {})  # transformers >= 5
+        legacy = cfg.get("rope_scaling") or {}
+        rope = {**legacy, **rope}
+        theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        if float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))) != 1.0:
+            raise ConfigError("partial_rotary_factor != 1 is not supported")
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        scaling = None
+        if kind != "default":
+            scaling = RopeScaling(
+                kind=str(kind),
+                factor=float(rope.get("factor", 1.0)),
+                low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+                high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+                original_max_position_embeddings=int(
+                    rope.get("original_max_position_embeddings", 8192)
+                ),
+            )
+        window = cfg.get("sliding_window")
+        if model_type == "qwen2" and not cfg.get("use_sliding_window", False):
+            window = None
+        elif model_type == "qwen2" and window is not None:
+            raise ConfigError(
+                "Qwen2 per-layer sliding windows (use_sliding_window) are not supported"
+            )
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        n_heads = int(cfg["num_attention_heads"])
+        return cls(
+            dim=int(cfg["hidden_size"]),
+            n_layers=int(cfg["num_hidden_layers"]),
+            n_heads=n_heads,
+            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+            vocab_size=int(cfg["vocab_size"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            head_dim=int(cfg.get("head_dim") or 0),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_seq_len=int(max_seq_len or cfg.get("max_position_embeddings", 2048)),
+            qkv_bias=bool(cfg.get("attention_bias", False)) or model_type == "qwen2",
+            o_bias=bool(cfg.get("attention_bias", False)) and model_type != "qwen2",
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            sliding_window=int(window) if window else None,
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+
+_LLAMA3_ROPE = RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)
+
+PRESETS: dict[str, ModelArgs] = {
+    # Deterministic random weights; what the CLI falls back to when no checkpoint is available.
+    "tiny": ModelArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=256,
+        intermediate_size=128,
+        max_seq_len=256,
+        tie_embeddings=True,
+    ),
+    "llama-2-7b": ModelArgs(
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        vocab_size=32000,
+        intermediate_size=11008,
+        max_seq_len=4096,
+    ),
+    "llama-3.1-8b": ModelArgs(
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        vocab_size=128256,
+        intermediate_size=14336,
+        norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=_LLAMA3_ROPE,
+        max_seq_len=8192,
+    ),
+    "llama-3.1-70b": ModelArgs(
+        dim=8192,
+        n_layers=80,
+        n_heads=64,
+        n_kv_heads=8,
+        vocab_size=128256,
+        intermediate_size=28672,
+        rope_theta=500000.0,
+        rope_scaling=_LLAMA3_ROPE,
+        max_seq_len=8192,
+    ),
+    "mistral-7b": ModelArgs(
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        vocab_size=32000,
+        intermediate_size=14336,
+        rope_theta=1000000.0,
+        max_seq_len=8192,
+    ),
+    "qwen2-0.5b": ModelArgs(
+        dim=896,
+        n_layers=24,
+        n_heads=14,
+        n_kv_heads=2,
+        vocab_size=151936,
+        intermediate_size=4864,
+        norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_seq_len=4096,
+        qkv_bias=True,
+        tie_embeddings=True,
+    ),
+}

@@ -1,0 +1,192 @@
+"""Load a Hugging Face Llama/Mistral/Qwen2 checkpoint directory, each rank reading only its slices.
+
+    model = load_llama("path/to/ckpt", group=tp_group, dtype=torch.bfloat16)
+
+The model is built on the meta device, sharded by the TP plan (``parallel/llama.py``), then
+materialised; every parameter is filled with positioned reads of its rows or columns only
+(``SafetensorsReader``, no memory map), so a rank never reads or holds another rank's part of a
+sharded weight, and its peak memory is the weights it keeps. The directory holds
+``config.json`` and ``*.safetensors`` (with or without ``model.safetensors.index.json``). The
+RoPE layout is HF's own ``rotate_half`` one, so q/k weights load without a permutation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from tqdm import tqdm
+
+from torch_tensorrt_dist.errors import CheckpointError
+from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
+from torch_tensorrt_dist.parallel.llama import (
+    LMHead,
+    ShardSlice,
+    apply_tp,
+    resolve_tp_group,
+    shard_slice,
+    tp_layout,
+)
+
+__all__ = ["hf_name", "load_llama", "random_llama", "read_config", "weight_map"]
+
+logger = logging.getLogger(__name__)
+
+_LAYER_NAMES = {
+    "attention.wq": "self_attn.q_proj",
+    "attention.wk": "self_attn.k_proj",
+    "attention.wv": "self_attn.v_proj",
+    "attention.wo": "self_attn.o_proj",
+    "feed_forward.w1": "mlp.gate_proj",
+    "feed_forward.w3": "mlp.up_proj",
+    "feed_forward.w2": "mlp.down_proj",
+    "attention_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_LAYER_RE = re.compile(r"layers\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+def hf_name(name: str, args: ModelArgs) -> str:
+    """The Hugging Face tensor name of our parameter ``name``."""
+    if name == "tok_embeddings.weight" or (name == "output.weight" and args.tie_embeddings):
+        return "model.embed_tokens.weight"
+    if name == "output.weight":
+        return "lm_head.weight"
+    if name == "norm.weight":
+        return "model.norm.weight"
+    if name.endswith("attention.wo_bias"):
+        return f"model.{name.removesuffix('attention.wo_bias')}self_attn.o_proj.bias"
+    m = _LAYER_RE.match(name)
+    if m is None or m.group(2) not in _LAYER_NAMES:
+        raise CheckpointError(f"no checkpoint name is known for parameter {name!r}")
+    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def read_config(path: str | Path, *, max_seq_len: int | None = None) -> ModelArgs:
+    """ModelArgs from ``path/config.json``."""
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(
+            f"{Path(path)} has no config.json; pass a Hugging Face checkpoint directory "
+            "(config.json + *.safetensors)"
+        )
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{cfg_file} is not valid JSON: {exc}") from exc
+    return ModelArgs.from_hf_config(cfg, max_seq_len=max_seq_len)
+
+
+def weight_map(path: str | Path) -> dict[str, Path]:
+    """Tensor name -> safetensors file, from the index file or by reading each file's header."""
+    root = Path(path)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        entries = json.loads(index.read_text()).get("weight_map", {})
+        mapping = {name: root / file for name, file in entries.items()}
+        missing = sorted({str(f.name) for f in mapping.values() if not f.is_file()})
+        if missing:
+            raise CheckpointError(
+                f"{index} names files that are missing: {', '.join(missing)}; download them again"
+            )
+        return mapping
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{root} holds no *.safetensors file; only safetensors is read")
+    mapping = {}
+    for file in files:
+        with SafetensorsReader(file) as f:  # reads the header only
+            mapping.update({name: file for name in f.keys()})  # noqa: SIM118
+    return mapping
+
+
+def _read(reader: SafetensorsReader, name: str, sl: ShardSlice | None) -> torch.Tensor:
+    if sl is None:
+        return reader.read(name)
+    t = reader.read(name, dim=sl.dim, start=sl.start, stop=sl.stop)
+    missing = sl.padded - (sl.stop - sl.start)
+    if missing:  # the last vocab shard: zero rows, sliced off after the gather
+        t = torch.cat([t, t.new_zeros((missing, *t.shape[1:]))])
+    return t
+
+
+def load_llama(
+    path: str | Path,
+    *,
+    group: dist.ProcessGroup | DeviceMesh | None = None,
+    mesh_dim: int | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    lm_head: LMHead = "vocab_parallel",
+    max_seq_len: int | None = None,
+    progress: bool = True,
+) -> Transformer:
+    """Build the (sharded) model of checkpoint ``path``, reading only this rank's slices."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint directory {root} does not exist")
+    args = read_config(root, max_seq_len=max_seq_len)
+    pg = resolve_tp_group(group, mesh_dim)
+    rank, size = (dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else (0, 1)
+    layout = tp_layout(args, rank, size, lm_head)
+    with torch.device("meta"):
+        model = Transformer(args)
+    full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    full_shapes["output.weight"] = (args.vocab_size, args.dim)
+    apply_tp(model, pg, lm_head=lm_head)
+    model = model.to(dtype).to_empty(device=device)
+    names = weight_map(root)
+    by_file: dict[Path, list[tuple[str, torch.nn.Parameter, str]]] = {}
+    for name, param in model.named_parameters():
+        key = hf_name(name, args)
+        if key not in names:
+            raise CheckpointError(
+                f"{root} lacks tensor {key!r} (for {name}); the checkpoint "
+                "is incomplete or not a Llama/Mistral/Qwen2 model"
+            )
+        by_file.setdefault(names[key], []).append((name, param, key))
+    show = progress and (not dist.is_initialized() or dist.get_rank() == 0)
+    bar = tqdm(total=sum(map(len, by_file.values())), desc=f"loading {root.name}", disable=not show)
+    with bar, torch.no_grad():
+        for file, entries in by_file.items():
+            with SafetensorsReader(file) as reader:
+                for name, param, key in entries:
+                    shape = reader.info(key).shape
+                    if shape != full_shapes[name]:
+                        raise CheckpointError(
+                            f"{file.name}: tensor {key!r} has shape {list(shape)}, but "
+                            f"config.json implies {list(full_shapes[name])}; the config and "
+                            "weights do not match"
+                        )
+                    param.copy_(_read(reader, key, shard_slice(name, layout)))
+                    bar.update(1)
+    logger.info("loaded %s (tp rank %d of %d, %s)", root, rank, size, dtype)
+    return model.requires_grad_(False).eval()
+
+
+def random_llama(
+    args: ModelArgs,
+    *,
+    seed: int = 0,
+    group: dist.ProcessGroup | DeviceMesh | None = None,
+    mesh_dim: int | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    lm_head: LMHead = "vocab_parallel",
+) -> Transformer:
+    """A model with deterministic random weights (same on every rank), then sharded."""
+    gen = torch.Generator().manual_seed(seed)
+    model = Transformer(args)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5 / p.shape[-1] ** 0.5)
+    apply_tp(model, resolve_tp_group(group, mesh_dim), lm_head=lm_head)
+    return model.to(dtype).requires_grad_(False).eval()

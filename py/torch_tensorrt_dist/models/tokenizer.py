@@ -1,0 +1,91 @@
+"""Tokenizers for generation: HF ``tokenizers`` from ``tokenizer.json``, or a byte-level fallback.
+
+tok = load_tokenizer(checkpoint_dir, vocab_size=args.vocab_size)
+ids = tok.encode("Hello")          # list[int], BOS prepended when the tokenizer does so
+text = tok.decode(ids)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Protocol
+
+from torch_tensorrt_dist.errors import CheckpointError, ConfigError
+
+__all__ = ["ByteTokenizer", "HFTokenizer", "Tokenizer", "load_tokenizer"]
+
+logger = logging.getLogger(__name__)
+
+
+class Tokenizer(Protocol):
+    eos_ids: tuple[int, ...]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """Token id = UTF-8 byte value (ids >= 256 decode to nothing). Needs vocab_size >= 128."""
+
+    def __init__(self, vocab_size: int, eos_ids: tuple[int, ...] = ()) -> None:
+        self.vocab_size = vocab_size
+        self.eos_ids = eos_ids
+
+    def encode(self, text: str) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        too_big = sorted({b for b in ids if b >= self.vocab_size})
+        if too_big:
+            raise ConfigError(
+                f"the byte-level tokenizer maps bytes to ids, but the prompt holds bytes "
+                f"{too_big[:5]} >= the vocabulary size {self.vocab_size}; use ASCII text or a "
+                "checkpoint with tokenizer.json"
+            )
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A ``tokenizers.Tokenizer`` loaded from ``tokenizer.json``."""
+
+    def __init__(self, path: Path, eos_ids: tuple[int, ...] = ()) -> None:
+        from tokenizers import Tokenizer as _Tokenizer
+
+        try:
+            self._tok = _Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises its own Exception subclass
+            raise CheckpointError(f"cannot read {path}: {exc}") from exc
+        self.eos_ids = eos_ids
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=True))
+
+
+def _eos_from_files(root: Path) -> tuple[int, ...]:
+    ids: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        file = root / name
+        if not file.is_file():
+            continue
+        eos = json.loads(file.read_text()).get("eos_token_id")
+        for i in eos if isinstance(eos, list) else [eos]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    return tuple(ids)
+
+
+def load_tokenizer(path: str | Path | None, *, vocab_size: int) -> Tokenizer:
+    """The checkpoint's ``tokenizer.json`` when present, else the byte-level fallback."""
+    root = Path(path) if path is not None else None
+    eos = _eos_from_files(root) if root is not None else ()
+    if root is not None and (root / "tokenizer.json").is_file():
+        return HFTokenizer(root / "tokenizer.json", eos)
+    logger.info("no tokenizer.json%s: using byte-level tokens", f" in {root}" if root else "")
+    return ByteTokenizer(vocab_size, eos)

@@ -1,0 +1,100 @@
+"""The Llama-family model reproduces transformers' logits (Llama, Mistral, Qwen2) in fp32."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.models.llama import ModelArgs, Transformer, rope_inv_freq
+from torch_tensorrt_dist.models.loader import load_llama, random_llama
+
+from . import _llama_ckpt
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("name", sorted(_llama_ckpt.CONFIGS))
+def test_logits_match_transformers(name: str, tmp_path: Path) -> None:
+    hf = _llama_ckpt.save_checkpoint(name, tmp_path)
+    model = load_llama(tmp_path, progress=False)
+    model.setup_caches(2, 64)
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, model.args.vocab_size, (2, 20), generator=gen)
+    with torch.no_grad():
+        ref = hf(tokens).logits
+        out = model(tokens, torch.arange(20))
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_prefill_then_decode_matches_full_forward(tmp_path: Path) -> None:
+    hf = _llama_ckpt.save_checkpoint("llama_gqa", tmp_path)
+    model = load_llama(tmp_path, progress=False)
+    model.setup_caches(1, 32)
+    tokens = torch.randint(0, 160, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(tokens).logits[:, -4:]
+        model(tokens[:, :8], torch.arange(8))
+        steps = [model(tokens[:, i : i + 1], torch.tensor([i])) for i in range(8, 12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_left_padding_gives_the_unpadded_logits() -> None:
+    model = random_llama(ModelArgs.from_name("tiny"), seed=3)
+    model.setup_caches(2, 32)
+    prompt = torch.tensor([[5, 9, 17, 33, 65, 2]])
+    with torch.no_grad():
+        alone = model(prompt, torch.arange(6))[0]
+        padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), prompt], dim=1)
+        batch = model(
+            torch.cat([padded, torch.arange(10)[None]]), torch.arange(10), torch.tensor([4, 0])
+        )
+    torch.testing.assert_close(batch[0, 4:], alone, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(batch).all()  # fully padded query rows stay finite
+
+
+def test_llama3_rope_scaling_matches_transformers() -> None:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "rope_theta": 500000.0,
+    }
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=2, rope_parameters=rope)
+    ref, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
+    args = ModelArgs.from_hf_config(json.loads(cfg.to_json_string()))
+    assert args.rope_scaling is not None and args.rope_theta == 500000.0
+    torch.testing.assert_close(rope_inv_freq(args), ref.float())
+    assert not torch.allclose(rope_inv_freq(ModelArgs(dim=256, n_heads=2, rope_theta=5e5)), ref)
+
+
+def test_model_args_validation_and_presets() -> None:
+    assert ModelArgs.from_name("llama-3.1-8b").n_kv_heads == 8
+    assert ModelArgs(dim=64, n_heads=4).head_dim == 16
+    with pytest.raises(ConfigError, match="unknown model preset 'nope'"):
+        ModelArgs.from_name("nope")
+    with pytest.raises(ConfigError, match="not a multiple of n_kv_heads=3"):
+        ModelArgs(dim=64, n_heads=4, n_kv_heads=3)
+    with pytest.raises(ConfigError, match="model_type='gpt2'"):
+        ModelArgs.from_hf_config({"model_type": "gpt2"})
+
+
+def test_setup_caches_refuses_beyond_max_positions() -> None:
+    model = Transformer(
+        ModelArgs(
+            dim=32, n_layers=1, n_heads=2, vocab_size=16, intermediate_size=32, max_seq_len=16
+        )
+    )
+    with pytest.raises(ConfigError, match="max_seq_len=32 exceeds the model's limit 16"):
+        model.setup_caches(1, 32)
+    with pytest.raises(ConfigError, match="setup_caches"):
+        model(torch.zeros(1, 2, dtype=torch.long), torch.arange(2))
