@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -47,6 +48,7 @@ def recording() -> Iterator[list[GraphReport]]:
 
 def lower_graph(gm: fx.GraphModule, settings: CompileSettings) -> GraphReport:
     """Lower an aten graph in place and describe it (shared by the backend and ``explain``)."""
+    start = time.perf_counter()
     fuse_collectives(gm, strict=settings.strict)
     report = GraphReport(
         index=0,
@@ -54,6 +56,7 @@ def lower_graph(gm: fx.GraphModule, settings: CompileSettings) -> GraphReport:
         unfused=list(fusion_report(gm).unfused),
         num_nodes=len(gm.graph.nodes),
     )
+    report.lowering_s = time.perf_counter() - start
     if report.unfused and settings.engine == "tensorrt":
         raise UnsupportedCollectiveError(
             "collectives the TensorRT engine cannot take were left in the graph: "

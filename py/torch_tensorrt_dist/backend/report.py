@@ -47,6 +47,8 @@ class GraphReport:
     collectives: list[CollectiveInfo] = field(default_factory=list)
     unfused: list[tuple[str, str]] = field(default_factory=list)
     num_nodes: int = 0
+    #: seconds spent in lowering and checks (fusion, report, capability decisions)
+    lowering_s: float = 0.0
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -1,0 +1,81 @@
+"""Benchmarks that print figures next to their goals (``torchtrt-dist bench``).
+
+Speeds are ratios of two things measured in the same run, so a noisy machine shifts both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch_tensorrt_dist.bench.common import Figure
+
+__all__ = ["SECTIONS", "Figure", "format_figures", "run_sections"]
+
+
+def _communication() -> list[Figure]:
+    from torch_tensorrt_dist.bench.communication import communication
+
+    return communication()
+
+
+def _compile() -> list[Figure]:
+    from torch_tensorrt_dist.bench.compile_overhead import compile_overhead
+
+    return compile_overhead()
+
+
+def _decode() -> list[Figure]:
+    from torch_tensorrt_dist.bench.decode import decode_speed
+
+    return decode_speed()
+
+
+def _memory() -> list[Figure]:
+    from torch_tensorrt_dist.bench.memory import memory
+
+    return memory()
+
+
+def _gpu() -> list[Figure]:
+    from torch_tensorrt_dist.bench.gpu import gpu
+
+    return gpu()
+
+
+#: section name -> function returning its figures (in the order they run)
+SECTIONS: dict[str, Callable[[], list[Figure]]] = {
+    "communication": _communication,
+    "compile": _compile,
+    "decode": _decode,
+    "memory": _memory,
+    "gpu": _gpu,
+}
+
+
+def run_sections(names: list[str], progress: Callable[[str], None] | None = None) -> list[Figure]:
+    figures: list[Figure] = []
+    for name in names:
+        if progress is not None:
+            progress(name)
+        figures += SECTIONS[name]()
+    return figures
+
+
+def format_figures(figures: list[Figure]) -> str:
+    from torch_tensorrt_dist.backend.report import format_table
+
+    rows = [
+        [
+            f.section,
+            f.name,
+            f"{f.value:,}"
+            if isinstance(f.value, (int, float)) and not isinstance(f.value, bool)
+            else str(f.value),
+            f.unit,
+            f.goal or "-",
+            {True: "met", False: "NOT MET", None: "-"}[f.met],
+            f.note,
+        ]
+        for f in figures
+    ]
+    return format_table(["section", "figure", "value", "unit", "goal", "status", "note"], rows)

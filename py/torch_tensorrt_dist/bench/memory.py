@@ -1,0 +1,114 @@
+"""Peak memory per rank while loading a sharded checkpoint, against the checkpoint's size.
+
+Writes a synthetic Hugging Face Llama checkpoint (random weights, ~140 MB in fp32) to a
+temporary folder, then loads it at TP 2 and TP 4 on gloo ranks. Each rank reports the growth
+of its peak resident memory (``VmHWM``) across ``load_llama``: weights it keeps plus whatever
+the reading touched (safetensors maps the file; pages of a column slice are read whole).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torch_tensorrt_dist.bench.common import Figure
+from torch_tensorrt_dist.models.llama_args import ModelArgs
+
+__all__ = ["load_rank", "memory", "write_checkpoint"]
+
+ARGS = ModelArgs(
+    dim=512,
+    n_layers=8,
+    n_heads=8,
+    n_kv_heads=8,
+    vocab_size=8192,
+    intermediate_size=1536,
+    max_seq_len=256,
+)
+
+
+def write_checkpoint(path: Path, args: ModelArgs = ARGS) -> int:
+    """A random-weight HF Llama checkpoint; returns the weight bytes."""
+    from safetensors.torch import save_file
+
+    from torch_tensorrt_dist.models.llama import Transformer
+    from torch_tensorrt_dist.models.loader import hf_name
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.device("meta"):
+        model = Transformer(args)
+    tensors = {
+        hf_name(name, args): torch.randn(p.shape, generator=gen) * 0.02
+        for name, p in model.named_parameters()
+    }
+    tensors["lm_head.weight"] = torch.randn(args.vocab_size, args.dim, generator=gen) * 0.02
+    save_file(tensors, str(path / "model.safetensors"))
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": args.dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "vocab_size": args.vocab_size,
+        "intermediate_size": args.intermediate_size,
+        "max_position_embeddings": args.max_seq_len,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _hwm_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def load_rank(rank: int, world: int, path: str) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from torch_tensorrt_dist.models.loader import load_llama
+
+    before = _hwm_bytes()
+    model = load_llama(path, group=dist.group.WORLD, progress=False)
+    after = _hwm_bytes()
+    kept = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"peak_growth": after - before, "kept": kept}
+
+
+def memory(tps: tuple[int, ...] = (2, 4)) -> list[Figure]:
+    from torch_tensorrt_dist.testing import run_on_ranks
+
+    figures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        size = write_checkpoint(Path(tmp))
+        for tp in tps:
+            results = run_on_ranks(load_rank, tp, tmp, timeout=600)
+            worst = max(r["peak_growth"] for r in results)
+            share = worst / size
+            goal = 1 / tp + 0.10
+            figures.append(
+                Figure(
+                    "memory (load)",
+                    f"tp={tp} peak growth per rank / checkpoint",
+                    round(share, 3),
+                    goal=f"<= {goal:.3f} (1/tp + 10 %)",
+                    met=share <= goal,
+                    note=(
+                        f"checkpoint {size / 2**20:.0f} MiB; worst rank +"
+                        f"{worst / 2**20:.0f} MiB; weights kept "
+                        f"{max(r['kept'] for r in results) / 2**20:.0f} MiB"
+                    ),
+                )
+            )
+    return figures

@@ -1,0 +1,64 @@
+"""``torchtrt-dist bench``: communication, compile overhead, decode speed, memory, GPU.
+
+    torchtrt-dist bench                       # every section (several minutes on 2 cores)
+    torchtrt-dist bench --section communication --json figures.json
+
+Prints one table with each figure's goal and whether it is met; ``--json`` also writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    from torch_tensorrt_dist.bench import SECTIONS
+
+    p = sub.add_parser(
+        "bench",
+        help="measure communication, compile overhead, decode speed and memory",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--section",
+        action="append",
+        choices=list(SECTIONS),
+        help="run only these sections (repeatable; default: all)",
+    )
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from torch_tensorrt_dist.bench import SECTIONS, format_figures, run_sections
+
+    names = args.section or list(SECTIONS)
+    start = time.monotonic()
+
+    def progress(name: str) -> None:
+        print(f"[bench] {name} ({time.monotonic() - start:.0f} s)", file=sys.stderr, flush=True)
+
+    figures = run_sections(names, progress)
+    machine = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    print(format_figures(figures))
+    print(f"\nmachine: {machine}; {time.monotonic() - start:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine, "figures": [x.as_dict() for x in figures]}, f, indent=2)
+    return 0

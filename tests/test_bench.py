@@ -1,0 +1,48 @@
+"""``torchtrt-dist bench``: the fast sections end to end, and the figure table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from torch_tensorrt_dist.bench import Figure, format_figures
+from torch_tensorrt_dist.bench.gpu import bandwidth_limit_ms
+
+
+def test_communication_and_gpu_sections_write_json(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_tensorrt_dist", "bench", "--section", "communication",
+         "--section", "gpu", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = {f["name"]: f for f in json.loads(out.read_text())["figures"]}
+    for tp in (2, 4, 8):
+        assert figures[f"tp={tp} all_reduces per layer"]["value"] == 2
+        assert figures[f"tp={tp} graphs / breaks"]["value"] == "1 / 0"
+        per_layer = figures[f"tp={tp} bytes per layer per step"]
+        assert per_layer["met"] is True and per_layer["value"] == 2 * 256 * 2  # bf16, hidden 256
+        assert "all_gather" in per_layer["note"]  # the vocab-parallel head's one gather
+    gpu = figures["TensorRT vs Inductor decode"]
+    assert gpu["value"] == "skipped" and gpu["note"]
+    assert "NOT MET" not in proc.stdout and "tp=8 all_reduces per layer" in proc.stdout
+
+
+def test_table_marks_unmet_goals() -> None:
+    table = format_figures(
+        [
+            Figure("s", "fast", 5.0, "x", goal=">= 3x", met=True),
+            Figure("s", "slow", 1.5, "x", goal=">= 3x", met=False, note="why"),
+        ]
+    )
+    lines = table.splitlines()
+    assert "met" in lines[2] and "NOT MET" in lines[3] and "why" in lines[3]
+
+
+def test_bandwidth_limit() -> None:
+    # 16 GB of weights at TP 2 on 4.8 TB/s: 1.67 ms per token
+    assert abs(bandwidth_limit_ms(16_000_000_000, 2, "NVIDIA H200") - 1.6667) < 1e-3
+    assert bandwidth_limit_ms(1, 1, "Some GPU") is None
