@@ -63,3 +63,29 @@ def test_bad_layouts_are_clear_errors(args: list[str], message: str) -> None:
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_llama_decode_step_has_two_all_reduces_per_layer() -> None:
+    proc = _run(
+        "explain", "--model", "llama", "--layers", "3", "--world-size", "8", "--tp", "4",
+        "--rank", "6", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["graph_count"] == 1 and report["graph_breaks"] == []
+    ops = [c["op"] for c in report["collectives"]]
+    assert ops == ["all_reduce"] * 6 + ["all_gather"]  # 2 per layer + the vocab-parallel head
+    assert all(c["group_ranks"] == [4, 5, 6, 7] for c in report["collectives"])
+
+
+def test_pipeline_explain_shows_stage_collectives_and_transfers() -> None:
+    proc = _run(
+        "explain", "--model", "llama", "--layers", "4", "--world-size", "8", "--pp", "2",
+        "--tp", "4", "--rank", "2",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "pipeline stage 0 of 2 (rank 2, tp rank 2 of group [0, 1, 2, 3])" in out
+    assert out.count("all_reduce  [0, 1, 2, 3]") == 4  # 2 layers x 2, on the stage's TP group
+    assert "send     6  hidden" in out  # to TP rank 2 of stage 1
+    assert "recv     6  token" in out

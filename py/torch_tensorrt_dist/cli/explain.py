@@ -9,6 +9,7 @@ collectives are exactly those the rank would compile.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -59,10 +60,39 @@ def _block(mesh: Any, args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
     return model, (torch.randn(args.batch, args.seq, args.dim),)
 
 
+def _llama_args(args: argparse.Namespace) -> Any:
+    from torch_tensorrt_dist.models.llama_args import ModelArgs
+
+    if args.checkpoint:
+        from torch_tensorrt_dist.models.loader import read_config
+
+        return read_config(args.checkpoint)
+    return ModelArgs(
+        dim=args.dim, n_layers=args.layers, n_heads=8, n_kv_heads=8, vocab_size=512,
+        intermediate_size=4 * args.dim, max_seq_len=256,
+    )  # fmt: skip
+
+
+def _llama(mesh: Any, args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
+    """The decode step (one token per row, KV cache of 64) of the Llama TP plan."""
+    from torch_tensorrt_dist.models.loader import random_llama
+
+    model = random_llama(_llama_args(args), group=mesh.get_group())
+    model.setup_caches(args.batch, 64)
+
+    def decode(tokens: torch.Tensor, cache_pos: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        return model(tokens, cache_pos, pad)[:, -1]
+
+    batch = args.batch
+    tokens = torch.zeros(batch, 1, dtype=torch.long)
+    return decode, (tokens, torch.tensor([8]), torch.zeros(batch, dtype=torch.long))
+
+
 #: name -> (description, builder(tp_mesh, args) -> (model, example inputs))
 BUILTIN_MODELS: dict[str, tuple[str, Callable[[Any, argparse.Namespace], Any]]] = {
     "mlp": ("DTensor column/row-parallel MLP (1 all_reduce)", _mlp),
     "block": ("DTensor attention + MLP block, torchtitan plan (2 all_reduces)", _block),
+    "llama": ("decode step of the Llama TP plan (2 all_reduces per layer; --pp for 2-D)", _llama),
     "mlp-sp": ("sequence-parallel norm + MLP block (all_gather + reduce_scatter)", _mlp_sp),
     "funcol-mlp": ("hand-sharded MLP with a functional all_reduce", _funcol_mlp),
     "all-to-all": ("row <-> column re-sharding through all_to_all", _all_to_all),
@@ -82,7 +112,12 @@ def register(sub: Any) -> None:
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default: all)")
     p.add_argument("--dp", type=int, default=None, help="data-parallel degree (default: W/tp)")
     p.add_argument("--rank", type=int, default=0, help="which rank to explain (default 0)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (llama only)")
     p.add_argument("--dim", type=int, default=64, help="model width")
+    p.add_argument("--layers", type=int, default=4, help="decoder layers (llama)")
+    p.add_argument(
+        "--checkpoint", default=None, help="HF checkpoint dir whose config to use (llama)"
+    )
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=16, help="sequence length (mlp-sp)")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
@@ -95,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
     from torch_tensorrt_dist.backend.fake_world import fake_world
     from torch_tensorrt_dist.parallel.mesh import make_mesh
 
+    if args.pp > 1:
+        return _run_pipeline(args)
     tp = args.tp or args.world_size
     if args.dim % tp:
         raise ConfigError(f"--dim {args.dim} must be divisible by --tp {tp}")
@@ -104,8 +141,28 @@ def run(args: argparse.Namespace) -> int:
         torch.manual_seed(0)
         model, inputs = build(mesh["tp"], args)
         dtype = _DTYPES[args.dtype]
-        model = model.to(dtype)
-        inputs = tuple(x.to(dtype) for x in inputs)
+        if isinstance(model, torch.nn.Module):
+            model = model.to(dtype)
+        inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
         report = explain(model, *inputs)
     print(report.to_json() if args.json else report)
+    return 0
+
+
+def _run_pipeline(args: argparse.Namespace) -> int:
+    from torch_tensorrt_dist.generation.pipeline_explain import explain_pipeline
+
+    if args.model != "llama":
+        raise ConfigError(f"--pp needs --model llama (got --model {args.model})")
+    tp = args.tp or args.world_size // args.pp
+    if args.pp * tp != args.world_size:
+        raise ConfigError(
+            f"--pp {args.pp} x --tp {tp} = {args.pp * tp} ranks does not match --world-size "
+            f"{args.world_size}"
+        )
+    report = explain_pipeline(
+        _llama_args(args), pp=args.pp, tp=tp, rank=args.rank, batch=args.batch,
+        dtype=_DTYPES[args.dtype],
+    )  # fmt: skip
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report)
     return 0

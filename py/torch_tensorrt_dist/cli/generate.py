@@ -1,6 +1,7 @@
 """``torchtrt-dist generate``: tensor-parallel text generation from a HF Llama-family checkpoint.
 
     torchtrt-dist generate --model PATH --tp 2 --engine inductor --prompt "Hello" --json
+    torchtrt-dist generate --pp 2 --tp 2          # 4 ranks: 2 pipeline stages of 2 TP ranks
     torchrun --nproc-per-node 2 -m torch_tensorrt_dist generate --model PATH --prompt "Hello"
 
 Without a launcher (no ``RANK`` in the environment) and ``--tp`` > 1 it starts its own ranks
@@ -50,7 +51,24 @@ def register(subparsers: Any) -> None:
         "--tp",
         type=int,
         default=None,
-        help="tensor-parallel ranks (default: WORLD_SIZE under a launcher, else 1)",
+        help="tensor-parallel ranks (default: WORLD_SIZE / pp under a launcher, else 1)",
+    )
+    p.add_argument(
+        "--pp",
+        type=int,
+        default=1,
+        help="pipeline stages (default 1); the job has pp x tp ranks, TP inner",
+    )
+    p.add_argument(
+        "--split",
+        default=None,
+        help="layers per pipeline stage, comma-separated (default: even), e.g. 3,5",
+    )
+    p.add_argument(
+        "--microbatches",
+        type=int,
+        default=None,
+        help="pipeline microbatches (default: pp when it divides the batch, else 1)",
     )
     p.add_argument(
         "--engine",
@@ -127,6 +145,11 @@ def _plan(ns: argparse.Namespace) -> _Plan:
     path, preset = _resolve_model(ns.model)
     args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
     tp_layout(args, 0, ns.tp, ns.lm_head)  # heads / MLP divisible by tp
+    if ns.pp > 1 or ns.split:
+        from torch_tensorrt_dist.parallel.pipeline import check_mesh, split_layers
+
+        check_mesh(ns.pp, ns.tp, ns.pp * ns.tp, args)
+        split_layers(args.n_layers, ns.pp, _split(ns))
     tok = load_tokenizer(path, vocab_size=args.vocab_size)
     prompts = [tok.encode(text) for text in ns.prompt]
     limit = min(args.max_seq_len, ns.max_seq_len or args.max_seq_len)
@@ -139,6 +162,17 @@ def _plan(ns: argparse.Namespace) -> _Plan:
     return _Plan(path, preset, args, prompts, cache_len)
 
 
+def _split(ns: argparse.Namespace) -> list[int] | None:
+    if not ns.split:
+        return None
+    try:
+        return [int(x) for x in ns.split.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"--split {ns.split!r} is not a comma-separated list of integers"
+        ) from None
+
+
 def _rank_main(ns: argparse.Namespace) -> int:
     """One rank: set up distributed, load the shard, generate, report on rank 0."""
     import torch.distributed as dist
@@ -149,10 +183,10 @@ def _rank_main(ns: argparse.Namespace) -> int:
     from torch_tensorrt_dist.runtime import init_distributed
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != ns.tp:
+    if world != ns.tp * ns.pp:
         raise ConfigError(
-            f"--tp {ns.tp} but the launcher started {world} ranks; generate uses "
-            f"all ranks for tensor parallelism: pass --tp {world} or start {ns.tp}"
+            f"--pp {ns.pp} x --tp {ns.tp} needs {ns.pp * ns.tp} ranks, but the launcher started "
+            f"{world}; generate uses every rank: start {ns.pp * ns.tp} or change --pp/--tp"
         )
     device: torch.device | str = "cpu"
     group = None
@@ -164,7 +198,9 @@ def _rank_main(ns: argparse.Namespace) -> int:
         device = "cuda"
     plan = _plan(ns)
     dtype = DTYPES[ns.dtype]
-    if plan.path is not None:
+    if ns.pp > 1:
+        pass  # each stage loads its own layers in generate_pipeline
+    elif plan.path is not None:
         model = load_llama(
             plan.path,
             group=group,
@@ -178,12 +214,6 @@ def _rank_main(ns: argparse.Namespace) -> int:
             device
         )
     tok = load_tokenizer(plan.path, vocab_size=plan.args.vocab_size)
-    gen = Generator(
-        model, engine=ns.engine, max_batch_size=len(plan.prompts), cache_len=plan.cache_len
-    )
-    compile_s = 0.0
-    if not ns.no_warmup:
-        compile_s = gen.warmup(max(map(len, plan.prompts)), ns.max_new_tokens, len(plan.prompts))
     stop_ids = tok.eos_ids or plan.args.eos_token_ids
     stream = TextStream(tok, len(plan.prompts))
     printing = rank == 0 and not ns.json and len(plan.prompts) == 1
@@ -196,13 +226,42 @@ def _rank_main(ns: argparse.Namespace) -> int:
     if printing:
         print(ns.prompt[0], end="", flush=True)
     sampling = SamplingConfig(ns.temperature, ns.top_k, ns.top_p, ns.seed)
-    result = gen.generate(
-        plan.prompts,
-        max_new_tokens=ns.max_new_tokens,
-        sampling=sampling,
-        stop_ids=stop_ids,
-        on_step=on_step if printing else None,
-    )
+    compile_s: float | None = None
+    if ns.pp > 1:
+        from torch_tensorrt_dist.generation.pipeline import generate_pipeline
+
+        result = generate_pipeline(
+            plan.path or plan.args,
+            plan.prompts,
+            pp=ns.pp,
+            tp=ns.tp,
+            engine=ns.engine,
+            max_new_tokens=ns.max_new_tokens,
+            sampling=sampling,
+            stop_ids=stop_ids,
+            split=_split(ns),
+            dtype=dtype,
+            lm_head=ns.lm_head,
+            cache_len=plan.cache_len,
+            warmup=not ns.no_warmup,
+            microbatches=ns.microbatches,
+            on_step=on_step if printing else None,
+        )
+    else:
+        gen = Generator(
+            model, engine=ns.engine, max_batch_size=len(plan.prompts), cache_len=plan.cache_len
+        )
+        if not ns.no_warmup:
+            compile_s = gen.warmup(
+                max(map(len, plan.prompts)), ns.max_new_tokens, len(plan.prompts)
+            )
+        result = gen.generate(
+            plan.prompts,
+            max_new_tokens=ns.max_new_tokens,
+            sampling=sampling,
+            stop_ids=stop_ids,
+            on_step=on_step if printing else None,
+        )
     if rank == 0:
         texts = [tok.decode([i for i in ids if i not in stop_ids]) for ids in result.tokens]
         summary = {
@@ -211,6 +270,7 @@ def _rank_main(ns: argparse.Namespace) -> int:
             "ttft_s": result.ttft_s,
             "tokens_per_s": result.tokens_per_s,
             "tp": ns.tp,
+            "pp": ns.pp,
             "engine": ns.engine,
             "prefill_len": result.prefill_len,
             "decode_steps": result.decode_steps,
@@ -227,8 +287,9 @@ def _rank_main(ns: argparse.Namespace) -> int:
                 for prompt, text in zip(ns.prompt, texts):
                     print(f"{prompt}{text}\n")
             print(
-                f"[tp={ns.tp} engine={ns.engine}] ttft {result.ttft_s * 1e3:.1f} ms, "
-                f"decode {result.tokens_per_s:.1f} tok/s, compile {compile_s:.1f} s",
+                f"[pp={ns.pp} tp={ns.tp} engine={ns.engine}] ttft {result.ttft_s * 1e3:.1f} ms, "
+                f"decode {result.tokens_per_s:.1f} tok/s"
+                + (f", compile {compile_s:.1f} s" if compile_s is not None else ""),
                 file=sys.stderr,
             )
     return 0
@@ -251,19 +312,19 @@ def run(ns: argparse.Namespace) -> int:
 
     launched = is_launched(os.environ)
     if ns.tp is None:
-        ns.tp = int(os.environ.get("WORLD_SIZE", "1")) if launched else 1
-    ns.prompt = ns.prompt or ["The quick brown fox"]
+        ns.tp = max(1, int(os.environ.get("WORLD_SIZE", "1")) // ns.pp) if launched else 1
+    ns.prompt = ns.prompt or ["The return statement"]
     try:
-        if ns.tp < 1:
-            raise ConfigError(f"--tp must be >= 1, got {ns.tp}")
+        if ns.tp < 1 or ns.pp < 1:
+            raise ConfigError(f"--tp and --pp must be >= 1, got tp={ns.tp} pp={ns.pp}")
         _plan(ns)  # bad input fails here, before any rank starts
-        if ns.tp == 1 or launched:
+        if ns.tp * ns.pp == 1 or launched:
             return _rank_main(ns)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     ns.func = None  # the ranks get a plain, picklable namespace
-    result = launch(_rank_entry, ns.tp, [ns])
+    result = launch(_rank_entry, ns.tp * ns.pp, [ns])
     if not result.ok:
         print(f"error: {result.message}", file=sys.stderr)
     return int(result.returncode)

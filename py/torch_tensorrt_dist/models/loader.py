@@ -28,13 +28,14 @@ from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
 from torch_tensorrt_dist.parallel.llama import (
     LMHead,
     ShardSlice,
+    TPLayout,
     apply_tp,
     resolve_tp_group,
     shard_slice,
     tp_layout,
 )
 
-__all__ = ["hf_name", "load_llama", "random_llama", "read_config", "weight_map"]
+__all__ = ["fill_parameters", "hf_name", "load_llama", "random_llama", "read_config", "weight_map"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +117,47 @@ def _read(reader: SafetensorsReader, name: str, sl: ShardSlice | None) -> torch.
     return t
 
 
+def fill_parameters(
+    model: torch.nn.Module,
+    root: Path,
+    args: ModelArgs,
+    layout: TPLayout,
+    full_shapes: dict[str, tuple[int, ...]],
+    *,
+    progress: bool = True,
+) -> None:
+    """Fill every parameter of a sharded, materialised ``model`` with this rank's slice of its
+    checkpoint tensor (``full_shapes``: the unsharded shapes, checked against the files)."""
+    names = weight_map(root)
+    by_file: dict[Path, list[tuple[str, torch.nn.Parameter, str]]] = {}
+    for name, param in model.named_parameters():
+        key = hf_name(name, args)
+        if key not in names:
+            raise CheckpointError(
+                f"{root} lacks tensor {key!r} (for {name}); the checkpoint "
+                "is incomplete or not a Llama/Mistral/Qwen2 model"
+            )
+        by_file.setdefault(names[key], []).append((name, param, key))
+    show = progress and (not dist.is_initialized() or dist.get_rank() == 0)
+    bar = tqdm(total=sum(map(len, by_file.values())), desc=f"loading {root.name}", disable=not show)
+    with bar, torch.no_grad():
+        for file, entries in by_file.items():
+            with SafetensorsReader(file) as reader:
+                for name, param, key in entries:
+                    shape = reader.info(key).shape
+                    if shape != full_shapes[name]:
+                        raise CheckpointError(
+                            f"{file.name}: tensor {key!r} has shape {list(shape)}, but "
+                            f"config.json implies {list(full_shapes[name])}; the config and "
+                            "weights do not match"
+                        )
+                    sl = shard_slice(name, layout)
+                    if sl is not None and name.endswith(".bias") and sl.dim == 1:
+                        sl = None  # a row-parallel bias stays whole (added after the reduce)
+                    param.copy_(_read(reader, key, sl))
+                    bar.update(1)
+
+
 def load_llama(
     path: str | Path,
     *,
@@ -141,31 +183,7 @@ def load_llama(
     full_shapes["output.weight"] = (args.vocab_size, args.dim)
     apply_tp(model, pg, lm_head=lm_head)
     model = model.to(dtype).to_empty(device=device)
-    names = weight_map(root)
-    by_file: dict[Path, list[tuple[str, torch.nn.Parameter, str]]] = {}
-    for name, param in model.named_parameters():
-        key = hf_name(name, args)
-        if key not in names:
-            raise CheckpointError(
-                f"{root} lacks tensor {key!r} (for {name}); the checkpoint "
-                "is incomplete or not a Llama/Mistral/Qwen2 model"
-            )
-        by_file.setdefault(names[key], []).append((name, param, key))
-    show = progress and (not dist.is_initialized() or dist.get_rank() == 0)
-    bar = tqdm(total=sum(map(len, by_file.values())), desc=f"loading {root.name}", disable=not show)
-    with bar, torch.no_grad():
-        for file, entries in by_file.items():
-            with SafetensorsReader(file) as reader:
-                for name, param, key in entries:
-                    shape = reader.info(key).shape
-                    if shape != full_shapes[name]:
-                        raise CheckpointError(
-                            f"{file.name}: tensor {key!r} has shape {list(shape)}, but "
-                            f"config.json implies {list(full_shapes[name])}; the config and "
-                            "weights do not match"
-                        )
-                    param.copy_(_read(reader, key, shard_slice(name, layout)))
-                    bar.update(1)
+    fill_parameters(model, root, args, layout, full_shapes, progress=progress)
     logger.info("loaded %s (tp rank %d of %d, %s)", root, rank, size, dtype)
     return model.requires_grad_(False).eval()
 
