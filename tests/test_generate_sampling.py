@@ -115,3 +115,11 @@ def test_hf_tokenizer_from_tokenizer_json(tmp_path: Path) -> None:
     assert len(ids) < len("hello world")  # merged, not bytes
     assert loaded.decode([*ids, 0]) == "hello world"  # special tokens skipped
     assert isinstance(load_tokenizer(None, vocab_size=256), ByteTokenizer)
+
+
+def test_checkpoint_with_an_unreadable_tokenizer_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.model").write_bytes(b"sentencepiece")
+    with pytest.raises(ConfigError, match=r"tokenizer.model but no tokenizer.json.*save_pre"):
+        load_tokenizer(tmp_path, vocab_size=300)
+    (tmp_path / "tokenizer.model").unlink()
+    assert isinstance(load_tokenizer(tmp_path, vocab_size=300), ByteTokenizer)  # warned, bytes

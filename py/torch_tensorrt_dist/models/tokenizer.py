@@ -87,5 +87,18 @@ def load_tokenizer(path: str | Path | None, *, vocab_size: int) -> Tokenizer:
     eos = _eos_from_files(root) if root is not None else ()
     if root is not None and (root / "tokenizer.json").is_file():
         return HFTokenizer(root / "tokenizer.json", eos)
-    logger.info("no tokenizer.json%s: using byte-level tokens", f" in {root}" if root else "")
+    if root is not None:
+        others = [f for f in ("tokenizer.model", "vocab.json", "tokenizer_config.json")
+                  if (root / f).is_file()]  # fmt: skip
+        if others:
+            raise ConfigError(
+                f"{root} has {', '.join(others)} but no tokenizer.json, the only format read "
+                "here; save one with transformers: AutoTokenizer.from_pretrained(path)"
+                ".save_pretrained(path)"
+            )
+        logger.warning(
+            "%s has no tokenizer files: token ids are UTF-8 bytes, which is only meaningful for "
+            "a model trained on bytes; add the model's tokenizer.json",
+            root,
+        )
     return ByteTokenizer(vocab_size, eos)
