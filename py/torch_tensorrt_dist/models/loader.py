@@ -107,14 +107,20 @@ def weight_map(path: str | Path) -> dict[str, Path]:
     return mapping
 
 
-def _read(reader: SafetensorsReader, name: str, sl: ShardSlice | None) -> torch.Tensor:
-    if sl is None:
-        return reader.read(name)
-    t = reader.read(name, dim=sl.dim, start=sl.start, stop=sl.stop)
-    missing = sl.padded - (sl.stop - sl.start)
-    if missing:  # the last vocab shard: zero rows, sliced off after the gather
-        t = torch.cat([t, t.new_zeros((missing, *t.shape[1:]))])
-    return t
+def _load_into(
+    param: torch.Tensor, reader: SafetensorsReader, name: str, sl: ShardSlice | None
+) -> None:
+    """Fill ``param`` with the tensor or its slice; straight into its memory when it can be."""
+    dim, start, stop = (None, 0, None) if sl is None else (sl.dim, sl.start, sl.stop)
+    rows = param
+    if sl is not None and sl.padded > sl.stop - sl.start:
+        # the last vocab shard: zero rows, sliced off after the gather
+        param[sl.stop - sl.start :].zero_()
+        rows = param[: sl.stop - sl.start]
+    if rows.device.type == "cpu" and rows.dtype == reader.info(name).dtype:
+        reader.read_into(rows, name, dim, start, stop)
+    else:  # another dtype or device: one tensor-sized temporary
+        rows.copy_(reader.read(name, dim, start, stop))
 
 
 def fill_parameters(
@@ -154,7 +160,7 @@ def fill_parameters(
                     sl = shard_slice(name, layout)
                     if sl is not None and name.endswith(".bias") and sl.dim == 1:
                         sl = None  # a row-parallel bias stays whole (added after the reduce)
-                    param.copy_(_read(reader, key, sl))
+                    _load_into(param, reader, key, sl)
                     bar.update(1)
 
 

@@ -14,6 +14,7 @@ then the data (offsets relative to byte 8 + N).
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -105,39 +106,58 @@ class SafetensorsReader:
     def read(
         self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None
     ) -> torch.Tensor:
-        """The tensor, or its ``[start:stop]`` slice along ``dim`` (0 or 1), freshly read."""
+        """The tensor, or its ``[start:stop]`` slice along ``dim``, in a new tensor."""
         t = self.info(name)
         shape = list(t.shape)
-        item = t.dtype.itemsize
-        if dim is None or not shape:
-            out = bytearray(self._pread(t.end - t.begin, t.begin))
-            self.bytes_read += len(out)
-            return (
-                torch.frombuffer(out, dtype=t.dtype).view(shape)
-                if out
-                else torch.empty(shape, dtype=t.dtype)
-            )
+        if dim is not None and shape:
+            shape[dim] = (shape[dim] if stop is None else stop) - start
+        out = torch.empty(shape, dtype=t.dtype)
+        self.read_into(out, name, dim, start, stop)
+        return out
+
+    def read_into(
+        self,
+        out: torch.Tensor,
+        name: str,
+        dim: int | None = None,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> None:
+        """Read the tensor (or its slice along ``dim``) straight into ``out``'s memory: a
+        contiguous CPU tensor of the same dtype and shape (no intermediate copy)."""
+        t = self.info(name)
+        shape = list(t.shape) or [1]  # a scalar reads as one element
+        if dim is None:
+            dim, start, stop = 0, 0, None
         stop = shape[dim] if stop is None else stop
         if not 0 <= start <= stop <= shape[dim]:
             raise CheckpointError(f"slice [{start}:{stop}] of dim {dim} of {name!r} {shape}")
-        inner = 1
-        for s in shape[dim + 1 :]:
-            inner *= s
-        outer = 1
-        for s in shape[:dim]:
-            outer *= s
+        want = [*shape[:dim], stop - start, *shape[dim + 1 :]]
+        if not t.shape and dim == 0:
+            want = []
+        if out.dtype != t.dtype or list(out.shape) != want or not out.is_contiguous():
+            raise CheckpointError(
+                f"cannot read {name!r} {t.dtype}{want} into a {out.dtype}{list(out.shape)} tensor"
+            )
+        if out.device.type != "cpu":
+            raise CheckpointError(f"read_into needs a CPU tensor, got one on {out.device}")
+        if out.numel() == 0:
+            return
+        item = t.dtype.itemsize
+        inner = math.prod(shape[dim + 1 :])
+        outer = math.prod(shape[:dim])
         chunk = (stop - start) * inner * item  # contiguous bytes per outer index
         stride = shape[dim] * inner * item
-        out = bytearray(outer * chunk)
-        view = memoryview(out)
+        view = memoryview(out.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
         for o in range(outer):
             offset = t.begin + o * stride + start * inner * item
-            view[o * chunk : (o + 1) * chunk] = self._pread(chunk, offset)
-        self.bytes_read += len(out)
-        shape[dim] = stop - start
-        if not out:
-            return torch.empty(shape, dtype=t.dtype)
-        return torch.frombuffer(out, dtype=t.dtype).view(shape)
+            got = os.preadv(self._fd, [view[o * chunk : (o + 1) * chunk]], offset)
+            if got != chunk:
+                raise CheckpointError(
+                    f"{self.path} is truncated: wanted {chunk} bytes at offset {offset}, got "
+                    f"{got}; download the file again"
+                )
+        self.bytes_read += outer * chunk
 
     def close(self) -> None:
         if self._fd >= 0:
