@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch_tensorrt_dist.errors import ConfigError
 
-__all__ = ["MIN_BUCKET", "check_lengths", "prefill_bucket"]
+__all__ = ["MIN_BUCKET", "check_lengths", "check_request", "prefill_bucket"]
 
 MIN_BUCKET = 16
 
@@ -39,3 +41,24 @@ def prefill_bucket(prompt_len: int, max_new_tokens: int, cache_len: int) -> int:
     while bucket < prompt_len:
         bucket *= 2
     return min(bucket, cache_len - max_new_tokens)
+
+
+def check_request(
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    max_batch_size: int,
+    vocab_size: int,
+    cache_len: int,
+) -> int:
+    """Validate a batch of token-id prompts against the caches; return its prefill bucket."""
+    if not prompts:
+        raise ConfigError("no prompt given")
+    if len(prompts) > max_batch_size:
+        raise ConfigError(
+            f"{len(prompts)} prompts, but the KV cache holds {max_batch_size} rows; "
+            f"use max_batch_size >= {len(prompts)}"
+        )
+    if any(not 0 <= i < vocab_size for ids in prompts for i in ids):
+        raise ConfigError(f"a prompt holds token ids outside [0, {vocab_size})")
+    return max(prefill_bucket(len(p), max_new_tokens, cache_len) for p in prompts)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.buckets import prefill_bucket
+from torch_tensorrt_dist.generation.buckets import check_request
 from torch_tensorrt_dist.generation.sampling import SamplingConfig, make_generator, sample
 from torch_tensorrt_dist.models.llama import Transformer
 
@@ -110,19 +110,14 @@ class Generator:
         return tokens.to(self.device), pad.to(self.device)
 
     def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
-        """Validate a request; return its prefill bucket."""
-        if not prompts:
-            raise ConfigError("no prompt given")
-        if len(prompts) > self.max_batch_size:
-            raise ConfigError(
-                f"{len(prompts)} prompts, but the KV cache holds {self.max_batch_size} rows; "
-                f"build the Generator with max_batch_size >= {len(prompts)}"
-            )
-        vocab = self.model.args.vocab_size
-        for ids in prompts:
-            if any(not 0 <= i < vocab for i in ids):
-                raise ConfigError(f"a prompt holds token ids outside [0, {vocab})")
-        return max(prefill_bucket(len(p), max_new_tokens, self.cache_len) for p in prompts)
+        """Validate a request; return its prefill bucket (the same on every rank)."""
+        return check_request(
+            prompts,
+            max_new_tokens,
+            max_batch_size=self.max_batch_size,
+            vocab_size=self.model.args.vocab_size,
+            cache_len=self.cache_len,
+        )
 
     def generate(
         self,

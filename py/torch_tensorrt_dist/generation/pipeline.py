@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.buckets import prefill_bucket
+from torch_tensorrt_dist.generation.buckets import check_request
 from torch_tensorrt_dist.generation.generate import GenerationResult, compile_step
 from torch_tensorrt_dist.generation.pipeline_transfers import (
     HEADER_RUN,
@@ -125,17 +125,13 @@ class PipelineGenerator:
 
     def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
         """Validate a request; return its prefill bucket (the same on every rank)."""
-        if not prompts:
-            raise ConfigError("no prompt given")
-        if len(prompts) > self.max_batch_size:
-            raise ConfigError(
-                f"{len(prompts)} prompts, but the KV cache holds {self.max_batch_size} rows; "
-                f"use max_batch_size >= {len(prompts)}"
-            )
-        vocab = self.stage.args.vocab_size
-        if any(not 0 <= i < vocab for ids in prompts for i in ids):
-            raise ConfigError(f"a prompt holds token ids outside [0, {vocab})")
-        return max(prefill_bucket(len(p), max_new_tokens, self.cache_len) for p in prompts)
+        return check_request(
+            prompts,
+            max_new_tokens,
+            max_batch_size=self.max_batch_size,
+            vocab_size=self.stage.args.vocab_size,
+            cache_len=self.cache_len,
+        )
 
     @torch.no_grad()
     def generate(

@@ -195,6 +195,40 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+def mask_and_positions(
+    args: ModelArgs, key_slots: Tensor, cache_pos: Tensor, pad: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Attention mask and RoPE positions for left-padded rows writing KV slots ``cache_pos``.
+
+    key_slots: [L] (arange), cache_pos: [S], pad: [B] -> mask [B, 1, S, L] (bool), positions
+    [B, S]. A query sees the slots up to its own, minus the row's padding (and the window).
+    """
+    j = key_slots  # [L]
+    q = cache_pos[:, None]  # [S, 1]
+    visible = (j[None, None, :] >= pad[:, None, None]) | (j == q)[None]  # [B, S, L]
+    mask = (j <= q)[None] & visible
+    if args.sliding_window is not None:
+        mask = mask & (j > q - args.sliding_window)[None]
+    positions = (cache_pos[None, :] - pad[:, None]).clamp(min=0)  # [B, S]
+    return mask[:, None], positions
+
+
+def lm_logits(x: Tensor, head: Tensor, group: dist.ProcessGroup | None, vocab_size: int) -> Tensor:
+    """``x @ head.T``; with a vocabulary-parallel head (``group`` set), the shards are gathered.
+
+    x: [B, S, dim], head: [V or V/tp (padded), dim] -> logits [B, S, V].
+    """
+    logits = F.linear(x, head)  # [B, S, V] or [B, S, V_shard]
+    if group is None:
+        return logits
+    b, s, v = logits.shape
+    tp = dist.get_world_size(group)
+    # the one collective outside the layers: [tp * B, S, V/tp] -> [B, S, tp * V/tp]
+    full = funcol.all_gather_single(logits.contiguous(), 0, group)
+    logits = full.view(tp, b, s, v).permute(1, 2, 0, 3).reshape(b, s, tp * v)
+    return logits[..., :vocab_size]  # drop the last shard's zero padding
+
+
 class Transformer(nn.Module):
     rope_cos: Tensor  # [L, D] float32, set by setup_caches
     rope_sin: Tensor
@@ -240,17 +274,6 @@ class Transformer(nn.Module):
     def blocks(self) -> list[TransformerBlock]:
         return [cast(TransformerBlock, layer) for layer in self.layers]
 
-    def _mask_and_positions(self, cache_pos: Tensor, pad: Tensor) -> tuple[Tensor, Tensor]:
-        # cache_pos: [S], pad: [B] -> mask [B, 1, S, L] (bool), positions [B, S]
-        j = self.key_slots  # [L]
-        q = cache_pos[:, None]  # [S, 1]
-        visible = (j[None, None, :] >= pad[:, None, None]) | (j == q)[None]  # [B, S, L]
-        mask = (j <= q)[None] & visible
-        if self.args.sliding_window is not None:
-            mask = mask & (j > q - self.args.sliding_window)[None]
-        positions = (cache_pos[None, :] - pad[:, None]).clamp(min=0)  # [B, S]
-        return mask[:, None], positions
-
     def forward(
         self,
         tokens: Tensor,
@@ -264,7 +287,7 @@ class Transformer(nn.Module):
             raise ConfigError("call Transformer.setup_caches(...) before running the model")
         if pad is None:
             pad = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
-        mask, positions = self._mask_and_positions(cache_pos, pad)
+        mask, positions = mask_and_positions(self.args, self.key_slots, cache_pos, pad)
         x = self.tok_embeddings(tokens)  # [B, S, dim]
         cos = self.rope_cos[positions].to(x.dtype)  # [B, S, D]
         sin = self.rope_sin[positions].to(x.dtype)
@@ -274,12 +297,4 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         x = self.norm(x)
         head = self.tok_embeddings.weight if self.output is None else self.output.weight
-        logits = F.linear(x, head)  # [B, S, V] or [B, S, V_shard] when vocab-parallel
-        if self.group is not None:
-            b, s, v = logits.shape
-            tp = dist.get_world_size(self.group)
-            # the one collective outside the layers: [tp * B, S, V/tp] -> [B, S, tp * V/tp]
-            full = funcol.all_gather_single(logits.contiguous(), 0, self.group)
-            logits = full.view(tp, b, s, v).permute(1, 2, 0, 3).reshape(b, s, tp * v)
-            logits = logits[..., : self.args.vocab_size]  # drop the last shard's zero padding
-        return logits
+        return lm_logits(x, head, self.group, self.args.vocab_size)

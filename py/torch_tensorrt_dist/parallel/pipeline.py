@@ -22,13 +22,18 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torch_tensorrt_dist.errors import ConfigError, GroupResolutionError
-from torch_tensorrt_dist.models.llama import KVCache, RMSNorm, TransformerBlock, rope_tables
+from torch_tensorrt_dist.models.llama import (
+    KVCache,
+    RMSNorm,
+    TransformerBlock,
+    lm_logits,
+    mask_and_positions,
+    rope_tables,
+)
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.parallel.llama import LMHead, shard_slice, take_slice, tp_layout
 
@@ -273,20 +278,10 @@ class PipelineStage(nn.Module):
         """Route the next call's KV reads and writes to cache rows [start, start + count)."""
         self.cache_rows[:count].copy_(torch.arange(start, start + count))
 
-    def _mask_and_positions(self, cache_pos: Tensor, pad: Tensor) -> tuple[Tensor, Tensor]:
-        # the same masking as models/llama.py: cache_pos [S], pad [B] -> [B, 1, S, L], [B, S]
-        j, q = self.key_slots, cache_pos[:, None]
-        visible = (j[None, None, :] >= pad[:, None, None]) | (j == q)[None]  # [B, S, L]
-        mask = (j <= q)[None] & visible
-        if self.args.sliding_window is not None:
-            mask = mask & (j > q - self.args.sliding_window)[None]
-        positions = (cache_pos[None, :] - pad[:, None]).clamp(min=0)
-        return mask[:, None], positions
-
     def forward(self, x: Tensor, cache_pos: Tensor, pad: Tensor, last_only: bool = False) -> Tensor:
         if self.max_seq_len < 0:
             raise ConfigError("call PipelineStage.setup_caches(...) before running the stage")
-        mask, positions = self._mask_and_positions(cache_pos, pad)
+        mask, positions = mask_and_positions(self.args, self.key_slots, cache_pos, pad)
         if self.tok_embeddings is not None:
             x = self.tok_embeddings(x)  # [B, S] -> [B, S, dim]
         cos = self.rope_cos[positions].to(x.dtype)  # [B, S, D]
@@ -297,14 +292,7 @@ class PipelineStage(nn.Module):
             return x  # hidden [B, S, dim] for the next stage
         if last_only:
             x = x[:, -1:]
-        logits = F.linear(self.norm(x), self.output.weight)  # [B, S, V | V/tp]
-        if self.group is not None:
-            b, s, v = logits.shape
-            tp = dist.get_world_size(self.group)
-            full = funcol.all_gather_single(logits.contiguous(), 0, self.group)  # [tp*B, S, v]
-            logits = full.view(tp, b, s, v).permute(1, 2, 0, 3).reshape(b, s, tp * v)
-            logits = logits[..., : self.args.vocab_size]
-        return logits
+        return lm_logits(self.norm(x), self.output.weight, self.group, self.args.vocab_size)
 
 
 def shard_stage(
