@@ -43,5 +43,11 @@ setup(
         "mpi": ["mpi4py>=3.1"],
         "dev": DEV,
     },
-    entry_points={"console_scripts": ["torchtrt-dist=torch_tensorrt_dist.cli:main"]},
+    entry_points={
+        "console_scripts": ["torchtrt-dist=torch_tensorrt_dist.cli:main"],
+        # Dynamo loads the backend on first use: importing the package stays cheap
+        "torch_dynamo_backends": [
+            "torch_tensorrt_dist = torch_tensorrt_dist.backend.backend:torch_tensorrt_dist_backend"
+        ],
+    },
 )

@@ -19,6 +19,7 @@ import torch
 from torch import fx
 from torch._dynamo.backends.common import aot_autograd
 
+from torch_tensorrt_dist._registration import BACKEND_NAME
 from torch_tensorrt_dist.backend.engines import build_engine, engine_decompositions
 from torch_tensorrt_dist.backend.report import GraphReport, collectives_in
 from torch_tensorrt_dist.backend.schedule_check import with_schedule_check
@@ -30,7 +31,6 @@ __all__ = ["BACKEND_NAME", "lower_graph", "recording", "torch_tensorrt_dist_back
 
 logger = logging.getLogger(__name__)
 
-BACKEND_NAME = "torch_tensorrt_dist"
 
 _recorders: list[list[GraphReport]] = []
 
