@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from torch_tensorrt_dist.errors import ConfigError
 
-__all__ = ["MIN_BUCKET", "check_lengths", "check_request", "prefill_bucket"]
+__all__ = ["MIN_BUCKET", "check_lengths", "check_request", "left_pad", "prefill_bucket"]
 
 MIN_BUCKET = 16
 
@@ -62,3 +64,14 @@ def check_request(
     if any(not 0 <= i < vocab_size for ids in prompts for i in ids):
         raise ConfigError(f"a prompt holds token ids outside [0, {vocab_size})")
     return max(prefill_bucket(len(p), max_new_tokens, cache_len) for p in prompts)
+
+
+def left_pad(
+    prompts: Sequence[Sequence[int]], bucket: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts left-padded (id 0) to ``bucket``: tokens [B, bucket] and pads [B] (int64)."""
+    tokens = torch.zeros(len(prompts), bucket, dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        tokens[row, bucket - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
+    pad = torch.tensor([bucket - len(ids) for ids in prompts], dtype=torch.long)
+    return tokens.to(device), pad.to(device)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.buckets import check_request
+from torch_tensorrt_dist.generation.buckets import check_request, left_pad
 from torch_tensorrt_dist.generation.sampling import SamplingConfig, make_generator, sample
 from torch_tensorrt_dist.models.llama import Transformer
 
@@ -102,13 +102,6 @@ class Generator:
         self._prefill = compile_step(prefill, engine)
         self._decode = compile_step(decode, engine)
 
-    def _inputs(self, prompts: Sequence[Sequence[int]], bucket: int) -> tuple[Tensor, Tensor]:
-        tokens = torch.zeros(len(prompts), bucket, dtype=torch.long)  # left padding: id 0
-        for row, ids in enumerate(prompts):
-            tokens[row, bucket - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
-        pad = torch.tensor([bucket - len(ids) for ids in prompts], dtype=torch.long)
-        return tokens.to(self.device), pad.to(self.device)
-
     def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
         """Validate a request; return its prefill bucket (the same on every rank)."""
         return check_request(
@@ -144,7 +137,7 @@ class Generator:
         stop_ids: Sequence[int],
         on_step: Callable[[list[int]], None] | None,
     ) -> GenerationResult:
-        tokens, pad = self._inputs(prompts, bucket)
+        tokens, pad = left_pad(prompts, bucket, self.device)
         gen = make_generator(sampling)
         stops = set(stop_ids)
         out: list[list[int]] = [[] for _ in prompts]

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.buckets import check_request
+from torch_tensorrt_dist.generation.buckets import check_request, left_pad
 from torch_tensorrt_dist.generation.generate import GenerationResult, compile_step
 from torch_tensorrt_dist.generation.pipeline_transfers import (
     HEADER_RUN,
@@ -155,11 +155,7 @@ class PipelineGenerator:
             )
         sampling = sampling or SamplingConfig()
         lay, dev, b = self.layout, self.device, len(prompts) // n_mb
-        tokens = torch.zeros(len(prompts), bucket, dtype=torch.long)  # left padding: id 0
-        for row, ids in enumerate(prompts):
-            tokens[row, bucket - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
-        pad = torch.tensor([bucket - len(ids) for ids in prompts], dtype=torch.long).to(dev)
-        tokens = tokens.to(dev)
+        tokens, pad = left_pad(prompts, bucket, dev)
         gen = make_generator(sampling)
         rows = _Rows(len(prompts), max_new_tokens, stop_ids)
         links = Links(lay, dev, window=64 + 8 * n_mb)
