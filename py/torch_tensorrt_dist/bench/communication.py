@@ -11,6 +11,7 @@ import torch
 from torch_tensorrt_dist.backend.explain import explain
 from torch_tensorrt_dist.backend.fake_world import fake_world
 from torch_tensorrt_dist.bench.common import Figure, bench_args
+from torch_tensorrt_dist.generation.generate import decode_example, decode_step
 from torch_tensorrt_dist.models.loader import random_llama
 
 __all__ = ["communication"]
@@ -26,14 +27,7 @@ def decode_collectives(
 
         model = random_llama(args, group=dist.group.WORLD, dtype=dtype)
         model.setup_caches(batch, 64)
-
-        def decode(
-            tokens: torch.Tensor, cache_pos: torch.Tensor, pad: torch.Tensor
-        ) -> torch.Tensor:
-            return model(tokens, cache_pos, pad)[:, -1]
-
-        tokens = torch.zeros(batch, 1, dtype=torch.long)
-        report = explain(decode, tokens, torch.tensor([8]), torch.zeros(batch, dtype=torch.long))
+        report = explain(decode_step(model), *decode_example(batch))
     return args, report
 
 

@@ -15,6 +15,7 @@ import torch._dynamo
 from torch_tensorrt_dist.backend import recording
 from torch_tensorrt_dist.backend.fake_world import fake_world
 from torch_tensorrt_dist.bench.common import Figure, bench_args
+from torch_tensorrt_dist.generation.generate import decode_example, decode_step
 from torch_tensorrt_dist.models.loader import random_llama
 
 __all__ = ["compile_overhead"]
@@ -29,23 +30,14 @@ def _measure(n_layers: int, tp: int) -> tuple[float, float]:
         model = random_llama(args, group=dist.group.WORLD)
         model.setup_caches(1, 64)
 
-        def decode(
-            tokens: torch.Tensor, cache_pos: torch.Tensor, pad: torch.Tensor
-        ) -> torch.Tensor:
-            return model(tokens, cache_pos, pad)[:, -1]
-
         torch._dynamo.reset()
         compiled = torch.compile(
-            decode,
+            decode_step(model),
             backend="torch_tensorrt_dist",
             options={"engine": "eager", "check_schedule": False},
             fullgraph=True,
         )
-        inputs = (
-            torch.zeros(1, 1, dtype=torch.long),
-            torch.tensor([8]),
-            torch.zeros(1, dtype=torch.long),
-        )
+        inputs = decode_example(1)
         with recording() as graphs, torch.no_grad():
             start = time.perf_counter()
             compiled(*inputs)  # the first call compiles (eager engine: no engine build)

@@ -75,17 +75,13 @@ def _llama_args(args: argparse.Namespace) -> Any:
 
 def _llama(mesh: Any, args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
     """The decode step (one token per row, KV cache of 64) of the Llama TP plan."""
+    from torch_tensorrt_dist.generation.generate import decode_example, decode_step
     from torch_tensorrt_dist.models.loader import random_llama
 
     model = random_llama(_llama_args(args), group=mesh.get_group())
     model.setup_caches(args.batch, 64)
 
-    def decode(tokens: torch.Tensor, cache_pos: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-        return model(tokens, cache_pos, pad)[:, -1]
-
-    batch = args.batch
-    tokens = torch.zeros(batch, 1, dtype=torch.long)
-    return decode, (tokens, torch.tensor([8]), torch.zeros(batch, dtype=torch.long))
+    return decode_step(model), decode_example(args.batch)
 
 
 #: name -> (description, builder(tp_mesh, args) -> (model, example inputs))

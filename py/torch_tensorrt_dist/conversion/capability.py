@@ -182,8 +182,14 @@ def conversion_decision(
         impl = choice.impl
     if impl == "native":
         return _native_decision(
-            op, torch_dtype, ranks, reduce_name, dim0, comm_ranks,
-            output_split_sizes, input_split_sizes,
+            op,
+            torch_dtype,
+            ranks,
+            reduce_name,
+            dim0,
+            comm_ranks,
+            output_split_sizes,
+            input_split_sizes,
         )
     if impl == "plugin":
         return _plugin_decision(op, torch_dtype, ranks, reduce_name, dim0)

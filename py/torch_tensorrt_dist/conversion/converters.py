@@ -151,7 +151,11 @@ def emit_collective(
     dtype = _torch_dtype(x.dtype)
     if impl == "native":
         spec = native_collective_spec(
-            call.op, dtype, call.group_ranks, call.reduce_op, call.src,
+            call.op,
+            dtype,
+            call.group_ranks,
+            call.reduce_op,
+            call.src,
             comm_ranks=bound_communicator_ranks(),
         )
         layer = _native_layer(trt, ctx, x, spec, name)

@@ -106,9 +106,7 @@ def collective_calls(gm: fx.GraphModule) -> list[CollectiveCall]:
     return out
 
 
-def node_decision(
-    node: fx.Node, impl: str, comm_ranks: Sequence[int] | None = None
-) -> Decision:
+def node_decision(node: fx.Node, impl: str, comm_ranks: Sequence[int] | None = None) -> Decision:
     """:func:`conversion_decision` for one FX node (what the capability validators call)."""
     row = row_of(node.target) if node.op == "call_function" else None
     if row is None:

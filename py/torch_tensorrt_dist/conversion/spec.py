@@ -128,7 +128,12 @@ def native_collective_spec(
         op,
         "native",
         conversion_decision(
-            op, dtype, group_ranks, impl="native", reduce_op=reduce_op, src=root,
+            op,
+            dtype,
+            group_ranks,
+            impl="native",
+            reduce_op=reduce_op,
+            src=root,
             comm_ranks=comm_ranks,
         ),
     )

@@ -25,7 +25,15 @@ from torch_tensorrt_dist.generation.buckets import check_request, left_pad
 from torch_tensorrt_dist.generation.sampling import SamplingConfig, make_generator, sample
 from torch_tensorrt_dist.models.llama import Transformer
 
-__all__ = ["ENGINES", "GenerationResult", "Generator", "compile_step"]
+__all__ = [
+    "ENGINES",
+    "GenerationResult",
+    "Generator",
+    "compile_step",
+    "decode_example",
+    "decode_step",
+    "prefill_step",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +42,33 @@ logger = logging.getLogger(__name__)
 ENGINES = ("tensorrt", "inductor", "eager", "none")
 
 StepFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def prefill_step(model: Transformer) -> StepFn:
+    """``(tokens [B, S_bucket], cache_pos [S], pad [B]) -> last-position logits [B, V]``."""
+
+    def prefill(tokens: Tensor, cache_pos: Tensor, pad: Tensor) -> Tensor:
+        return model(tokens, cache_pos, pad, last_only=True)[:, -1]
+
+    return prefill
+
+
+def decode_step(model: Transformer) -> StepFn:
+    """``(tokens [B, 1], cache_pos [1], pad [B]) -> logits [B, V]``: one graph for every step."""
+
+    def decode(tokens: Tensor, cache_pos: Tensor, pad: Tensor) -> Tensor:
+        return model(tokens, cache_pos, pad)[:, -1]
+
+    return decode
+
+
+def decode_example(batch: int, slot: int = 8) -> tuple[Tensor, Tensor, Tensor]:
+    """Example inputs of a decode step writing KV slot ``slot`` (for explain and benchmarks)."""
+    return (
+        torch.zeros(batch, 1, dtype=torch.long),
+        torch.tensor([slot]),
+        torch.zeros(batch, dtype=torch.long),
+    )
 
 
 def compile_step(fn: StepFn, engine: str) -> StepFn:
@@ -91,16 +126,8 @@ class Generator:
         model.setup_caches(max_batch_size, self.cache_len)
         self.device = model.tok_embeddings.weight.device
 
-        def prefill(tokens: Tensor, cache_pos: Tensor, pad: Tensor) -> Tensor:
-            # tokens: [B, S_bucket] -> last-position logits [B, V]
-            return model(tokens, cache_pos, pad, last_only=True)[:, -1]
-
-        def decode(tokens: Tensor, cache_pos: Tensor, pad: Tensor) -> Tensor:
-            # tokens: [B, 1], cache_pos: [1] -> logits [B, V]
-            return model(tokens, cache_pos, pad)[:, -1]
-
-        self._prefill = compile_step(prefill, engine)
-        self._decode = compile_step(decode, engine)
+        self._prefill = compile_step(prefill_step(model), engine)
+        self._decode = compile_step(decode_step(model), engine)
 
     def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
         """Validate a request; return its prefill bucket (the same on every rank)."""
