@@ -185,6 +185,17 @@ def test_first_failure_prefers_an_abrupt_death_over_peers_that_lost_it() -> None
     assert pick_first_failure(failed, records) == FailedRank(1, signal=9)
 
 
+def test_a_rank_the_launcher_stopped_is_not_the_first_failure() -> None:
+    # torchrun saw rank 1 die of SIGKILL, sent SIGTERM to rank 0 before rank 0 noticed, and
+    # listed both as failed; neither left a record
+    failed = {0: FailedRank(0, signal=15, pid=7), 1: FailedRank(1, signal=9, pid=8)}
+    assert pick_first_failure(failed, {}) == FailedRank(1, signal=9, pid=8)
+    # an external SIGTERM to one rank, with no other abrupt failure, is still the cause
+    failed = {0: FailedRank(0, exit_code=1), 2: FailedRank(2, signal=15)}
+    records = {0: {"rank": 0, "exit_code": 1, "time": 3.0, "error": "RuntimeError: reset"}}
+    assert pick_first_failure(failed, records) == FailedRank(2, signal=15)
+
+
 def test_first_failure_is_the_earliest_record() -> None:
     failed = {0: FailedRank(0, exit_code=1, pid=7), 1: FailedRank(1, exit_code=1, pid=8)}
     records = {

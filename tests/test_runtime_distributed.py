@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 3.0
 
 _SINGLE = """
-import json, torch_tensorrt_dist as ttd, torch, torch.distributed as dist
+import atexit, json, torch_tensorrt_dist as ttd, torch, torch.distributed as dist
+# Registered first, so it runs last: after init_distributed's own exit hook.
+atexit.register(lambda: print(json.dumps({"initialised_at_exit": dist.is_initialized()})))
 info = ttd.init_distributed()
 again = ttd.init_distributed()
 x = torch.tensor([2.0]); dist.all_reduce(x)
@@ -44,10 +46,14 @@ def test_single_process_without_any_launcher_variable() -> None:
         [sys.executable, "-c", _SINGLE], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout.strip().splitlines()[-1])
+    *_, line, at_exit = out.stdout.strip().splitlines()
+    data = json.loads(line)
     assert data["info"] == [0, 1, 0, "single", "gloo", "cpu", 42.0]
     assert data["same"] is True and data["sum"] == 2.0
     assert "already initialised with backend 'gloo'; cannot switch to 'nccl'" in data["switch"]
+    # The group is destroyed before the interpreter's teardown (a gloo group left to the C++
+    # teardown at exit can abort a process whose work all succeeded).
+    assert json.loads(at_exit) == {"initialised_at_exit": False}
 
 
 def test_conflicting_variables_fail_before_any_setup() -> None:
@@ -112,7 +118,7 @@ def test_a_rank_that_never_joins_times_out_within_the_limit(
 ) -> None:
     waited, error = two_ranks[0]["waited"], two_ranks[0]["error"]
     assert error is not None, "the collective completed although rank 1 never joined"
-    assert TIMEOUT_S - 0.5 <= waited <= TIMEOUT_S + 5.0, waited
+    assert TIMEOUT_S - 0.5 <= waited <= TIMEOUT_S + 10.0, waited
     assert error.startswith("rank 0 of 2: a collective did not complete within")
     assert f"({TIMEOUT_S:g} s;" in error
     assert "another rank of its group never joined it" in error

@@ -11,10 +11,16 @@
 
 The backend is ``nccl`` when CUDA is available and ``gloo`` otherwise, unless given. With CUDA,
 the process binds ``cuda:<local_rank>``. Calling it again returns the same information.
+
+A process group that ``init_distributed`` created is destroyed when the interpreter exits
+(unless the program destroyed it first): a gloo or NCCL group left to the C++ teardown at exit
+can abort the process (``terminate called without an active exception``) after all its work
+succeeded, which a launcher then reports as a failed rank.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from collections.abc import Mapping, MutableMapping
@@ -124,6 +130,15 @@ def _store(plan: DistPlan, timeout: timedelta) -> dist.Store:
         ) from exc
 
 
+def _destroy_at_exit(group: object) -> None:
+    """Destroy the default group at exit if it is still the one ``init_distributed`` made."""
+    try:
+        if dist.is_initialized() and dist.group.WORLD is group:
+            dist.destroy_process_group()
+    except Exception as exc:  # exiting anyway: say why, never mask the exit status
+        logger.warning("could not destroy the process group at exit: %s", exc)
+
+
 def _info_from_current(plan: DistPlan, backend: str | None) -> DistInfo:
     current = str(dist.get_backend())
     if backend is not None and backend != current:
@@ -193,6 +208,7 @@ def init_distributed(
             world_size=plan.world_size,
             timeout=limit,
         )
+    atexit.register(_destroy_at_exit, dist.group.WORLD)
     info = DistInfo(
         plan.rank,
         plan.world_size,

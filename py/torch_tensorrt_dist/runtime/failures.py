@@ -133,8 +133,16 @@ def pick_first_failure(
     code): its peers only fail later, when their connection to it breaks, so it is the root
     cause. Otherwise the earliest recorded failure wins. ``failed`` may be empty (mpirun named
     nobody); then the records alone decide.
+
+    Among several abrupt ranks, one ended by SIGTERM or SIGINT comes last: that is how a
+    launcher stops the survivors once a rank has failed (torchrun may then list them as failed
+    too), and Python leaves no record when it dies of SIGTERM.
     """
-    abrupt = sorted(r for r in failed if r not in records)
+    stop_signals = (signal.SIGTERM, signal.SIGINT)
+    abrupt = sorted(
+        (r for r in failed if r not in records),
+        key=lambda r: (failed[r].signal in stop_signals, r),
+    )
     if abrupt:
         return failed[abrupt[0]]
     if not records:
