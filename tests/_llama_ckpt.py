@@ -80,7 +80,8 @@ def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
 def rank_suite(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     """Everything the multi-rank Llama tests check, in one spawn of ``world`` gloo ranks.
 
-    spec["logits"]: [(path, lm_head)] -> prefill and decode logits of the sharded model;
+    spec["logits"]: [(path, lm_head, embedding)] -> prefill and decode logits of the sharded
+    model, and the shapes of its vocabulary matrices;
     spec["generate"]: [{path, prompts, max_new_tokens, engine?, sampling?, lm_head?}] ->
     generated tokens, and the number of graphs the backend compiled for the job.
     """
@@ -92,8 +93,8 @@ def rank_suite(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
 
     group = dist.group.WORLD
     out: dict[str, Any] = {"logits": [], "generate": []}
-    for path, lm_head in spec.get("logits", []):
-        model = load_llama(path, group=group, lm_head=lm_head, progress=False)
+    for path, lm_head, embedding in spec.get("logits", []):
+        model = load_llama(path, group=group, lm_head=lm_head, embedding=embedding, progress=False)
         prefill, decode = _prefill_decode(model)
         attn = model.blocks[0].attention
         out["logits"].append(
@@ -102,6 +103,8 @@ def rank_suite(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
                 "decode": decode.tolist(),
                 "heads": (attn.n_heads, attn.n_kv_heads),
                 "wk": list(attn.wk.weight.shape),
+                "embedding_rows": model.tok_embeddings.weight.shape[0],
+                "head_rows": None if model.output is None else model.output.weight.shape[0],
             }
         )
     for job in spec.get("generate", []):

@@ -73,9 +73,24 @@ def test_llama_decode_step_has_two_all_reduces_per_layer() -> None:
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["graph_count"] == 1 and report["graph_breaks"] == []
-    ops = [c["op"] for c in report["collectives"]]
-    assert ops == ["all_reduce"] * 6 + ["all_gather"]  # 2 per layer + the vocab-parallel head
+    ops = [(c["op"], c["module"].split(".")[0]) for c in report["collectives"]]
+    # the vocab-parallel embedding, 2 per layer, the vocab-parallel head
+    embedding, head = ("all_reduce", "tok_embeddings"), ("all_gather", "")
+    assert ops == [embedding, *[("all_reduce", "layers")] * 6, head]
     assert all(c["group_ranks"] == [4, 5, 6, 7] for c in report["collectives"])
+
+
+def test_llama_replicated_embedding_and_head_have_only_the_layers_all_reduces() -> None:
+    proc = _run(
+        "explain", "--model", "llama", "--layers", "2", "--tp", "2", "--embedding", "replicated",
+        "--lm-head", "replicated", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [c["module"] for c in report["collectives"]] == [
+        "layers.0.attention", "layers.0.feed_forward", "layers.1.attention",
+        "layers.1.feed_forward",
+    ]  # fmt: skip
 
 
 def test_pipeline_explain_shows_stage_collectives_and_transfers() -> None:
@@ -86,6 +101,8 @@ def test_pipeline_explain_shows_stage_collectives_and_transfers() -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "pipeline stage 0 of 2 (rank 2, tp rank 2 of group [0, 1, 2, 3])" in out
-    assert out.count("all_reduce  [0, 1, 2, 3]") == 4  # 2 layers x 2, on the stage's TP group
+    # 2 layers x 2 + the vocab-parallel embedding, on the stage's TP group
+    assert out.count("all_reduce  [0, 1, 2, 3]") == 5
+    assert out.count("tok_embeddings") == 1
     assert "send     6  hidden" in out  # to TP rank 2 of stage 1
     assert "recv     6  token" in out

@@ -63,11 +63,13 @@ def test_tp1_json_equals_transformers(
 
 
 def test_tp2_starts_its_own_ranks(ckpt: tuple[Path, list[int]]) -> None:
+    # gpt-fast's layout (the default one is checked at tp 2 and 4 in test_generate_tp.py)
+    layout = ["--embedding", "replicated", "--lm-head", "replicated"]
     path, expected = ckpt
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "py"), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, "-m", "torch_tensorrt_dist", *_args(path, "--tp", "2")],
+        [sys.executable, "-m", "torch_tensorrt_dist", *_args(path, "--tp", "2", *layout)],
         capture_output=True,
         text=True,
         timeout=240,

@@ -72,10 +72,10 @@ def _spec(ckpts: dict[str, Any], world: int) -> dict[str, Any]:
                 "batches": [PROMPTS, [PROMPTS[1][:7], PROMPTS[0][:2]]],
             }
         )
-    logits = [
-        (ckpts["qwen2_tied"]["path"], "vocab_parallel"),
-        (ckpts["qwen2_tied"]["path"], "replicated"),
-    ]
+    # tied embeddings in every layout of the embedding and the head (vocab 130: the last
+    # shard is padded at tp 4)
+    modes = ("vocab_parallel", "replicated")
+    logits = [(ckpts["qwen2_tied"]["path"], head, emb) for head in modes for emb in modes]
     return {"generate": gen, "logits": logits}
 
 
@@ -138,9 +138,14 @@ def test_sharded_logits_equal_unsharded(
         load_llama(ckpts["qwen2_tied"]["path"], progress=False)
     )
     heads = (4 // world, 1)  # 2 KV heads: split at tp 2, replicated at tp 4
+    shard = -(-130 // world)  # vocab 130: rows per rank, the last shard padded
+    # (lm_head, embedding) -> (embedding rows, separate head rows or None when it reads the
+    # embedding's matrix): tied and both vocab-parallel share one 1/tp matrix
+    rows = [(shard, None), (130, shard), (shard, 130), (130, None)]
     for rank in range(world):
-        for res in results[rank]["logits"]:
+        for res, (emb_rows, head_rows) in zip(results[rank]["logits"], rows, strict=True):
             assert tuple(res["heads"]) == heads and res["wk"] == [16, 64]
+            assert (res["embedding_rows"], res["head_rows"]) == (emb_rows, head_rows)
             torch.testing.assert_close(torch.tensor(res["prefill"]), ref_prefill, atol=1e-5, rtol=0)
             torch.testing.assert_close(torch.tensor(res["decode"]), ref_decode, atol=1e-5, rtol=0)
 

@@ -34,12 +34,19 @@ def test_shard_slices() -> None:
     assert shard_slice("layers.1.feed_forward.w2.weight", lay) == ShardSlice(1, 96, 128, 32)
     assert shard_slice("output.weight", lay) == ShardSlice(0, 99, 130, 33)  # padded 31 -> 33
     assert shard_slice("norm.weight", lay) is None
-    assert shard_slice("tok_embeddings.weight", lay) is None
-    assert shard_slice("output.weight", tp_layout(args, 3, 4, "replicated")) is None
+    assert shard_slice("tok_embeddings.weight", lay) == ShardSlice(0, 99, 130, 33)
+    assert lay.vocab_start == 99
+    replicated = tp_layout(args, 3, 4, "replicated", "replicated")
+    assert shard_slice("output.weight", replicated) is None
+    assert shard_slice("tok_embeddings.weight", replicated) is None
+    with pytest.raises(ConfigError, match="embedding='rows'; use 'vocab_parallel' or"):
+        tp_layout(args, 0, 2, embedding="rows")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_decode_graph_has_two_all_reduces_per_layer(world: int) -> None:
+@pytest.mark.parametrize(
+    ("world", "embedding"), [(2, "vocab_parallel"), (4, "vocab_parallel"), (2, "replicated")]
+)
+def test_decode_graph_has_two_all_reduces_per_layer(world: int, embedding: str) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import torch_tensorrt_dist
@@ -49,7 +56,7 @@ def test_decode_graph_has_two_all_reduces_per_layer(world: int) -> None:
     try:
         mesh = make_mesh(tp=2)  # (dp, tp): the TP sub-group, never the world group
         args = ModelArgs.from_name("tiny", n_layers=3)
-        model = random_llama(args, group=mesh["tp"])
+        model = random_llama(args, group=mesh["tp"], embedding=embedding)  # type: ignore[arg-type]
         model.setup_caches(1, 64)
 
         def decode(tokens: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
@@ -63,9 +70,15 @@ def test_decode_graph_has_two_all_reduces_per_layer(world: int) -> None:
         )
     finally:
         dist.destroy_process_group()
-    ops = [c.op for c in report.collectives]
+    where = [(c.op, c.module) for c in report.collectives]
     assert report.graph_count == 1 and not report.graph_breaks
-    assert ops == ["all_reduce"] * (2 * args.n_layers) + ["all_gather"]
+    layers = [
+        ("all_reduce", f"layers.{i}.{part}")
+        for i in range(args.n_layers)
+        for part in ("attention", "feed_forward")
+    ]
+    embed = [("all_reduce", "tok_embeddings")] if embedding == "vocab_parallel" else []
+    assert where == [*embed, *layers, ("all_gather", "")]
     tp_ranks = [world - 2, world - 1]
     assert all(list(c.group_ranks) == tp_ranks for c in report.collectives)
     assert all(c.shape[-1] == args.dim for c in report.collectives[:-1])

@@ -70,9 +70,16 @@ def test_explain_pp2_tp4_collectives_on_stage_group_and_transfers(
     assert rep.layers == ([0, 1] if stage == 0 else [2, 3])
     assert rep.decode.graph_count == 1 and rep.decode.graph_breaks == []
     assert rep.groups_ok
-    ops = [c.op for c in rep.decode.collectives]
-    # 2 all-reduces per layer; the last stage adds the vocab-parallel logits all-gather
-    assert ops == ["all_reduce"] * 4 + (["all_gather"] if stage == 1 else [])
+    where = [(c.op, c.module) for c in rep.decode.collectives]
+    # 2 all-reduces per layer; the first stage adds the vocab-parallel embedding's all-reduce,
+    # the last the vocab-parallel logits all-gather
+    layers = [(f"layers.{i}.attention", f"layers.{i}.feed_forward") for i in rep.layers]
+    expected = [("all_reduce", m) for pair in layers for m in pair]
+    if stage == 0:
+        expected.insert(0, ("all_reduce", "tok_embeddings"))
+    else:
+        expected.append(("all_gather", ""))
+    assert where == expected
     assert all(list(c.group_ranks) == group for c in rep.decode.collectives)
     assert all(tuple(c.shape)[:2] == (2, 1) for c in rep.decode.collectives)
     peer = rank + 4 if stage == 0 else rank - 4

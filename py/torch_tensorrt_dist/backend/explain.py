@@ -81,10 +81,11 @@ class ExplainReport:
                             list(c.shape),
                             f"{c.bytes:,}",
                             c.converts,
+                            c.module or "(top)",
                         ]
                     )
             headers = ["graph", "op", "group ranks", "reduce", "dtype", "shape", "bytes"]
-            table = format_table([*headers, "TensorRT"], rows)
+            table = format_table([*headers, "TensorRT", "module"], rows)
             lines += ["", *("  " + row for row in table.splitlines())]
             lines += [
                 f"  {c.node}: no TensorRT {impl} layer: {reason}"

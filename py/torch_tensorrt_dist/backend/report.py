@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -10,7 +11,7 @@ from torch import fx
 
 from torch_tensorrt_dist.ops.collectives import COLLECTIVE_OPS
 
-__all__ = ["CollectiveInfo", "GraphReport", "collectives_in", "format_table"]
+__all__ = ["CollectiveInfo", "GraphReport", "collectives_in", "format_table", "module_path"]
 
 _OP_NAMES = {overload: name for name, overload in COLLECTIVE_OPS.items()}
 
@@ -26,6 +27,8 @@ class CollectiveInfo:
     shape: tuple[int, ...]
     bytes: int
     node: str = ""
+    #: the module that issued it (``layers.3.attention``; ``""`` for the top-level module)
+    module: str = ""
     #: TensorRT implementation ("native", "plugin") -> None if it converts, else the reason
     tensorrt: dict[str, str | None] = field(default_factory=dict)
 
@@ -75,6 +78,18 @@ def _tensorrt_decisions(gm: fx.GraphModule) -> dict[fx.Node, dict[str, str | Non
     return decisions
 
 
+_DYNAMO_ROOT = re.compile(r"^L\['[^']*'\]\.?")
+
+
+def module_path(node: fx.Node) -> str:
+    """The path of the innermost module ``node`` came from, as ``named_modules`` spells it."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = str(list(stack.values())[-1][0])
+    return _DYNAMO_ROOT.sub("", path)
+
+
 def collectives_in(gm: fx.GraphModule) -> list[CollectiveInfo]:
     """The typed collectives of a lowered graph, in graph order."""
     out = []
@@ -99,6 +114,7 @@ def collectives_in(gm: fx.GraphModule) -> list[CollectiveInfo]:
                 shape=shape,
                 bytes=numel * dtype.itemsize,
                 node=node.name,
+                module=module_path(node),
                 tensorrt=decisions[node],
             )
         )

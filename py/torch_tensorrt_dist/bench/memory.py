@@ -1,10 +1,11 @@
 """Peak memory per rank while loading a sharded checkpoint, against the checkpoint's size.
 
 Writes a synthetic Hugging Face Llama checkpoint (random weights, 120 MiB in fp32; the input
-embedding is 6.7 % of it, as in Llama-3.1-8B, because every rank keeps a whole copy of it) to a
-temporary folder, then loads it at TP 2 and TP 4 on gloo ranks. Each rank reports the growth
-of its peak resident memory (``VmHWM``) across ``load_llama``: weights it keeps plus whatever
-the reading touched (safetensors maps the file; pages of a column slice are read whole).
+embedding is 6.7 % of it, as in Llama-3.1-8B) to a temporary folder, then loads it at TP 2 and
+TP 4 on gloo ranks with the default plan (embedding and LM head split by vocabulary rows). Each
+rank reports the growth of its peak resident memory (``VmHWM``) across ``load_llama``: the
+weights it keeps plus what the reading needed on top (positioned reads into the parameters; a
+read buffer where a dtype or device differs).
 """
 
 from __future__ import annotations
@@ -78,8 +79,14 @@ def _hwm_bytes() -> int:
 def load_rank(rank: int, world: int, path: str) -> dict[str, Any]:
     import torch.distributed as dist
 
+    from torch_tensorrt_dist.models.llama import Transformer
     from torch_tensorrt_dist.models.loader import load_llama
 
+    # The first model built on the meta device imports torch._refs, sympy and Dynamo (~200 MiB,
+    # once per process, whatever the checkpoint's size; compiling needs them anyway): pay that
+    # before the window, which then holds what loading the weights costs.
+    with torch.device("meta"):
+        Transformer(ModelArgs(dim=8, n_layers=1, n_heads=1, vocab_size=8, intermediate_size=8))
     before = _hwm_bytes()
     model = load_llama(path, group=dist.group.WORLD, progress=False)
     after = _hwm_bytes()

@@ -78,7 +78,9 @@ def _llama(mesh: Any, args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
     from torch_tensorrt_dist.generation.generate import decode_example, decode_step
     from torch_tensorrt_dist.models.loader import random_llama
 
-    model = random_llama(_llama_args(args), group=mesh.get_group())
+    model = random_llama(
+        _llama_args(args), group=mesh.get_group(), lm_head=args.lm_head, embedding=args.embedding
+    )
     model.setup_caches(args.batch, 64)
 
     return decode_step(model), decode_example(args.batch)
@@ -114,6 +116,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--checkpoint", default=None, help="HF checkpoint dir whose config to use (llama)"
     )
+    for part in ("lm-head", "embedding"):
+        p.add_argument(
+            f"--{part}",
+            choices=("vocab_parallel", "replicated"),
+            default="vocab_parallel",
+            help=f"llama: the {part.replace('-', ' ')}'s TP sharding (default vocab_parallel)",
+        )
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=16, help="sequence length (mlp-sp)")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
@@ -158,7 +167,7 @@ def _run_pipeline(args: argparse.Namespace) -> int:
         )
     report = explain_pipeline(
         _llama_args(args), pp=args.pp, tp=tp, rank=args.rank, batch=args.batch,
-        dtype=_DTYPES[args.dtype],
+        dtype=_DTYPES[args.dtype], lm_head=args.lm_head, embedding=args.embedding,
     )  # fmt: skip
     print(json.dumps(report.as_dict(), indent=2) if args.json else report)
     return 0

@@ -95,7 +95,19 @@ def register(subparsers: Any) -> None:
         default=None,
         help="KV cache length (default: what the prompts and new tokens need)",
     )
-    p.add_argument("--lm-head", choices=("vocab_parallel", "replicated"), default="vocab_parallel")
+    p.add_argument(
+        "--lm-head",
+        choices=("vocab_parallel", "replicated"),
+        default="vocab_parallel",
+        help="vocab_parallel: each TP rank holds 1/tp of the LM head, logits all-gathered",
+    )
+    p.add_argument(
+        "--embedding",
+        choices=("vocab_parallel", "replicated"),
+        default="vocab_parallel",
+        help="vocab_parallel: each TP rank holds 1/tp of the embedding, rows all-reduced; "
+        "replicated: no collective, the whole matrix on every rank",
+    )
     p.add_argument(
         "--no-warmup",
         action="store_true",
@@ -144,7 +156,7 @@ def _plan(ns: argparse.Namespace) -> _Plan:
     SamplingConfig(ns.temperature, ns.top_k, ns.top_p, ns.seed)  # validates
     path, preset = _resolve_model(ns.model)
     args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
-    tp_layout(args, 0, ns.tp, ns.lm_head)  # heads / MLP divisible by tp
+    tp_layout(args, 0, ns.tp, ns.lm_head, ns.embedding)  # heads / MLP divisible by tp
     if ns.pp > 1 or ns.split:
         from torch_tensorrt_dist.parallel.pipeline import check_mesh, split_layers
 
@@ -207,12 +219,13 @@ def _rank_main(ns: argparse.Namespace) -> int:
             dtype=dtype,
             device=device,
             lm_head=ns.lm_head,
+            embedding=ns.embedding,
             max_seq_len=plan.args.max_seq_len,
         )
     else:
-        model = random_llama(plan.args, seed=0, group=group, dtype=dtype, lm_head=ns.lm_head).to(
-            device
-        )
+        model = random_llama(
+            plan.args, seed=0, group=group, dtype=dtype, lm_head=ns.lm_head, embedding=ns.embedding
+        ).to(device)
     tok = load_tokenizer(plan.path, vocab_size=plan.args.vocab_size)
     stop_ids = tok.eos_ids or plan.args.eos_token_ids
     stream = TextStream(tok, len(plan.prompts))
@@ -242,6 +255,7 @@ def _rank_main(ns: argparse.Namespace) -> int:
             split=_split(ns),
             dtype=dtype,
             lm_head=ns.lm_head,
+            embedding=ns.embedding,
             cache_len=plan.cache_len,
             warmup=not ns.no_warmup,
             microbatches=ns.microbatches,

@@ -37,7 +37,7 @@ from torch_tensorrt_dist.generation.pipeline_transfers import (
 )
 from torch_tensorrt_dist.generation.sampling import SamplingConfig, make_generator, sample
 from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.parallel.llama import LMHead
+from torch_tensorrt_dist.parallel.llama import Embedding, LMHead
 from torch_tensorrt_dist.parallel.pipeline import (
     PipelineLayout,
     PipelineStage,
@@ -251,6 +251,7 @@ def generate_pipeline(
     split: Sequence[int] | None = None,
     dtype: torch.dtype = torch.float32,
     lm_head: LMHead = "vocab_parallel",
+    embedding: Embedding = "vocab_parallel",
     cache_len: int | None = None,
     warmup: bool = True,
     seed: int = 0,
@@ -280,12 +281,12 @@ def generate_pipeline(
     if isinstance(model, ModelArgs):
         stage = random_stage(
             args, stage=layout.stage, pp=pp, group=group, split=split, seed=seed, dtype=dtype,
-            lm_head=lm_head,
+            lm_head=lm_head, embedding=embedding,
         ).to(device)  # fmt: skip
     else:
         stage = load_stage(
             model, stage=layout.stage, pp=pp, group=group, split=split, dtype=dtype,
-            device=device, lm_head=lm_head,
+            device=device, lm_head=lm_head, embedding=embedding,
         )  # fmt: skip
     if microbatches is None:
         microbatches = pp if len(prompts) % pp == 0 else 1

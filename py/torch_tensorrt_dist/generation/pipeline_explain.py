@@ -24,7 +24,7 @@ from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.pipeline import stage_steps
 from torch_tensorrt_dist.generation.pipeline_transfers import Transfer, step_transfers
 from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.parallel.llama import LMHead
+from torch_tensorrt_dist.parallel.llama import Embedding, LMHead
 from torch_tensorrt_dist.parallel.pipeline import (
     PipelineLayout,
     PipelineStage,
@@ -116,6 +116,7 @@ def explain_pipeline(
     split: Sequence[int] | None = None,
     dtype: torch.dtype = torch.float32,
     lm_head: LMHead = "vocab_parallel",
+    embedding: Embedding = "vocab_parallel",
 ) -> PipelineExplainReport:
     """Explain rank ``rank`` of a ``pp x tp`` job on a fake process group (needs a process where
     torch.distributed is not initialised)."""
@@ -125,7 +126,7 @@ def explain_pipeline(
         mesh = make_pipeline_mesh(pp, tp, "cpu")
         layout, group = stage_groups(mesh)
         stage = _empty_stage(args, layout, split, dtype)
-        shard_stage(stage, group, lm_head=lm_head)
+        shard_stage(stage, group, lm_head=lm_head, embedding=embedding)
         stage = stage.to(dtype).to_empty(device="cpu").requires_grad_(False).eval()
         with torch.no_grad():
             for p in stage.parameters():

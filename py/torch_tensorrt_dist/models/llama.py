@@ -4,8 +4,9 @@ RMSNorm, RoPE in Hugging Face's ``rotate_half`` layout (so HF q/k weights load w
 permutation; Llama-3 frequency scaling included), grouped-query attention, SwiGLU MLP, optional
 q/k/v bias, tied or untied embeddings. Tensor parallelism (``parallel/llama.py``) shards the
 linears by hand and sets the per-rank head counts and the TP group on the modules; the forward
-then issues exactly two all-reduces per layer (attention output, MLP down projection) and, with a
-vocabulary-parallel LM head, one all-gather of the logits.
+then issues exactly two all-reduces per layer (attention output, MLP down projection); outside the
+layers, a vocabulary-parallel embedding adds one all-reduce of the embedded tokens and a
+vocabulary-parallel LM head one all-gather of the logits.
 
     model = Transformer(ModelArgs.from_name("tiny"))
     model.setup_caches(max_batch_size=1, max_seq_len=64)
@@ -40,6 +41,8 @@ __all__ = [
     "RopeScaling",
     "Transformer",
     "TransformerBlock",
+    "VocabEmbedding",
+    "embed_tokens",
     "rope_tables",
 ]
 
@@ -213,6 +216,36 @@ def mask_and_positions(
     return mask[:, None], positions
 
 
+def embed_tokens(
+    tokens: Tensor, weight: Tensor, group: dist.ProcessGroup | None, start: int = 0
+) -> Tensor:
+    """The embedding lookup; vocabulary-parallel when ``group`` is set.
+
+    tokens: [B, S] int64, weight: [V, dim], or this rank's rows ``[start, start + V/tp)``
+    (padded) -> [B, S, dim]. A rank embeds the tokens its rows hold, zeros for the others, and
+    one all-reduce(sum) assembles the rows: exact, as each token has one non-zero term.
+    """
+    if group is None:
+        return F.embedding(tokens, weight)
+    local = tokens - start
+    mine = (local >= 0) & (local < weight.shape[0])  # [B, S]
+    rows = F.embedding(torch.where(mine, local, torch.zeros_like(local)), weight)
+    return funcol.all_reduce(rows.masked_fill(~mine[..., None], 0), "sum", group)
+
+
+class VocabEmbedding(nn.Embedding):
+    """``nn.Embedding``, vocabulary-parallel once tensor parallelism sets ``group`` and
+    ``start`` (this rank's first row): see :func:`embed_tokens`."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        self.group: dist.ProcessGroup | None = None
+        self.start = 0
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return embed_tokens(tokens, self.weight, self.group, self.start)
+
+
 def lm_logits(x: Tensor, head: Tensor, group: dist.ProcessGroup | None, vocab_size: int) -> Tensor:
     """``x @ head.T``; with a vocabulary-parallel head (``group`` set), the shards are gathered.
 
@@ -237,7 +270,7 @@ class Transformer(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.tok_embeddings = VocabEmbedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         # Tied: the head reads tok_embeddings.weight (or its own vocab shard, under TP).

@@ -26,6 +26,7 @@ from torch_tensorrt_dist.errors import CheckpointError
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
 from torch_tensorrt_dist.parallel.llama import (
+    Embedding,
     LMHead,
     ShardSlice,
     TPLayout,
@@ -172,6 +173,7 @@ def load_llama(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     lm_head: LMHead = "vocab_parallel",
+    embedding: Embedding = "vocab_parallel",
     max_seq_len: int | None = None,
     progress: bool = True,
 ) -> Transformer:
@@ -182,12 +184,12 @@ def load_llama(
     args = read_config(root, max_seq_len=max_seq_len)
     pg = resolve_tp_group(group, mesh_dim)
     rank, size = (dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else (0, 1)
-    layout = tp_layout(args, rank, size, lm_head)
+    layout = tp_layout(args, rank, size, lm_head, embedding)
     with torch.device("meta"):
         model = Transformer(args)
     full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     full_shapes["output.weight"] = (args.vocab_size, args.dim)
-    apply_tp(model, pg, lm_head=lm_head)
+    apply_tp(model, pg, lm_head=lm_head, embedding=embedding)
     model = model.to(dtype).to_empty(device=device)
     fill_parameters(model, root, args, layout, full_shapes, progress=progress)
     logger.info("loaded %s (tp rank %d of %d, %s)", root, rank, size, dtype)
@@ -202,6 +204,7 @@ def random_llama(
     mesh_dim: int | str | None = None,
     dtype: torch.dtype = torch.float32,
     lm_head: LMHead = "vocab_parallel",
+    embedding: Embedding = "vocab_parallel",
 ) -> Transformer:
     """A model with deterministic random weights (same on every rank), then sharded."""
     gen = torch.Generator().manual_seed(seed)
@@ -212,5 +215,7 @@ def random_llama(
                 p.fill_(1.0)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5 / p.shape[-1] ** 0.5)
-    apply_tp(model, resolve_tp_group(group, mesh_dim), lm_head=lm_head)
+    apply_tp(
+        model, resolve_tp_group(group, mesh_dim), lm_head=lm_head, embedding=embedding
+    )
     return model.to(dtype).requires_grad_(False).eval()

@@ -6,9 +6,14 @@ layer and plain tensors:
 
     q/k/v, gate (w1), up (w3)   column-parallel (output rows split; biases split with them)
     o (wo), down (w2)           row-parallel (input columns split) + all-reduce(sum)
-    embedding                   replicated (a lookup reads B rows: no bandwidth to save)
+    embedding                   vocabulary-parallel (default) + one all-reduce of [B, S, dim],
+                                or replicated (``embedding="replicated"``: no collective, but
+                                every rank holds the whole matrix, 1 GB for Llama 3 8B in bf16)
     LM head                     vocabulary-parallel (default) + one all-gather of the logits,
                                 or replicated (``lm_head="replicated"``)
+
+Vocabulary shards are ``ceil(V / tp)`` rows, the last one zero-padded. With tied embeddings
+and both vocabulary-parallel, the head reads the embedding's shard: one matrix, 1/tp of it.
 
 Per-rank head counts are derived (``n_heads // tp``), never recovered by ``view(..., -1, D)``.
 When tp exceeds the KV head count, KV heads are replicated as vLLM does: each rank keeps the one
@@ -34,6 +39,7 @@ from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 
 __all__ = [
     "TP_PLAN",
+    "Embedding",
     "LMHead",
     "ShardSlice",
     "TPLayout",
@@ -46,9 +52,11 @@ __all__ = [
 ]
 
 LMHead = Literal["vocab_parallel", "replicated"]
+Embedding = Literal["vocab_parallel", "replicated"]
 
-#: Module-path suffix -> sharding style. Modules not listed (norms, embedding) are replicated.
+#: Module-path suffix -> sharding style. Modules not listed (norms) are replicated.
 TP_PLAN: dict[str, str] = {
+    "tok_embeddings": "vocab_embedding",
     "attention.wq": "colwise_q",
     "attention.wk": "colwise_kv",
     "attention.wv": "colwise_kv",
@@ -83,6 +91,7 @@ class TPLayout:
     intermediate_size: int
     vocab_size: int
     lm_head: LMHead
+    embedding: Embedding = "vocab_parallel"
 
     @property
     def local_heads(self) -> int:
@@ -101,6 +110,11 @@ class TPLayout:
     def vocab_shard(self) -> int:
         return math.ceil(self.vocab_size / self.size)
 
+    @property
+    def vocab_start(self) -> int:
+        """The first vocabulary row of this rank's shard (embedding and LM head alike)."""
+        return self.rank * self.vocab_shard
+
 
 def valid_tp_sizes(args: ModelArgs) -> list[int]:
     """Every tp the attention heads allow (the MLP must also divide)."""
@@ -114,13 +128,19 @@ def valid_tp_sizes(args: ModelArgs) -> list[int]:
 
 
 def tp_layout(
-    args: ModelArgs, rank: int, size: int, lm_head: LMHead = "vocab_parallel"
+    args: ModelArgs,
+    rank: int,
+    size: int,
+    lm_head: LMHead = "vocab_parallel",
+    embedding: Embedding = "vocab_parallel",
 ) -> TPLayout:
     """Validate that ``args`` shards over ``size`` ranks; ConfigError says what to change."""
     if size < 1 or not 0 <= rank < size:
         raise ConfigError(f"bad tensor-parallel rank {rank} of size {size}")
     if lm_head not in ("vocab_parallel", "replicated"):
         raise ConfigError(f"lm_head={lm_head!r}; use 'vocab_parallel' or 'replicated'")
+    if embedding not in ("vocab_parallel", "replicated"):
+        raise ConfigError(f"embedding={embedding!r}; use 'vocab_parallel' or 'replicated'")
     if args.n_heads % size:
         raise ConfigError(
             f"n_heads={args.n_heads} is not divisible by tp={size}; use tp in "
@@ -145,6 +165,7 @@ def tp_layout(
         args.intermediate_size,
         args.vocab_size,
         lm_head,
+        embedding,
     )
 
 
@@ -175,8 +196,9 @@ def shard_slice(name: str, layout: TPLayout) -> ShardSlice | None:
         else:
             n = layout.intermediate_size // layout.size
         return ShardSlice(dim, r * n, (r + 1) * n, n)
-    # vocab: the LM head's rows; the last shard is zero-padded when V % tp != 0
-    if layout.lm_head == "replicated":
+    # vocab: the embedding's or the LM head's rows; the last shard is zero-padded (V % tp != 0)
+    mode = layout.embedding if style == "vocab_embedding" else layout.lm_head
+    if mode == "replicated":
         return None
     n = layout.vocab_shard
     return ShardSlice(0, min(r * n, layout.vocab_size), min((r + 1) * n, layout.vocab_size), n)
@@ -214,14 +236,15 @@ def apply_tp(
     *,
     mesh_dim: int | str | None = None,
     lm_head: LMHead = "vocab_parallel",
+    embedding: Embedding = "vocab_parallel",
 ) -> Transformer:
     """Shard ``model`` in place over the TP ``group`` (works on meta or materialised weights)."""
     pg = resolve_tp_group(group, mesh_dim)
     if pg is None or dist.get_world_size(pg) == 1:
         return model
-    layout = tp_layout(model.args, dist.get_rank(pg), dist.get_world_size(pg), lm_head)
-    if model.args.tie_embeddings and lm_head == "vocab_parallel":
-        # the head gets its own vocab shard of the (replicated) embedding matrix
+    layout = tp_layout(model.args, dist.get_rank(pg), dist.get_world_size(pg), lm_head, embedding)
+    if model.args.tie_embeddings and lm_head != embedding:
+        # sharded differently: the head gets its own matrix, cut (or not) on its own
         model.output = nn.Linear(
             model.args.dim,
             model.args.vocab_size,
@@ -231,7 +254,7 @@ def apply_tp(
         )
         model.output.weight = model.tok_embeddings.weight
     for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear):
+        if not isinstance(module, nn.Linear | nn.Embedding):
             continue
         for pname, param in list(module.named_parameters(recurse=False)):
             sl = shard_slice(f"{name}.{pname}", layout)
@@ -244,4 +267,6 @@ def apply_tp(
         layer.attention.group = pg
         layer.feed_forward.group = pg
     model.group = pg if lm_head == "vocab_parallel" else None
+    if embedding == "vocab_parallel":
+        model.tok_embeddings.group, model.tok_embeddings.start = pg, layout.vocab_start
     return model

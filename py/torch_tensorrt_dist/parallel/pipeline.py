@@ -30,12 +30,19 @@ from torch_tensorrt_dist.models.llama import (
     KVCache,
     RMSNorm,
     TransformerBlock,
+    VocabEmbedding,
     lm_logits,
     mask_and_positions,
     rope_tables,
 )
 from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.parallel.llama import LMHead, shard_slice, take_slice, tp_layout
+from torch_tensorrt_dist.parallel.llama import (
+    Embedding,
+    LMHead,
+    shard_slice,
+    take_slice,
+    tp_layout,
+)
 
 __all__ = [
     "PipelineLayout",
@@ -234,7 +241,7 @@ class PipelineStage(nn.Module):
         super().__init__()
         self.args, self.stage, self.pp, self.layer_ids = args, stage, pp, layers
         self.is_first, self.is_last = stage == 0, stage == pp - 1
-        emb = nn.Embedding(args.vocab_size, args.dim) if self.is_first else None
+        emb = VocabEmbedding(args.vocab_size, args.dim) if self.is_first else None
         self.tok_embeddings = emb
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in layers})
         self.norm = RMSNorm(args.dim, args.norm_eps) if self.is_last else None
@@ -296,14 +303,19 @@ class PipelineStage(nn.Module):
 
 
 def shard_stage(
-    stage: PipelineStage, group: dist.ProcessGroup | None, *, lm_head: LMHead = "vocab_parallel"
+    stage: PipelineStage,
+    group: dist.ProcessGroup | None,
+    *,
+    lm_head: LMHead = "vocab_parallel",
+    embedding: Embedding = "vocab_parallel",
 ) -> PipelineStage:
     """Apply the TP plan of ``parallel/llama.py`` to a stage (meta or real weights), in place."""
     if group is None or dist.get_world_size(group) == 1:
         return stage
-    layout = tp_layout(stage.args, dist.get_rank(group), dist.get_world_size(group), lm_head)
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    layout = tp_layout(stage.args, rank, size, lm_head, embedding)
     for name, module in stage.named_modules():
-        if not isinstance(module, nn.Linear):
+        if not isinstance(module, nn.Linear | nn.Embedding):
             continue
         for pname, param in list(module.named_parameters(recurse=False)):
             sl = shard_slice(f"{name}.{pname}", layout)
@@ -315,4 +327,6 @@ def shard_stage(
         block.attention.group = group
         block.feed_forward.group = group
     stage.group = group if stage.is_last and lm_head == "vocab_parallel" else None
+    if stage.tok_embeddings is not None and embedding == "vocab_parallel":
+        stage.tok_embeddings.group, stage.tok_embeddings.start = group, layout.vocab_start
     return stage

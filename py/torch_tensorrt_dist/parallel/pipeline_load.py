@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch_tensorrt_dist.errors import CheckpointError
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.loader import fill_parameters, hf_name, read_config
-from torch_tensorrt_dist.parallel.llama import LMHead, tp_layout
+from torch_tensorrt_dist.parallel.llama import Embedding, LMHead, tp_layout
 from torch_tensorrt_dist.parallel.pipeline import PipelineStage, shard_stage, split_layers
 
 __all__ = ["load_stage", "random_stage", "stage_tensor_names"]
@@ -60,6 +60,7 @@ def load_stage(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     lm_head: LMHead = "vocab_parallel",
+    embedding: Embedding = "vocab_parallel",
     max_seq_len: int | None = None,
 ) -> PipelineStage:
     """Stage ``stage`` of ``pp`` of checkpoint ``path``, sharded over the TP ``group``."""
@@ -68,10 +69,10 @@ def load_stage(
         raise CheckpointError(f"checkpoint directory {root} does not exist")
     args = read_config(root, max_seq_len=max_seq_len)
     rank, size = _tp(group)
-    layout = tp_layout(args, rank, size, lm_head)
+    layout = tp_layout(args, rank, size, lm_head, embedding)
     model = _build(args, stage, pp, split, "meta")
     full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    shard_stage(model, group, lm_head=lm_head)
+    shard_stage(model, group, lm_head=lm_head, embedding=embedding)
     model = model.to(dtype).to_empty(device=device)
     fill_parameters(model, root, args, layout, full_shapes, progress=False)
     logger.info(
@@ -91,6 +92,7 @@ def random_stage(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     lm_head: LMHead = "vocab_parallel",
+    embedding: Embedding = "vocab_parallel",
 ) -> PipelineStage:
     """Stage ``stage`` with ``random_llama(args, seed=seed)``'s weights (the whole model is made
     once, then cut: meant for small presets and tests)."""
@@ -105,5 +107,5 @@ def random_stage(
                 src = "tok_embeddings.weight"
             param.copy_(full[src])
     del full
-    shard_stage(model, group, lm_head=lm_head)
+    shard_stage(model, group, lm_head=lm_head, embedding=embedding)
     return model.to(dtype).requires_grad_(False).eval()
