@@ -90,3 +90,20 @@ def test_report_says_which_tensorrt_layer_each_collective_would_become() -> None
     assert reason is not None and "no all_to_all plugin" in reason
     assert "no TensorRT plugin layer: TensorRT-LLM has no all_to_all plugin" in str(a2a)
     assert a2a.as_dict()["collectives"][0]["tensorrt"]["native"] is None
+
+
+def test_module_path_of_a_node_as_named_modules_spells_it() -> None:
+    from torch import fx
+
+    from torch_tensorrt_dist.backend.report import module_path
+
+    node = fx.Graph().placeholder("x")
+    assert module_path(node) == ""  # no module stack: issued by the top-level forward
+    for dynamo_name, path in [
+        ("L['self'].layers.3.attention", "layers.3.attention"),
+        ("G['model'].tok_embeddings", "tok_embeddings"),
+        ("L['model']", ""),
+    ]:
+        stack = {"outer": ("L['self']", object), "inner": (dynamo_name, object)}
+        node.meta["nn_module_stack"] = stack  # outermost first: the innermost module counts
+        assert module_path(node) == path

@@ -78,7 +78,8 @@ def _tensorrt_decisions(gm: fx.GraphModule) -> dict[fx.Node, dict[str, str | Non
     return decisions
 
 
-_DYNAMO_ROOT = re.compile(r"^L\['[^']*'\]\.?")
+#: Dynamo's name of the module a frame was called on: a local (``L['self']``) or a global
+_DYNAMO_ROOT = re.compile(r"^[LG]\['[^']*'\]\.?")
 
 
 def module_path(node: fx.Node) -> str:
