@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = summary["match"] = expected == result.tokens
     if info.is_main:
         print("\n" + json.dumps(summary), flush=True)
+    dist.destroy_process_group()
     return 0 if ok else 1
 
 

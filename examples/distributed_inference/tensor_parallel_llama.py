@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["match"] = expected == result.tokens[0]
     if info.is_main:
         print("\n" + json.dumps(summary), flush=True)
+    torch.distributed.destroy_process_group()
     return 0 if summary.get("match", True) else 1
 
 

@@ -306,6 +306,8 @@ def _rank_main(ns: argparse.Namespace) -> int:
                 + (f", compile {compile_s:.1f} s" if compile_s is not None else ""),
                 file=sys.stderr,
             )
+    if world > 1:
+        dist.destroy_process_group()  # a normal end; after an error the launcher stops the ranks
     return 0
 
 

@@ -12,10 +12,12 @@
 The backend is ``nccl`` when CUDA is available and ``gloo`` otherwise, unless given. With CUDA,
 the process binds ``cuda:<local_rank>``. Calling it again returns the same information.
 
-A process group that ``init_distributed`` created is destroyed when the interpreter exits
-(unless the program destroyed it first): a gloo or NCCL group left to the C++ teardown at exit
-can abort the process (``terminate called without an active exception``) after all its work
-succeeded, which a launcher then reports as a failed rank.
+A gloo group that ``init_distributed`` created is destroyed when the interpreter exits (unless
+the program destroyed it first): left to the C++ teardown at exit, gloo's worker threads can
+abort the process (``terminate called without an active exception``) after all its work
+succeeded, which a launcher then reports as a failed rank. Destroying a gloo group is local.
+An NCCL group is not destroyed at exit: after a failure, destroying it could wait on peers that
+are gone. Programs call ``dist.destroy_process_group()`` when they end normally, as torch asks.
 """
 
 from __future__ import annotations
@@ -208,7 +210,8 @@ def init_distributed(
             world_size=plan.world_size,
             timeout=limit,
         )
-    atexit.register(_destroy_at_exit, dist.group.WORLD)
+    if not _uses_nccl(chosen):
+        atexit.register(_destroy_at_exit, dist.group.WORLD)
     info = DistInfo(
         plan.rank,
         plan.world_size,
