@@ -35,7 +35,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+from torch_tensorrt_dist.models.llama import (
+    ModelArgs,
+    Transformer,
+    TransformerBlock,
+    VocabEmbedding,
+)
 
 __all__ = [
     "TP_PLAN",
@@ -45,6 +50,7 @@ __all__ = [
     "TPLayout",
     "apply_tp",
     "resolve_tp_group",
+    "shard_modules",
     "shard_slice",
     "take_slice",
     "tp_layout",
@@ -253,7 +259,22 @@ def apply_tp(
             dtype=model.tok_embeddings.weight.dtype,
         )
         model.output.weight = model.tok_embeddings.weight
-    for name, module in model.named_modules():
+    shard_modules(model, model.blocks, model.tok_embeddings, layout, pg)
+    model.group = pg if lm_head == "vocab_parallel" else None
+    return model
+
+
+def shard_modules(
+    root: nn.Module,
+    blocks: list[TransformerBlock],
+    embedding: VocabEmbedding | None,
+    layout: TPLayout,
+    group: dist.ProcessGroup,
+) -> None:
+    """Cut every parameter of ``root`` to this rank's slice and point the decoder blocks (and a
+    vocabulary-parallel embedding) at ``group``: the part of the plan a whole model and a
+    pipeline stage share."""
+    for name, module in root.named_modules():
         if not isinstance(module, nn.Linear | nn.Embedding):
             continue
         for pname, param in list(module.named_parameters(recurse=False)):
@@ -261,12 +282,10 @@ def apply_tp(
             if sl is not None and not (pname == "bias" and sl.dim == 1):
                 new = take_slice(param.data, sl)
                 setattr(module, pname, nn.Parameter(new, requires_grad=False))
-    for layer in model.blocks:
-        layer.attention.n_heads = layout.local_heads
-        layer.attention.n_kv_heads = layout.local_kv_heads
-        layer.attention.group = pg
-        layer.feed_forward.group = pg
-    model.group = pg if lm_head == "vocab_parallel" else None
-    if embedding == "vocab_parallel":
-        model.tok_embeddings.group, model.tok_embeddings.start = pg, layout.vocab_start
-    return model
+    for block in blocks:
+        block.attention.n_heads = layout.local_heads
+        block.attention.n_kv_heads = layout.local_kv_heads
+        block.attention.group = group
+        block.feed_forward.group = group
+    if embedding is not None and layout.embedding == "vocab_parallel":
+        embedding.group, embedding.start = group, layout.vocab_start

@@ -39,8 +39,7 @@ from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.parallel.llama import (
     Embedding,
     LMHead,
-    shard_slice,
-    take_slice,
+    shard_modules,
     tp_layout,
 )
 
@@ -314,19 +313,6 @@ def shard_stage(
         return stage
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     layout = tp_layout(stage.args, rank, size, lm_head, embedding)
-    for name, module in stage.named_modules():
-        if not isinstance(module, nn.Linear | nn.Embedding):
-            continue
-        for pname, param in list(module.named_parameters(recurse=False)):
-            sl = shard_slice(f"{name}.{pname}", layout)
-            if sl is not None and not (pname == "bias" and sl.dim == 1):
-                setattr(module, pname, nn.Parameter(take_slice(param.data, sl), False))
-    for block in stage.blocks:
-        block.attention.n_heads = layout.local_heads
-        block.attention.n_kv_heads = layout.local_kv_heads
-        block.attention.group = group
-        block.feed_forward.group = group
+    shard_modules(stage, stage.blocks, stage.tok_embeddings, layout, group)
     stage.group = group if stage.is_last and lm_head == "vocab_parallel" else None
-    if stage.tok_embeddings is not None and embedding == "vocab_parallel":
-        stage.tok_embeddings.group, stage.tok_embeddings.start = group, layout.vocab_start
     return stage
