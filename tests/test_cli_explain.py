@@ -78,6 +78,10 @@ def test_llama_decode_step_has_two_all_reduces_per_layer() -> None:
     embedding, head = ("all_reduce", "tok_embeddings"), ("all_gather", "")
     assert ops == [embedding, *[("all_reduce", "layers")] * 6, head]
     assert all(c["group_ranks"] == [4, 5, 6, 7] for c in report["collectives"])
+    # the KV caches (k and v of 3 layers) are written in place: no cache copied back whole
+    [writes] = report["input_writes"]
+    assert writes["in_place"] == 6 and writes["copied_back"] == 0
+    assert writes["copied_back_bytes"] == 0 and writes["in_place_bytes"] > 0
 
 
 def test_llama_replicated_embedding_and_head_have_only_the_layers_all_reduces() -> None:

@@ -26,6 +26,7 @@ from torch_tensorrt_dist.backend.schedule_check import with_schedule_check
 from torch_tensorrt_dist.backend.settings import CompileSettings
 from torch_tensorrt_dist.errors import UnsupportedCollectiveError
 from torch_tensorrt_dist.lowering import fuse_collectives, fusion_report
+from torch_tensorrt_dist.lowering.input_writes import input_writes, reinplace_input_writes
 
 __all__ = ["BACKEND_NAME", "lower_graph", "recording", "torch_tensorrt_dist_backend"]
 
@@ -55,6 +56,7 @@ def lower_graph(gm: fx.GraphModule, settings: CompileSettings) -> GraphReport:
         collectives=collectives_in(gm),
         unfused=list(fusion_report(gm).unfused),
         num_nodes=len(gm.graph.nodes),
+        input_writes=input_writes(gm),
     )
     report.lowering_s = time.perf_counter() - start
     if report.unfused and settings.engine == "tensorrt":
@@ -86,6 +88,8 @@ def torch_tensorrt_dist_backend(
             len(report.collectives),
             len(report.unfused),
         )
+        if settings.engine == "eager":
+            reinplace_input_writes(aten_gm)  # Inductor does this itself
         engine = build_engine(aten_gm, inputs, settings)
         if settings.check_schedule:
             engine = with_schedule_check(engine, report.collectives, settings.schedule_timeout_s)
@@ -95,5 +99,9 @@ def torch_tensorrt_dist_backend(
         fw_compiler=fw_compiler,
         inference_compiler=fw_compiler,
         decompositions=engine_decompositions(settings) or {},
+        # input writes (a KV cache) stay in the graph as copy_ into the input, which the eager
+        # and Inductor engines do in place; Torch-TensorRT traces with AOTAutograd's default
+        # (writes returned as outputs), where its KV-cache layer aliases the output to the input
+        keep_inference_input_mutations=settings.engine != "tensorrt",
     )
     return compiler(gm, example_inputs)

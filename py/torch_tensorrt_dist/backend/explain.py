@@ -53,6 +53,16 @@ class ExplainReport:
             "collectives": [c.as_dict() for c in self.collectives],
             "unfused": [list(u) for u in self.unfused],
             "total_bytes": self.total_bytes,
+            "input_writes": [
+                {
+                    "graph": g.index,
+                    "in_place": len(g.written_in_place),
+                    "in_place_bytes": sum(w.bytes for w in g.written_in_place),
+                    "copied_back": len(g.copied_back),
+                    "copied_back_bytes": sum(w.bytes for w in g.copied_back),
+                }
+                for g in self.graphs
+            ],
         }
 
     def to_json(self) -> str:
@@ -66,6 +76,15 @@ class ExplainReport:
             f"collectives: {len(self.collectives)}   bytes sent: {self.total_bytes:,}",
         ]
         lines += [f"  break: {reason}" for reason in self.graph_breaks]
+        for g in self.graphs:
+            if g.input_writes:
+                in_place, back = g.written_in_place, g.copied_back
+                lines.append(
+                    f"  graph {g.index} writes inputs: {len(in_place)} in place "
+                    f"({sum(w.bytes for w in in_place):,} B per call), {len(back)} copied back "
+                    f"whole ({sum(w.bytes for w in back):,} B per call)"
+                    + (f": {', '.join(w.input for w in back)}" if back else "")
+                )
         lines += [f"  unfused {node}: {reason}" for node, reason in self.unfused]
         if self.collectives:
             rows = []

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from torch_tensorrt_dist.lowering.input_writes import InputWrite
 from torch_tensorrt_dist.ops.collectives import COLLECTIVE_OPS
 
 __all__ = ["CollectiveInfo", "GraphReport", "collectives_in", "format_table", "module_path"]
@@ -52,6 +53,16 @@ class GraphReport:
     num_nodes: int = 0
     #: seconds spent in lowering and checks (fusion, report, capability decisions)
     lowering_s: float = 0.0
+    #: graph inputs the graph writes (KV caches): in place, or copied back whole
+    input_writes: list[InputWrite] = field(default_factory=list)
+
+    @property
+    def copied_back(self) -> list[InputWrite]:
+        return [w for w in self.input_writes if not w.in_place]
+
+    @property
+    def written_in_place(self) -> list[InputWrite]:
+        return [w for w in self.input_writes if w.in_place]
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

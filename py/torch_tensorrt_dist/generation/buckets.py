@@ -67,11 +67,23 @@ def check_request(
 
 
 def left_pad(
-    prompts: Sequence[Sequence[int]], bucket: int, device: torch.device | str = "cpu"
+    prompts: Sequence[Sequence[int]],
+    bucket: int,
+    device: torch.device | str = "cpu",
+    *,
+    rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts left-padded (id 0) to ``bucket``: tokens [B, bucket] and pads [B] (int64)."""
-    tokens = torch.zeros(len(prompts), bucket, dtype=torch.long)
+    """Prompts left-padded (id 0) to ``bucket``: tokens [B, bucket] and pads [B] (int64).
+
+    With ``rows`` (>= the number of prompts), B is ``rows``: the extra rows are all padding
+    (pad = bucket), so a step always fills every KV-cache row and writes the cache in place.
+    """
+    rows = len(prompts) if rows is None else rows
+    if rows < len(prompts):
+        raise ValueError(f"rows={rows} is fewer than the {len(prompts)} prompts")
+    tokens = torch.zeros(rows, bucket, dtype=torch.long)
     for row, ids in enumerate(prompts):
         tokens[row, bucket - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
-    pad = torch.tensor([bucket - len(ids) for ids in prompts], dtype=torch.long)
+    pads = [bucket - len(ids) for ids in prompts] + [bucket] * (rows - len(prompts))
+    pad = torch.tensor(pads, dtype=torch.long)
     return tokens.to(device), pad.to(device)

@@ -164,7 +164,11 @@ class Generator:
         stop_ids: Sequence[int],
         on_step: Callable[[list[int]], None] | None,
     ) -> GenerationResult:
-        tokens, pad = left_pad(prompts, bucket, self.device)
+        # every cache row is filled (padding rows past the prompts): the KV write is then
+        # index_copy into the whole cache buffer, done in place by every engine
+        tokens, pad = left_pad(prompts, bucket, self.device, rows=self.max_batch_size)
+        n = len(prompts)
+        filler = torch.zeros(self.max_batch_size - n, dtype=torch.long, device=self.device)
         gen = make_generator(sampling)
         stops = set(stop_ids)
         out: list[list[int]] = [[] for _ in prompts]
@@ -172,7 +176,7 @@ class Generator:
 
         start = time.perf_counter()
         logits = self._prefill(tokens, torch.arange(bucket, device=self.device), pad)
-        nxt = sample(logits, sampling, gen)  # [B]
+        nxt = sample(logits[:n], sampling, gen)  # [n]
         step_ids = nxt.tolist()
         ttft = time.perf_counter() - start
         steps = 0
@@ -187,8 +191,8 @@ class Generator:
             if all(done):
                 break
             slot = torch.tensor([bucket + steps], dtype=torch.long, device=self.device)
-            logits = self._decode(nxt[:, None], slot, pad)
-            nxt = sample(logits, sampling, gen)
+            logits = self._decode(torch.cat([nxt, filler])[:, None], slot, pad)
+            nxt = sample(logits[:n], sampling, gen)
             step_ids = nxt.tolist()  # also waits for the device
             steps += 1
         decode_s = time.perf_counter() - decode_start

@@ -130,6 +130,15 @@ class KVCache(nn.Module):
     def update(self, cache_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         # cache_pos: [S]; k, v: [B, H_kv, S, D] -> full caches [B, H_kv, L, D]
         b = k.shape[0]
+        if b == self.k_cache.shape[0]:
+            # Every row at once, straight into the buffers: the captured graph is
+            # index_copy(<cache placeholder>, 2, cache_pos, k), which engines do in place
+            # (the Generator pads requests to max_batch_size rows for this).
+            self.k_cache.index_copy_(2, cache_pos, k)
+            self.v_cache.index_copy_(2, cache_pos, v)
+            return self.k_cache, self.v_cache
+        # Fewer rows: a write through a view (slice -> index_copy -> slice_scatter once
+        # captured), which copies the whole cache back on every call. Correct, but slow.
         self.k_cache[:b].index_copy_(2, cache_pos, k)
         self.v_cache[:b].index_copy_(2, cache_pos, v)
         return self.k_cache[:b], self.v_cache[:b]
