@@ -11,7 +11,6 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._ops import OpOverload
 
 from torch_tensorrt_dist.backend.settings import CompileSettings
-from torch_tensorrt_dist.errors import EngineUnavailableError
 
 __all__ = ["build_engine", "engine_decompositions"]
 
@@ -45,22 +44,9 @@ def build_engine(
 
 def _tensorrt_module() -> Any:
     """The TensorRT engine module, or an error that says what to install."""
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError as exc:
-        raise EngineUnavailableError(
-            "engine='tensorrt' needs TensorRT, which is not importable here "
-            f"({exc}). Install it with `pip install 'torch_tensorrt_dist[tensorrt]'` on a machine "
-            "with an NVIDIA GPU and driver, or choose engine='inductor' or engine='eager'"
-        ) from exc
-    try:
-        import torch_tensorrt  # noqa: F401
-    except ImportError as exc:
-        raise EngineUnavailableError(
-            f"engine='tensorrt' needs Torch-TensorRT, which is not importable here ({exc}). "
-            "Install it with `pip install 'torch_tensorrt_dist[tensorrt]'` "
-            "(torch-tensorrt>=2.14,<2.15), or choose engine='inductor' or engine='eager'"
-        ) from exc
+    from torch_tensorrt_dist.conversion.availability import require_tensorrt_engine
+
+    require_tensorrt_engine()
     from torch_tensorrt_dist.conversion import engine
 
     return engine

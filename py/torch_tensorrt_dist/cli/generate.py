@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError, TensorRTDistError
 from torch_tensorrt_dist.models.llama import PRESETS, ModelArgs
 
 __all__ = ["register", "run"]
@@ -311,11 +311,24 @@ def _rank_main(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _check_engine(engine: str, *, isolated: bool) -> None:
+    """``--engine tensorrt`` where TensorRT cannot run: one line saying what to install, before
+    any rank starts (``isolated``: the import is tried in a child, so the launcher stays free of
+    CUDA state)."""
+    if engine != "tensorrt":
+        return
+    from torch_tensorrt_dist.conversion.availability import tensorrt_engine_missing
+
+    problem = tensorrt_engine_missing(isolated=isolated)
+    if problem is not None:
+        raise EngineUnavailableError(problem)
+
+
 def _rank_entry(ns: argparse.Namespace) -> None:
     """Entry of a launched rank: exit non-zero on error so the launcher stops the others."""
     try:
         code = _rank_main(ns)
-    except ConfigError as exc:
+    except (ConfigError, EngineUnavailableError) as exc:
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
@@ -334,9 +347,11 @@ def run(ns: argparse.Namespace) -> int:
         if ns.tp < 1 or ns.pp < 1:
             raise ConfigError(f"--tp and --pp must be >= 1, got tp={ns.tp} pp={ns.pp}")
         _plan(ns)  # bad input fails here, before any rank starts
-        if ns.tp * ns.pp == 1 or launched:
+        single = ns.tp * ns.pp == 1 or launched
+        _check_engine(ns.engine, isolated=not single)
+        if single:
             return _rank_main(ns)
-    except ConfigError as exc:
+    except TensorRTDistError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     ns.func = None  # the ranks get a plain, picklable namespace

@@ -26,6 +26,8 @@ __all__ = [
     "native_missing",
     "plugin_missing",
     "plugin_path_setting",
+    "require_tensorrt_engine",
+    "tensorrt_engine_missing",
 ]
 
 _settings: ContextVar[tuple[str, str | None] | None] = ContextVar(
@@ -46,6 +48,68 @@ def collective_settings(
         _settings.reset(token)
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+_IMPORT_CHECK = "import tensorrt, torch_tensorrt"
+
+
+def tensorrt_engine_missing(*, isolated: bool = False) -> str | None:
+    """None if ``engine="tensorrt"`` can run here (TensorRT and Torch-TensorRT import), else
+    one line saying what is missing and how to fix it.
+
+    Torch-TensorRT without TensorRT's libraries raises a bare ``Exception`` at import, and may
+    touch CUDA; ``isolated=True`` tries the import in a child process (for a launcher that must
+    stay free of CUDA state) instead of this one.
+    """
+    fix = f"{_PIP} on a machine with an NVIDIA GPU and driver, or use --engine inductor/eager"
+    if importlib.util.find_spec("tensorrt") is None:
+        return f"engine='tensorrt' needs TensorRT, which is not installed: {fix}"
+    if importlib.util.find_spec("torch_tensorrt") is None:
+        return (
+            "engine='tensorrt' needs Torch-TensorRT (torch-tensorrt>=2.14,<2.15), which is not "
+            f"installed: {fix}"
+        )
+    if isolated:
+        import subprocess
+        import sys
+
+        proc = subprocess.run(
+            [sys.executable, "-c", _IMPORT_CHECK], capture_output=True, text=True, check=False
+        )
+        if proc.returncode == 0:
+            return None
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        found = next((ln for ln in reversed(lines) if "Error" in ln or "Exception" in ln), "")
+        return (
+            "engine='tensorrt' needs TensorRT and Torch-TensorRT, but they cannot be imported "
+            f"here ({found.strip() or f'exit code {proc.returncode}'}): {fix}"
+        )
+    try:
+        import tensorrt  # noqa: F401
+    except Exception as exc:
+        reason = _first_line(exc)
+        return f"engine='tensorrt' needs TensorRT, which cannot be imported ({reason}): {fix}"
+    try:
+        import torch_tensorrt  # noqa: F401
+    except Exception as exc:  # a bare Exception where libnvinfer is missing
+        return (
+            "engine='tensorrt' needs Torch-TensorRT, which cannot be imported "
+            f"({_first_line(exc)}): {fix}"
+        )
+    return None
+
+
+def require_tensorrt_engine() -> None:
+    """Raise :class:`EngineUnavailableError` (one line, what to install) unless
+    ``engine="tensorrt"`` can run here."""
+    problem = tensorrt_engine_missing()
+    if problem is not None:
+        raise EngineUnavailableError(problem)
+
+
 @functools.lru_cache(maxsize=1)
 def native_missing() -> str | None:
     """None if native DistCollective layers can be built and bound here, else why not."""
@@ -53,16 +117,16 @@ def native_missing() -> str | None:
         return f"TensorRT is not installed ({_PIP})"
     try:
         import tensorrt as trt
-    except (ImportError, OSError) as exc:
-        return f"TensorRT cannot be imported ({exc})"
+    except Exception as exc:
+        return f"TensorRT cannot be imported ({_first_line(exc)})"
     if not hasattr(trt.INetworkDefinition, "add_dist_collective"):
         return f"TensorRT {trt.__version__} has no DistCollective layer (needs TensorRT >= 10.16)"
     if importlib.util.find_spec("torch_tensorrt") is None:
         return f"Torch-TensorRT is not installed ({_PIP})"
     try:
         from torch_tensorrt._features import ENABLED_FEATURES
-    except (ImportError, OSError) as exc:
-        return f"Torch-TensorRT cannot be imported ({exc})"
+    except Exception as exc:  # a bare Exception where libnvinfer is missing
+        return f"Torch-TensorRT cannot be imported ({_first_line(exc)})"
     if not getattr(ENABLED_FEATURES, "native_trt_collectives", False):
         return (
             "the installed Torch-TensorRT runtime was built without NCCL collectives "

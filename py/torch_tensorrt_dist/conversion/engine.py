@@ -20,7 +20,11 @@ from typing import Any
 import torch
 from torch import fx
 
-from torch_tensorrt_dist.conversion.availability import collective_settings, current_impl
+from torch_tensorrt_dist.conversion.availability import (
+    collective_settings,
+    current_impl,
+    require_tensorrt_engine,
+)
 from torch_tensorrt_dist.conversion.mpi_world import check_plugin_world
 from torch_tensorrt_dist.conversion.nccl_library import preload_torch_nccl
 from torch_tensorrt_dist.conversion.node_args import CollectiveCall, collective_calls
@@ -37,20 +41,9 @@ _DEFAULT_OPTIONS = {"min_block_size": 1}
 
 
 def _require_torch_tensorrt() -> Any:
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError as exc:
-        raise EngineUnavailableError(
-            f"engine='tensorrt' needs TensorRT, which cannot be imported ({exc}); {_PIP} on a "
-            "machine with an NVIDIA GPU, or use engine='inductor'/'eager'"
-        ) from exc
-    try:
-        import torch_tensorrt
-    except ImportError as exc:
-        raise EngineUnavailableError(
-            f"engine='tensorrt' needs Torch-TensorRT, which cannot be imported ({exc}); {_PIP} "
-            "(torch-tensorrt>=2.14,<2.15), or use engine='inductor'/'eager'"
-        ) from exc
+    require_tensorrt_engine()
+    import torch_tensorrt
+
     return torch_tensorrt
 
 

@@ -1,9 +1,10 @@
 """Plug into Torch-TensorRT: our lowering pass in its pass list, our converters in its registry.
 
-``import torch_tensorrt_dist`` calls :func:`register_with_torch_tensorrt`, after which
-``torch.compile(model, backend="torch_tensorrt")`` lowers c10d collectives to our typed ops
-(before Torch-TensorRT's own ``fuse_distributed_ops``) and converts them with our converters.
-Where Torch-TensorRT is not installed this is a cheap no-op (one ``find_spec``).
+:func:`register_with_torch_tensorrt` runs when Torch-TensorRT gets imported (the import hook
+in ``_autoregister.py``; ``import torch_tensorrt_dist`` itself never imports it) and at our
+``engine="tensorrt"`` compile. After it, ``torch.compile(model, backend="torch_tensorrt")`` lowers
+c10d collectives to our typed ops (before Torch-TensorRT's own ``fuse_distributed_ops``) and
+converts them with our converters. Where Torch-TensorRT is not installed it does nothing.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def register_with_torch_tensorrt(strict: bool = False) -> bool:
 
             _register_pass()
             register_converters()
-        except (ImportError, OSError, TypeError, AttributeError) as exc:
+        except Exception as exc:  # torch_tensorrt raises a bare Exception without libnvinfer
             message = (
                 f"cannot register with the installed Torch-TensorRT ({type(exc).__name__}: "
                 f"{exc}); install torch-tensorrt>=2.14,<2.15 with a matching TensorRT"

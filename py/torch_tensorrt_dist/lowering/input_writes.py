@@ -32,7 +32,7 @@ _INPLACE: dict[Any, Any] = {
     _aten.index_put.default: _aten.index_put_.default,
 }
 #: argument of each write that holds the values written
-_VALUES_ARG = {_aten.index_copy.default: 3, _aten.index_put.default: 2}
+_VALUES_ARG: dict[Any, int] = {_aten.index_copy.default: 3, _aten.index_put.default: 2}
 
 
 @dataclass(frozen=True)
