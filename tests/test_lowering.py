@@ -77,6 +77,27 @@ def test_pass_is_idempotent(tp_group) -> None:
     assert fusion_report(again).fused == EXPECTED_FUSED["every_collective"]  # not doubled
 
 
+def test_torch_tensorrt_pass_keeps_what_it_leaves_unfused_out_of_upstream_converters(
+    tp_group,
+) -> None:
+    from types import SimpleNamespace
+
+    from torch_tensorrt_dist.conversion.registration import (
+        UPSTREAM_FUSED_OPS,
+        fuse_collectives_pass,
+    )
+
+    group_name, ranks = tp_group
+    fused_only = SimpleNamespace(torch_executed_ops={"torch.ops.aten.mul.Tensor"})
+    fuse_collectives_pass(_graphs.late_wait(group_name, len(ranks))[0], fused_only)
+    assert fused_only.torch_executed_ops == {"torch.ops.aten.mul.Tensor"}  # nothing left over
+
+    leftover = SimpleNamespace(torch_executed_ops={"torch.ops.aten.mul.Tensor"})
+    fuse_collectives_pass(_graphs.late_wait("no-such-group", 4)[0], leftover)
+    assert leftover.torch_executed_ops == {"torch.ops.aten.mul.Tensor", *UPSTREAM_FUSED_OPS}
+    assert "torch.ops.tensorrt.fused_nccl_all_reduce.default" in UPSTREAM_FUSED_OPS
+
+
 def test_inplace_variant_copies_the_result_back(tp_group) -> None:
     group_name, ranks = tp_group
     gm, _ = _graphs.inplace(group_name, len(ranks))

@@ -164,3 +164,52 @@ def test_tp_inside_dp_on_four_gpus() -> None:
         pytest.skip(f"needs 4 CUDA GPUs, found {torch.cuda.device_count()}")
     for result in run_on_ranks(_tp_mlp_case, 4, 2, backend="nccl", timeout=600):
         assert result == {"graphs": 1, "engines": 1, "left": 0}
+
+
+def _fresh_groups_case(rank: int, world: int) -> dict[str, Any]:
+    """Two compiled graphs on two different groups, each created just before compiling and
+    never used eagerly: nothing but our first-call binding creates their communicators, and
+    compiling the second graph must not re-pin the first graph's engines."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    from torch_tensorrt_dist import CompileSettings
+
+    torch.cuda.set_device(rank)
+    half = world // 2
+    rows = [list(range(i * half, (i + 1) * half)) for i in range(2)]  # [[0, 1], [2, 3]]
+    cols = [list(range(i, world, half)) for i in range(half)]  # [[0, 2], [1, 3]]
+    row_groups = [dist.new_group(r) for r in rows]
+    col_groups = [dist.new_group(c) for c in cols]
+    row = row_groups[rank // half]
+    col = col_groups[rank % half]
+
+    def on_rows(x: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(x * 2.0, "sum", row) + 1.0
+
+    def on_cols(x: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(x * 3.0, "sum", col) - 1.0
+
+    settings = CompileSettings(engine="tensorrt")
+    first, _ = _compile(on_rows, settings)
+    second, _ = _compile(on_cols, settings)
+    x = torch.full((4, 8), float(rank + 1), device="cuda")
+    got_rows = first(x)  # first call: binds the row group's communicator
+    got_cols = second(x)
+    again_rows = first(x)  # after the other graph was compiled and run
+    row_sum = sum(r + 1 for r in rows[rank // half])
+    col_sum = sum(r + 1 for r in cols[rank % half])
+    return {
+        "rows": (got_rows == 2.0 * row_sum + 1.0).all().item(),
+        "cols": (got_cols == 3.0 * col_sum - 1.0).all().item(),
+        "rows_again": (again_rows == 2.0 * row_sum + 1.0).all().item(),
+    }
+
+
+@pytest.mark.tensorrt
+@pytest.mark.multigpu
+def test_first_call_binds_fresh_groups_and_each_graph_keeps_its_group() -> None:
+    if torch.cuda.device_count() < 4:
+        pytest.skip(f"needs 4 CUDA GPUs, found {torch.cuda.device_count()}")
+    for result in run_on_ranks(_fresh_groups_case, 4, backend="nccl", timeout=600):
+        assert result == {"rows": True, "cols": True, "rows_again": True}

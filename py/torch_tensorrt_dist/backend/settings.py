@@ -10,7 +10,23 @@ from typing import Any
 
 from torch_tensorrt_dist.errors import ConfigError
 
-__all__ = ["COLLECTIVE_IMPLS", "ENGINES", "ENV_COLLECTIVE_IMPL", "CompileSettings"]
+__all__ = [
+    "COLLECTIVE_IMPLS",
+    "ENGINES",
+    "ENV_COLLECTIVE_IMPL",
+    "CompileSettings",
+    "check_known_options",
+]
+
+
+def check_known_options(options: Mapping[str, Any], known: set[str], what: str) -> None:
+    """Raise :class:`ConfigError` naming the first key of ``options`` not in ``known``, with
+    the closest valid key and the full list (options are never dropped silently)."""
+    for key in options:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown {what} {key!r}{hint} (known: {', '.join(sorted(known))})")
 
 ENGINES = ("tensorrt", "inductor", "eager")
 COLLECTIVE_IMPLS = ("auto", "native", "plugin")
@@ -37,7 +53,8 @@ class CompileSettings:
     check_schedule: bool = True
     #: seconds the schedule check waits for the other ranks
     schedule_timeout_s: float = 120.0
-    #: passed through to ``torch_tensorrt.dynamo.compile`` (e.g. ``enabled_precisions``)
+    #: Torch-TensorRT ``CompilationSettings`` fields (e.g. ``use_fp32_acc``, ``workspace_size``,
+    #: ``cache_built_engines``); an unknown key is a ConfigError listing the valid ones
     torch_tensorrt_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -55,15 +72,7 @@ class CompileSettings:
     def from_options(cls, options: Mapping[str, Any] | None = None) -> CompileSettings:
         """Settings from a ``torch.compile`` options dict; unknown keys are an error."""
         options = dict(options or {})
-        known = {f.name for f in fields(cls)}
-        for key in options:
-            if key not in known:
-                close = difflib.get_close_matches(key, sorted(known), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(
-                    f"unknown torch_tensorrt_dist option {key!r}{hint} "
-                    f"(known: {', '.join(sorted(known))})"
-                )
+        check_known_options(options, {f.name for f in fields(cls)}, "torch_tensorrt_dist option")
         if "collective_impl" not in options and os.environ.get(ENV_COLLECTIVE_IMPL):
             options["collective_impl"] = os.environ[ENV_COLLECTIVE_IMPL].strip().lower()
         return cls(**options)

@@ -14,30 +14,42 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import fx
 
+from torch_tensorrt_dist.backend.settings import check_known_options
 from torch_tensorrt_dist.conversion.availability import (
     collective_settings,
     current_impl,
     require_tensorrt_engine,
 )
+from torch_tensorrt_dist.conversion.engine_binding import (
+    multidevice_engines,
+    pin_engines,
+    with_bound_communicator,
+)
 from torch_tensorrt_dist.conversion.mpi_world import check_plugin_world
 from torch_tensorrt_dist.conversion.nccl_library import preload_torch_nccl
 from torch_tensorrt_dist.conversion.node_args import CollectiveCall, collective_calls
 from torch_tensorrt_dist.conversion.plugin_loader import load_trtllm_plugins
-from torch_tensorrt_dist.errors import EngineUnavailableError
+from torch_tensorrt_dist.errors import DistributedSetupError, EngineUnavailableError
 
 __all__ = ["compile_tensorrt", "decompositions", "engine_group"]
 
 logger = logging.getLogger(__name__)
 
-_PIP = "pip install 'torch_tensorrt_dist[tensorrt]'"
-#: Torch-TensorRT options we set unless the user passes them in torch_tensorrt_options
-_DEFAULT_OPTIONS = {"min_block_size": 1}
+#: Torch-TensorRT options we set unless the user passes them in torch_tensorrt_options.
+#: ``attn_bias_is_causal`` (True upstream) would replace an attention mask with plain causal
+#: masking whenever query and key lengths match: left padding and sliding windows need the mask.
+_DEFAULT_OPTIONS: dict[str, Any] = {"min_block_size": 1, "attn_bias_is_causal": False}
+#: keys ``parse_dynamo_kwargs`` (torch-tensorrt 2.14) reads besides CompilationSettings fields
+_EXTRA_OPTION_KEYS = frozenset(
+    {"truncate_long_and_double", "custom_engine_cache", "engine_cache_dir", "engine_cache_size"}
+)
 
 
 def _require_torch_tensorrt() -> Any:
@@ -58,30 +70,40 @@ def engine_group(calls: list[CollectiveCall]) -> CollectiveCall | None:
 
 
 def decompositions(settings: Any) -> dict[Any, Callable[..., Any]]:
-    """The decomposition table Torch-TensorRT traces with (called by the backend)."""
+    """The decomposition table, as Torch-TensorRT's own AOT (distributed) path builds it:
+    ``get_decompositions(experimental, decompose_attention, use_distributed_mode_trace=True,
+    use_fp32_acc=...)`` without the ``detach`` decompositions (they leave alias nodes)."""
     _require_torch_tensorrt()
     from torch_tensorrt.dynamo.lowering import get_decompositions
 
-    options = dict(getattr(settings, "torch_tensorrt_options", {}) or {})
-    return dict(
+    trt_settings, _cache = _trt_settings(settings)
+    table = dict(
         get_decompositions(
-            enable_experimental_decompositions=bool(
-                options.get("enable_experimental_decompositions", False)
-            ),
-            decompose_attention=bool(options.get("decompose_attention", False)),
-            use_distributed_mode_trace=True,
+            trt_settings.enable_experimental_decompositions,
+            trt_settings.decompose_attention,
+            True,
+            use_fp32_acc=trt_settings.use_fp32_acc,
         )
     )
+    return {k: v for k, v in table.items() if "detach" not in k._name}
 
 
-def _trt_settings(settings: Any) -> Any:
+def _trt_settings(settings: Any) -> tuple[Any, Any]:
+    """Torch-TensorRT's ``(CompilationSettings, engine cache)`` from our settings; an unknown
+    key in ``torch_tensorrt_options`` is a ConfigError (upstream drops it silently)."""
+    from dataclasses import fields
+
+    from torch_tensorrt.dynamo import CompilationSettings
     from torch_tensorrt.dynamo.utils import parse_dynamo_kwargs
 
-    options = {**_DEFAULT_OPTIONS, **dict(getattr(settings, "torch_tensorrt_options", {}) or {})}
-    trt_settings, _cache = parse_dynamo_kwargs({"options": options})
+    user = dict(getattr(settings, "torch_tensorrt_options", {}) or {})
+    known = {f.name for f in fields(CompilationSettings)} | _EXTRA_OPTION_KEYS
+    check_known_options(user, known, "torch_tensorrt_options key")
+    options = {**_DEFAULT_OPTIONS, **user}
+    trt_settings, engine_cache = parse_dynamo_kwargs({"options": options})
     trt_settings.use_distributed_mode_trace = True  # the graph is already aten (AOTAutograd)
     trt_settings.pass_through_build_failures = True  # never hand back the PyTorch graph silently
-    return trt_settings
+    return trt_settings, engine_cache
 
 
 @contextlib.contextmanager
@@ -108,6 +130,48 @@ def _fake_inputs(example_inputs: list[Any]) -> list[Any]:
     return [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
 
 
+@contextlib.contextmanager
+def _is_building(active: bool) -> Iterator[None]:
+    """TensorRT-LLM's plugins skip their NCCL set-up while ``IS_BUILDING=1``; it must be set
+    while TensorRT builds (the builder may time one rank's plugin alone and would hang the
+    others) and never while an engine is set up to run. Torch-TensorRT builds in
+    ``TRTInterpreter.run`` and creates the runtime engine afterwards, so the variable is set
+    around that method only."""
+    if not active:
+        yield
+        return
+    from torch_tensorrt.dynamo.conversion._TRTInterpreter import TRTInterpreter
+
+    build = TRTInterpreter.run
+
+    def run_building(self: Any, *args: Any, **kwargs: Any) -> Any:
+        previous = os.environ.get("IS_BUILDING")
+        os.environ["IS_BUILDING"] = "1"
+        try:
+            return build(self, *args, **kwargs)
+        finally:
+            if previous is None:
+                os.environ.pop("IS_BUILDING", None)
+            else:
+                os.environ["IS_BUILDING"] = previous
+
+    TRTInterpreter.run = run_building
+    try:
+        yield
+    finally:
+        TRTInterpreter.run = build
+
+
+def collectives_left_in_torch(compiled: torch.nn.Module) -> int:
+    """Typed collectives over more than one rank that still run in PyTorch after partitioning
+    (in the top graph or a PyTorch submodule; the engines hold the others)."""
+    left = 0
+    for sub in compiled.modules():
+        if isinstance(sub, fx.GraphModule):
+            left += sum(len(c.group_ranks) > 1 for c in collective_calls(sub))
+    return left
+
+
 def compile_tensorrt(
     gm: fx.GraphModule, example_inputs: list[Any], settings: Any
 ) -> Callable[[list[Any]], Any]:
@@ -116,6 +180,9 @@ def compile_tensorrt(
 
     Reads ``settings.collective_impl`` ("auto"|"native"|"plugin"), ``settings.plugin_path``
     (str | None) and ``settings.torch_tensorrt_options`` (a mapping passed to Torch-TensorRT).
+    With native layers, the engines of this graph (only) are pinned to the group they were
+    built for, and the first call creates that group's communicator and checks every engine
+    is bound to it (``engine_binding.py``).
     """
     _require_torch_tensorrt()
     from torch._functorch.aot_autograd import make_boxed_func
@@ -140,12 +207,35 @@ def compile_tensorrt(
         elif multi and choice.impl == "native":
             bound = engine_group(calls)
         logger.info("TensorRT collectives: %s (%s)", choice.impl, choice.reason)
-        with _bound_group(bound.group_name if bound else None) as pg:
-            compiled = _pretraced_backend(gm, _fake_inputs(example_inputs), _trt_settings(settings))
-        if pg is not None and isinstance(compiled, torch.nn.Module):
-            from torch_tensorrt.distributed import set_distributed_mode
+        trt_settings, engine_cache = _trt_settings(settings)
+        with (
+            _bound_group(bound.group_name if bound else None) as pg,
+            _is_building(bool(multi) and choice.impl == "plugin"),
+        ):
+            compiled = _pretraced_backend(
+                gm, _fake_inputs(example_inputs), trt_settings, engine_cache
+            )
+    run = make_boxed_func(compiled)
+    if pg is not None and isinstance(compiled, torch.nn.Module):
+        run = _bind_native(run, compiled, pg, len(multi))
+    run.trt_module = compiled  # type: ignore[attr-defined]  # the module holding the engines
+    return run
 
-            set_distributed_mode(pg, compiled)
-    boxed = make_boxed_func(compiled)
-    boxed.trt_module = compiled  # type: ignore[attr-defined]  # the GraphModule holding the engines (for checks and tests)
-    return boxed
+
+def _bind_native(
+    run: Callable[[list[Any]], Any], compiled: torch.nn.Module, pg: Any, n_multi: int
+) -> Callable[[list[Any]], Any]:
+    """Pin this graph's engines to ``pg``, refuse engines that cannot hold its collectives,
+    and bind the communicator before the first run."""
+    engines = multidevice_engines(compiled)
+    converted = n_multi - collectives_left_in_torch(compiled)
+    if converted > 0 and not engines:
+        raise DistributedSetupError(
+            f"{converted} collective(s) were converted into TensorRT engines, but no engine of "
+            "this graph is multi-device (requires_native_multidevice), so none would get a "
+            "communicator; the installed Torch-TensorRT cannot run native collectives here. "
+            "Use collective_impl='plugin', or a Torch-TensorRT built with NCCL collectives"
+        )
+    pin_engines(engines, pg.group_name)
+    device = torch.device("cuda", torch.cuda.current_device())
+    return with_bound_communicator(run, engines, pg, device)

@@ -18,7 +18,13 @@ from torch import fx
 
 from torch_tensorrt_dist.errors import EngineUnavailableError
 
-__all__ = ["PASS_NAME", "fuse_collectives_pass", "register_with_torch_tensorrt"]
+__all__ = [
+    "PASS_NAME",
+    "UPSTREAM_FUSED_OPS",
+    "fuse_collectives_pass",
+    "keep_upstream_collectives_in_torch",
+    "register_with_torch_tensorrt",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +36,41 @@ _lock = threading.Lock()
 _registered: list[bool] = []
 
 
+#: Torch-TensorRT 2.14's own fused collectives (``lowering/passes/fuse_distributed_ops.py``), by
+#: the qualified name its partitioners match ``torch_executed_ops`` against. Their converters
+#: use the world group and float32, so a collective we leave unfused must not reach them.
+UPSTREAM_FUSED_OPS: tuple[str, ...] = tuple(
+    f"torch.ops.tensorrt.fused_nccl_{name}.default"
+    for name in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "scatter", "gather")
+)
+
+
+def keep_upstream_collectives_in_torch(settings: Any) -> None:
+    """Add Torch-TensorRT's fused collective ops to ``settings.torch_executed_ops``: they then
+    run in PyTorch (their eager kernels use the op's own group), never through its converters."""
+    current = set(getattr(settings, "torch_executed_ops", None) or ())
+    settings.torch_executed_ops = current | set(UPSTREAM_FUSED_OPS)
+
+
 def fuse_collectives_pass(gm: fx.GraphModule, settings: Any = None) -> fx.GraphModule:
-    """Torch-TensorRT lowering-pass signature ``(gm, settings) -> gm`` around fuse_collectives."""
-    from torch_tensorrt_dist.lowering import fuse_collectives
+    """Torch-TensorRT lowering-pass signature ``(gm, settings) -> gm`` around fuse_collectives.
+
+    A collective it cannot fuse (it is reported) stays a ``_c10d_functional`` op, which
+    Torch-TensorRT's own ``fuse_distributed_ops`` would then convert with the world group and
+    float32; those ops are kept in PyTorch instead (``torch_executed_ops``).
+    """
+    from torch_tensorrt_dist.lowering import fuse_collectives, fusion_report
 
     fuse_collectives(gm)
+    unfused = fusion_report(gm).unfused
+    if unfused and settings is not None:
+        keep_upstream_collectives_in_torch(settings)
+        logger.warning(
+            "%d collective(s) left unfused (%s); they run in PyTorch, not through "
+            "Torch-TensorRT's own collective converters",
+            len(unfused),
+            "; ".join(reason for _, reason in unfused),
+        )
     return gm
 
 

@@ -37,7 +37,13 @@ from torch_tensorrt_dist.runtime.env import DistPlan, LaunchSource, plan_from_en
 from torch_tensorrt_dist.runtime.nccl_env import find_nccl_library, load_nccl_library
 from torch_tensorrt_dist.runtime.timeouts import resolve_timeout
 
-__all__ = ["DistInfo", "configured_timeout", "default_backend", "init_distributed"]
+__all__ = [
+    "DistInfo",
+    "bound_device",
+    "configured_timeout",
+    "default_backend",
+    "init_distributed",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +102,16 @@ def _bind_device(plan: DistPlan, backend: str) -> str:
         )
     torch.cuda.set_device(plan.local_rank)
     return f"cuda:{plan.local_rank}"
+
+
+def bound_device(backend: str, device: str) -> torch.device | None:
+    """``device_id`` for ``init_process_group`` with NCCL: the group then creates its NCCL
+    communicator now instead of at its first collective (and sub-groups made later inherit
+    the device). TensorRT engines borrow that communicator; one that is never created would
+    leave their collectives unbound."""
+    if _uses_nccl(backend) and device.startswith("cuda"):
+        return torch.device(device)
+    return None
 
 
 def _export_torch_vars(plan: DistPlan, environ: MutableMapping[str, str]) -> None:
@@ -197,10 +213,16 @@ def init_distributed(
     if plan.source == "mpi" and env is None:
         _export_torch_vars(plan, os.environ)
 
+    bound = bound_device(chosen, device)
     if plan.needs_rendezvous and environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # env:// joins torchelastic's agent store instead of binding MASTER_PORT again.
         dist.init_process_group(
-            chosen, init_method="env://", rank=plan.rank, world_size=plan.world_size, timeout=limit
+            chosen,
+            init_method="env://",
+            rank=plan.rank,
+            world_size=plan.world_size,
+            timeout=limit,
+            device_id=bound,
         )
     else:
         dist.init_process_group(
@@ -209,6 +231,7 @@ def init_distributed(
             rank=plan.rank,
             world_size=plan.world_size,
             timeout=limit,
+            device_id=bound,
         )
     if not _uses_nccl(chosen):
         atexit.register(_destroy_at_exit, dist.group.WORLD)
