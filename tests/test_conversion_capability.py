@@ -317,3 +317,45 @@ def test_native_spec_needs_the_rank_in_the_communicator() -> None:
 
     with pytest.raises(UnsupportedCollectiveError, match="communicator of ranks"):
         native_collective_spec("all_gather", torch.float16, [5], comm_ranks=[0, 1])
+
+
+def test_native_members_a_tensorrt_lacks_are_refused_by_name() -> None:
+    from torch_tensorrt_dist.conversion.spec import native_collective_spec
+    from torch_tensorrt_dist.errors import UnsupportedCollectiveError
+
+    trt_10_16 = frozenset(  # DistCollective before ALL_TO_ALL (TensorRT 11.0)
+        {f"CollectiveOperation.{m}" for m in ("ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER",
+                                               "BROADCAST")}
+        | {f"ReduceOperation.{m}" for m in ("SUM", "PROD", "MAX", "MIN", "AVG")}
+    )  # fmt: skip
+    ok = conversion_decision("all_gather", "bf16", [0, 1], impl="native", native_members=trt_10_16)
+    assert ok.convertible
+    a2a = conversion_decision("all_to_all", "bf16", [0, 1], impl="native", native_members=trt_10_16)
+    assert a2a == (
+        False,
+        "the installed TensorRT has no CollectiveOperation.ALL_TO_ALL "
+        "(ALL_TO_ALL arrives in TensorRT 11.0)",
+    )
+    no_avg = trt_10_16 - {"ReduceOperation.AVG"}
+    avg = conversion_decision(
+        "all_reduce", "fp32", [0, 1], impl="native", reduce_op="avg", native_members=no_avg
+    )
+    assert avg == (False, "the installed TensorRT has no ReduceOperation.AVG")
+    with pytest.raises(UnsupportedCollectiveError, match=r"no CollectiveOperation\.ALL_TO_ALL"):
+        native_collective_spec("all_to_all", "fp16", [0, 1], native_members=trt_10_16)
+    # not checked where the members are unknown (no TensorRT to ask)
+    assert conversion_decision("all_to_all", "bf16", [0, 1], impl="native").convertible
+
+
+def test_unknown_torch_tensorrt_options_are_refused_with_the_valid_keys() -> None:
+    from torch_tensorrt_dist.backend.settings import check_known_options
+    from torch_tensorrt_dist.errors import ConfigError
+
+    known = {"use_fp32_acc", "workspace_size", "min_block_size"}
+    check_known_options({"use_fp32_acc": True}, known, "torch_tensorrt_options key")
+    with pytest.raises(ConfigError) as info:
+        check_known_options({"enabled_precisions": {1}}, known, "torch_tensorrt_options key")
+    assert "unknown torch_tensorrt_options key 'enabled_precisions'" in str(info.value)
+    assert "(known: min_block_size, use_fp32_acc, workspace_size)" in str(info.value)
+    with pytest.raises(ConfigError, match="did you mean 'use_fp32_acc'"):
+        check_known_options({"use_fp32acc": True}, known, "torch_tensorrt_options key")

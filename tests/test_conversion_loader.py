@@ -252,3 +252,60 @@ def test_missing_mpi_dependency_gets_the_mpi_hint(tmp_path: Path) -> None:
     (tmp_path / "libmpi_stub.so").unlink()
     with pytest.raises(EngineUnavailableError, match="It needs MPI: install Open MPI"):
         PluginLoader(preload_nccl=False).load(str(lib), env={})
+
+
+def _linked_to_nvinfer(root: Path, major: int) -> Path:
+    """A plugin-like library whose DT_NEEDED names libnvinfer.so.<major> (a stub built here)."""
+    folder = root / f"trt{major}"
+    folder.mkdir()
+    (folder / "stub.c").write_text("int nvinfer_stub(void) { return 0; }\n")
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", f"-Wl,-soname,libnvinfer.so.{major}",
+         "-o", str(folder / "libnvinfer.so"), str(folder / "stub.c")],
+        check=True,
+    )  # fmt: skip
+    (folder / "plugin.c").write_text(textwrap.dedent(SOURCES["ok"]))
+    lib = folder / LIB_NAME
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", str(lib), str(folder / "plugin.c"),
+         "-Wl,--no-as-needed", f"-L{folder}", "-lnvinfer"],
+        check=True,
+    )  # fmt: skip
+    return lib
+
+
+def test_elf_reader_lists_what_readelf_lists(tmp_path: Path) -> None:
+    from torch_tensorrt_dist.conversion.elf import ElfError, needed_libraries, nvinfer_major
+
+    lib = _linked_to_nvinfer(tmp_path, 10)
+    needed = needed_libraries(lib)
+    assert "libnvinfer.so.10" in needed and nvinfer_major(needed) == 10
+    if shutil.which("readelf"):
+        for path in (lib, Path(ctypes.__file__).parent.parent / "lib-dynload"):
+            files = [path] if path.is_file() else sorted(path.glob("_ctypes*.so"))[:1]
+            for file in files:
+                out = subprocess.run(["readelf", "-d", str(file)], capture_output=True, text=True)
+                lines = out.stdout.splitlines()
+                ref = [ln.split("[")[1].split("]")[0] for ln in lines if "(NEEDED)" in ln]
+                assert needed_libraries(file) == ref
+    (tmp_path / "text.so").write_text("not a library")
+    with pytest.raises(ElfError, match="not an ELF file"):
+        needed_libraries(tmp_path / "text.so")
+
+
+def test_a_plugin_library_built_for_another_tensorrt_is_refused_before_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch_tensorrt_dist.conversion import plugin_loader
+
+    lib = _linked_to_nvinfer(tmp_path, 10)
+    assert plugin_loader.tensorrt_abi_mismatch(str(lib), 10) is None
+    reason = plugin_loader.tensorrt_abi_mismatch(str(lib), 11)
+    assert reason is not None and "built for TensorRT 10" in reason
+    assert "this process runs TensorRT 11" in reason
+    # the loader reads the running TensorRT's major; here we say it is 11
+    monkeypatch.setattr(plugin_loader, "loaded_tensorrt_major", lambda: 11)
+    with pytest.raises(EngineUnavailableError, match="built for TensorRT 10") as info:
+        PluginLoader(preload_nccl=False).load(str(lib), env={})
+    assert str(lib) in str(info.value)
+    assert not any(str(lib) in line for line in Path("/proc/self/maps").read_text().splitlines())

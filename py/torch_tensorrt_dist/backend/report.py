@@ -74,6 +74,7 @@ def _tensorrt_decisions(gm: fx.GraphModule) -> dict[fx.Node, dict[str, str | Non
 
     Native layers share the one communicator the engine binds (its most used group).
     """
+    from torch_tensorrt_dist.conversion.availability import native_members
     from torch_tensorrt_dist.conversion.engine import engine_group
     from torch_tensorrt_dist.conversion.node_args import collective_calls, node_decision
 
@@ -84,7 +85,8 @@ def _tensorrt_decisions(gm: fx.GraphModule) -> dict[fx.Node, dict[str, str | Non
         if node.op == "call_function" and node.target in _OP_NAMES:
             decisions[node] = {}
             for impl, ranks in (("native", comm), ("plugin", None)):
-                ok, reason = node_decision(node, impl, comm_ranks=ranks)
+                members = native_members() if impl == "native" else None
+                ok, reason = node_decision(node, impl, comm_ranks=ranks, native_members=members)
                 decisions[node][impl] = None if ok else reason
     return decisions
 

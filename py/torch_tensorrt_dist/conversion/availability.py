@@ -23,6 +23,7 @@ __all__ = [
     "bound_communicator_ranks",
     "collective_settings",
     "current_impl",
+    "native_members",
     "native_missing",
     "plugin_missing",
     "plugin_path_setting",
@@ -108,6 +109,24 @@ def require_tensorrt_engine() -> None:
     problem = tensorrt_engine_missing()
     if problem is not None:
         raise EngineUnavailableError(problem)
+
+
+@functools.lru_cache(maxsize=1)
+def native_members() -> frozenset[str] | None:
+    """``CollectiveOperation.X`` / ``ReduceOperation.X`` members the installed TensorRT has
+    (ALL_TO_ALL only from 11.0); None where TensorRT cannot be imported (nothing to check)."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return None
+    try:
+        import tensorrt as trt
+    except Exception:
+        return None
+    members: set[str] = set()
+    for enum in ("CollectiveOperation", "ReduceOperation"):
+        values = getattr(trt, enum, None)
+        if values is not None:
+            members.update(f"{enum}.{m}" for m in dir(values) if m.isupper())
+    return frozenset(members)
 
 
 @functools.lru_cache(maxsize=1)

@@ -143,6 +143,7 @@ def conversion_decision(
     input_split_sizes: Sequence[int] | None = None,
     dim0: int | None = None,
     comm_ranks: Sequence[int] | None = None,
+    native_members: frozenset[str] | None = None,
 ) -> Decision:
     """Would this collective become a TensorRT layer with ``impl``? ``(convertible, reason)``.
 
@@ -152,7 +153,9 @@ def conversion_decision(
     ``reduce_op`` None means "sum"; split sizes None or empty mean even splits.
     ``dim0`` is the input's dim 0 when known. ``comm_ranks`` are the global ranks of the NCCL
     communicator the engine binds for native layers (Torch-TensorRT binds one per engine);
-    None means the op's own group.
+    None means the op's own group. ``native_members`` are the ``CollectiveOperation.X`` /
+    ``ReduceOperation.X`` members the installed TensorRT has (``availability.native_members``;
+    None: not checked), so a member a release lacks is refused by name, never by version.
     """
     row = COLLECTIVES.get(op)
     if row is None:
@@ -190,6 +193,7 @@ def conversion_decision(
             comm_ranks,
             output_split_sizes,
             input_split_sizes,
+            native_members,
         )
     if impl == "plugin":
         return _plugin_decision(op, torch_dtype, ranks, reduce_name, dim0)
@@ -211,9 +215,18 @@ def _native_decision(
     comm_ranks: Sequence[int] | None,
     outs: Sequence[int] | None,
     ins: Sequence[int] | None,
+    members: frozenset[str] | None = None,
 ) -> Decision:
     row = COLLECTIVES[op]
     n = len(ranks)
+    if members is not None:
+        wanted = [f"CollectiveOperation.{row.native_operation}"]
+        if reduce_name is not None and reduce_name in NATIVE_REDUCE_OPERATION:
+            wanted.append(f"ReduceOperation.{NATIVE_REDUCE_OPERATION[reduce_name]}")
+        lacking = [m for m in wanted if m not in members]
+        if lacking:
+            since = " (ALL_TO_ALL arrives in TensorRT 11.0)" if "ALL_TO_ALL" in lacking[0] else ""
+            return Decision(False, f"the installed TensorRT has no {lacking[0]}{since}")
     if dtype not in NATIVE_DTYPES:
         names = ", ".join(sorted(dtype_name(d) for d in NATIVE_DTYPES))
         return Decision(

@@ -21,6 +21,7 @@ from torch import fx
 from torch_tensorrt_dist.conversion.availability import (
     bound_communicator_ranks,
     current_impl,
+    native_members,
     plugin_path_setting,
 )
 from torch_tensorrt_dist.conversion.dtypes import TRT_DATA_TYPE
@@ -69,7 +70,8 @@ def make_validator(impl: str) -> Callable[..., bool]:
         if choice.impl != impl:
             return False
         comm = bound_communicator_ranks() if impl == "native" else None
-        ok, reason = node_decision(node, impl, comm_ranks=comm)
+        members = native_members() if impl == "native" else None
+        ok, reason = node_decision(node, impl, comm_ranks=comm, native_members=members)
         if ok and impl == "plugin":
             try:
                 check_plugin_world([call.group_ranks])
@@ -157,6 +159,7 @@ def emit_collective(
             call.reduce_op,
             call.src,
             comm_ranks=bound_communicator_ranks(),
+            native_members=native_members(),
         )
         layer = _native_layer(trt, ctx, x, spec, name)
     else:

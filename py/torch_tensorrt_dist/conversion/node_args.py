@@ -106,7 +106,12 @@ def collective_calls(gm: fx.GraphModule) -> list[CollectiveCall]:
     return out
 
 
-def node_decision(node: fx.Node, impl: str, comm_ranks: Sequence[int] | None = None) -> Decision:
+def node_decision(
+    node: fx.Node,
+    impl: str,
+    comm_ranks: Sequence[int] | None = None,
+    native_members: frozenset[str] | None = None,
+) -> Decision:
     """:func:`conversion_decision` for one FX node (what the capability validators call)."""
     row = row_of(node.target) if node.op == "call_function" else None
     if row is None:
@@ -128,4 +133,5 @@ def node_decision(node: fx.Node, impl: str, comm_ranks: Sequence[int] | None = N
         input_split_sizes=call.input_split_sizes,
         dim0=call.dim0,
         comm_ranks=comm_ranks,
+        native_members=native_members,
     )

@@ -20,6 +20,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from struct import error as struct_error
 from typing import Any
 
 from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError
@@ -32,7 +33,9 @@ __all__ = [
     "LoadedPlugins",
     "PluginLoader",
     "load_trtllm_plugins",
+    "loaded_tensorrt_major",
     "plugin_candidates",
+    "tensorrt_abi_mismatch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -151,6 +154,9 @@ class PluginLoader:
                 )
             if cand.note == "no such file":
                 continue
+            mismatch = tensorrt_abi_mismatch(_resolve(cand.path), loaded_tensorrt_major())
+            if mismatch:
+                raise EngineUnavailableError(f"{cand.path} ({cand.found_by}): {mismatch}")
             try:
                 handle = _open(cand.path)
             except OSError as exc:
@@ -161,10 +167,75 @@ class PluginLoader:
                     f"{cand.path} ({cand.found_by}) could not be loaded: {exc}. "
                     + _load_hint(str(exc))
                 ) from exc
-            return LoadedPlugins(cand.path, cand.found_by, _initialise(handle, cand))
+            handle = _initialise(handle, cand)
+            _check_registry(cand)
+            return LoadedPlugins(cand.path, cand.found_by, handle)
         raise EngineUnavailableError(
             f"{LIB_NAME} (the TensorRT-LLM NCCL plugins) was not found. Searched:\n"
             f"{_looked(cands, failures)}\nTo fix: {_INSTALL}"
+        )
+
+
+def loaded_tensorrt_major() -> int | None:
+    """The major version of the TensorRT this process runs (None where it cannot import)."""
+    try:
+        import tensorrt as trt
+    except Exception:  # not installed or not loadable: nothing to compare against
+        return None
+    try:
+        return int(str(trt.__version__).split(".")[0])
+    except ValueError:
+        return None
+
+
+def _resolve(path: str) -> str | None:
+    """The file the dynamic loader would open for ``path`` (a bare name: LD_LIBRARY_PATH)."""
+    if os.sep in path:
+        return path if os.path.isfile(path) else None
+    for folder in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
+        candidate = os.path.join(folder, path)
+        if folder and os.path.isfile(candidate):
+            return candidate
+    return None  # found through ld.so.cache, if at all: the registry check still applies
+
+
+def tensorrt_abi_mismatch(path: str | None, tensorrt_major: int | None) -> str | None:
+    """Why the plugin library at ``path`` cannot load beside TensorRT ``tensorrt_major`` (its
+    ``DT_NEEDED`` names another ``libnvinfer.so.N``), or None."""
+    if path is None or tensorrt_major is None:
+        return None
+    from torch_tensorrt_dist.conversion.elf import ElfError, needed_libraries, nvinfer_major
+
+    try:
+        built_for = nvinfer_major(needed_libraries(path))
+    except (OSError, ElfError, struct_error) as exc:
+        return f"is not a readable shared library ({exc})"
+    if built_for is not None and built_for != tensorrt_major:
+        return (
+            f"is built for TensorRT {built_for} (it links libnvinfer.so.{built_for}), but this "
+            f"process runs TensorRT {tensorrt_major}; loading it would map a second TensorRT. "
+            f"Install the TensorRT-LLM release built for TensorRT {tensorrt_major}, or use "
+            "collective_impl='native' (or our own plugins, see docs/conversion.md)"
+        )
+    return None
+
+
+def _check_registry(cand: Candidate) -> None:
+    """The plugins must be in *this* TensorRT's registry, or no layer can be built from them
+    (where TensorRT cannot be imported there is no registry to check, nor anything to build)."""
+    try:
+        import tensorrt as trt
+    except Exception:
+        return
+
+    registry = trt.get_plugin_registry()
+    get = getattr(registry, "get_creator", None) or registry.get_plugin_creator
+    if get("AllReduce", "1", _NAMESPACE.decode()) is None:
+        raise EngineUnavailableError(
+            f"{INIT_SYMBOL} in {cand.path} ({cand.found_by}) succeeded, but this TensorRT "
+            f"{trt.__version__}'s plugin registry has no tensorrt_llm::AllReduce v1 creator: "
+            "the library registered into another TensorRT. Use a TensorRT-LLM built for the "
+            "installed TensorRT"
         )
 
 

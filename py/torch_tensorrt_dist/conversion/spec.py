@@ -116,6 +116,7 @@ def native_collective_spec(
     root: int | None = None,
     *,
     comm_ranks: Sequence[int] | None = None,
+    native_members: frozenset[str] | None = None,
 ) -> NativeCollectiveSpec:
     """The ``add_dist_collective`` arguments for ``op`` over the global ``group_ranks``.
 
@@ -135,6 +136,7 @@ def native_collective_spec(
             reduce_op=reduce_op,
             src=root,
             comm_ranks=comm_ranks,
+            native_members=native_members,
         ),
     )
     row = COLLECTIVES[op]
