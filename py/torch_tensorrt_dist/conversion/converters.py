@@ -180,14 +180,27 @@ def _converter(impl: str) -> Callable[..., Any]:
 
 
 def register_converters() -> None:
-    """Register both implementations of every typed collective with Torch-TensorRT."""
+    """Register both implementations of every typed collective with Torch-TensorRT, and the
+    in-place KV-cache write (``kv_cache.py``)."""
+    import torch
     from torch_tensorrt.dynamo.conversion._ConverterRegistry import (
         ConverterPriority,
         dynamo_tensorrt_converter,
     )
 
+    from torch_tensorrt_dist.conversion.kv_cache import (
+        convert_kv_cache_write,
+        kv_cache_write_validator,
+    )
     from torch_tensorrt_dist.ops.collectives import COLLECTIVE_OPS
 
+    # before Torch-TensorRT's own index_copy converters (batch 1 only): any batch
+    dynamo_tensorrt_converter(
+        torch.ops.aten.index_copy.default,
+        capability_validator=kv_cache_write_validator,
+        priority=ConverterPriority.HIGH,
+        supports_dynamic_shapes=False,
+    )(convert_kv_cache_write)
     for overload in COLLECTIVE_OPS.values():
         for impl in IMPLS:
             dynamo_tensorrt_converter(
