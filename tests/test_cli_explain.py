@@ -82,6 +82,9 @@ def test_llama_decode_step_has_two_all_reduces_per_layer() -> None:
     [writes] = report["input_writes"]
     assert writes["in_place"] == 6 and writes["copied_back"] == 0
     assert writes["copied_back_bytes"] == 0 and writes["in_place_bytes"] > 0
+    # which TensorRT implementation this machine would use, and why: none here
+    assert report["tensorrt_impl"]["impl"] is None
+    assert "TensorRT is not installed" in report["tensorrt_impl"]["reason"]
 
 
 def test_llama_replicated_embedding_and_head_have_only_the_layers_all_reduces() -> None:

@@ -35,6 +35,8 @@ class ExplainReport:
     graphs: list[GraphReport] = field(default_factory=list)
     rank: int | None = None
     world_size: int | None = None
+    #: the TensorRT collective implementation this process would use, and why (or why none)
+    tensorrt_impl: tuple[str | None, str] = (None, "")
 
     @property
     def unfused(self) -> list[tuple[str, str]]:
@@ -53,6 +55,7 @@ class ExplainReport:
             "collectives": [c.as_dict() for c in self.collectives],
             "unfused": [list(u) for u in self.unfused],
             "total_bytes": self.total_bytes,
+            "tensorrt_impl": {"impl": self.tensorrt_impl[0], "reason": self.tensorrt_impl[1]},
             "input_writes": [
                 {
                     "graph": g.index,
@@ -75,6 +78,9 @@ class ExplainReport:
             f"  graphs: {self.graph_count}   graph breaks: {len(self.graph_breaks)}   "
             f"collectives: {len(self.collectives)}   bytes sent: {self.total_bytes:,}",
         ]
+        if self.collectives and self.tensorrt_impl[1]:
+            impl, reason = self.tensorrt_impl
+            lines.append(f"  TensorRT collectives here: {impl or 'none'} ({reason})")
         lines += [f"  break: {reason}" for reason in self.graph_breaks]
         for g in self.graphs:
             if g.input_writes:
@@ -154,7 +160,11 @@ def explain(
     rank = world_size = None
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    from torch_tensorrt_dist.conversion.availability import current_impl
+
+    choice = current_impl()
     return ExplainReport(
+        tensorrt_impl=(choice.impl, choice.reason),
         graph_count=len(graphs),
         graph_breaks=breaks,
         collectives=[c for g in graphs for c in g.collectives],

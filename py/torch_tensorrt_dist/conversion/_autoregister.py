@@ -4,8 +4,9 @@
 load (no libnvinfer: a bare ``Exception``; no GPU: ``torch.cuda.get_device_capability()`` at its
 import, which also creates a CUDA context on GPU 0 in every rank) our import, the inductor and
 eager engines, the CLI and the launcher must still work. Instead an import hook waits for
-``torch_tensorrt``: the user's ``import torch_tensorrt``, Dynamo resolving
-``backend="torch_tensorrt"``, or our ``engine="tensorrt"``. Right after its package finishes
+``torch_tensorrt``: the user's ``import torch_tensorrt`` (which ``backend="torch_tensorrt"``
+needs: Torch-TensorRT registers that backend when imported, it declares no entry point) or our
+``engine="tensorrt"``. Right after its package finishes
 importing, our lowering pass and converters are registered with it, so
 ``torch.compile(model, backend="torch_tensorrt")`` after ``import torch_tensorrt_dist`` still
 takes sharded models. If Torch-TensorRT is already imported, registration happens now.
