@@ -13,7 +13,7 @@ from torch_tensorrt_dist.errors import ConfigError
 __all__ = ["COLLECTIVE_IMPLS", "ENGINES", "ENV_COLLECTIVE_IMPL", "CompileSettings"]
 
 ENGINES = ("tensorrt", "inductor", "eager")
-COLLECTIVE_IMPLS = ("auto", "native", "plugin")
+COLLECTIVE_IMPLS = ("auto", "native", "plugin", "torch_nccl")
 #: overrides ``collective_impl`` when set (the settings value wins if given explicitly)
 ENV_COLLECTIVE_IMPL = "TORCH_TENSORRT_DIST_COLLECTIVE_IMPL"
 
@@ -27,7 +27,8 @@ class CompileSettings:
     #: ``eager`` (the lowered FX graph as is: the reference)
     engine: str = "tensorrt"
     #: TensorRT collective layers: ``native`` DistCollective (TensorRT >= 10.16), ``plugin``
-    #: (TensorRT-LLM NCCL plugins, needs an MPI launch) or ``auto`` (native where available)
+    #: (TensorRT-LLM NCCL plugins, needs an MPI launch), ``torch_nccl`` (our plugins, csrc/, on
+    #: torch's NCCL communicators) or ``auto`` (native, then torch_nccl, then plugin)
     collective_impl: str = "auto"
     #: explicit path of ``libnvinfer_plugin_tensorrt_llm.so`` (else searched)
     plugin_path: str | None = None
