@@ -37,6 +37,8 @@ using Register = int32_t (*)(int32_t const*, int32_t, void*);
 using Unregister = int32_t (*)(int32_t const*, int32_t);
 using Find = void* (*) (int32_t const*, int32_t);
 using Count = int32_t (*)();
+using SetNccl = int32_t (*)(char const*);
+using NcclVersion = int32_t (*)();
 using RunPlugin = int32_t (*)(int32_t, int32_t const*, int32_t, int32_t, int32_t, int32_t, int64_t const*, int32_t,
     void const*, void*, void*);
 
@@ -360,6 +362,28 @@ int main(int argc, char** argv)
     CHECK(status != 0, "enqueue without a communicator returns non-zero");
     CHECK(std::string(lastError()).find("no NCCL communicator is registered for group [3, 5]") != std::string::npos,
         std::string("error names the group, got: ") + lastError());
+
+    // ---- NCCL resolved at run time from an explicit path (argv[2]): ncclGetVersion, no GPU ---
+    auto setNccl = reinterpret_cast<SetNccl>(dlsym(lib, "ttd_set_nccl_library"));
+    auto ncclVersion = reinterpret_cast<NcclVersion>(dlsym(lib, "ttd_nccl_version"));
+    CHECK(setNccl && ncclVersion, "NCCL exports");
+    if (setNccl && ncclVersion)
+    {
+        CHECK(setNccl("/nonexistent/libnccl.so.2") != 0, "a missing NCCL is refused");
+        CHECK(std::string(lastError()).find("cannot open NCCL: tried /nonexistent/libnccl.so.2") != std::string::npos,
+            std::string("missing NCCL message, got: ") + lastError());
+        if (argc > 2)
+        {
+            CHECK(setNccl(argv[2]) == 0, std::string("use ") + argv[2] + ": " + lastError());
+            int32_t const version = ncclVersion();
+            CHECK(version >= 20700, "ncclGetVersion >= 2.7.0, got " + std::to_string(version));
+            std::printf("NCCL %d from %s\n", version, argv[2]);
+        }
+        else
+        {
+            std::printf("no libnccl.so.2 given: ncclGetVersion not checked\n");
+        }
+    }
 
     std::printf("%s: %d failure(s)\n", gFailures ? "FAILED" : "OK", gFailures);
     return gFailures ? 1 : 0;

@@ -138,6 +138,12 @@ def build_commands(
         generator = "Ninja" if shutil.which("ninja") else "Unix Makefiles"
     configure = ["cmake", "-S", source, "-B", build_dir, "-G", generator]
     configure += [f"-D{var}={path}" for var, path in sorted(include_dirs.items())]
+    if test:
+        from torch_tensorrt_dist.conversion.nccl_library import find_torch_nccl
+
+        nccl = find_torch_nccl()  # for the host test's ncclGetVersion (never linked)
+        if nccl:
+            configure.append(f"-DNCCL_LIBRARY={nccl}")
     configure += [
         f"-DTORCHTRT_DIST_WERROR={'ON' if werror else 'OFF'}",
         f"-DTORCHTRT_DIST_TESTS={'ON' if test else 'OFF'}",

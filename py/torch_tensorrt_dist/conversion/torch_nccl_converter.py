@@ -64,11 +64,23 @@ def prepare_torch_nccl(calls: Sequence[CollectiveCall]) -> list[tuple[int, ...]]
     return done
 
 
+def _ensure_communicator(call: CollectiveCall) -> None:
+    """Register the group's communicator if nothing has (``backend="torch_tensorrt"`` has no
+    ``prepare_torch_nccl`` step); every rank of the group converts this layer, so the
+    registering all_reduce is matched."""
+    if load_torch_nccl_plugins().lookup(call.group_ranks) is None:
+        from torch_tensorrt_dist.conversion.torch_nccl_comms import register_communicator
+        from torch_tensorrt_dist.ops.groups import resolve_group
+
+        register_communicator(resolve_group(call.group_name))
+
+
 def torch_nccl_layer(
     trt: Any, ctx: Any, x: Any, call: CollectiveCall, dtype: Any, name: str
 ) -> Any:
     """Add our plugin layer for ``call`` on the ITensor ``x`` (``dtype``: its torch dtype)."""
     load_into_tensorrt(trt)
+    _ensure_communicator(call)
     spec = torch_nccl_plugin_spec(
         call.op, dtype, call.group_ranks, call.reduce_op, call.src, dim0=call.dim0
     )
