@@ -155,13 +155,124 @@ DynamicPluginTensorDesc tensorDesc(DataType type, TensorFormat format, std::vect
     return desc;
 }
 
+// ---- how enqueue drives NCCL, through the recording stand-in (csrc/tests/nccl_recorder.cpp) ----
+using RecCount = int (*)();
+using RecCall = int (*)(int, char*, void const**, void**, size_t*, int*, int*, int*);
+using RecReset = void (*)(int);
+
+struct Recorded
+{
+    std::string fn;
+    void const* send;
+    void* recv;
+    size_t count;
+    int type;
+    int op;
+    int peer;
+};
+
+void checkNcclCalls(void* lib, char const* recorderPath, Register reg, Unregister unreg, RunPlugin runPlugin,
+    LastError lastError)
+{
+    auto setNccl = reinterpret_cast<int32_t (*)(char const*)>(dlsym(lib, "ttd_set_nccl_library"));
+    void* rec = dlopen(recorderPath, RTLD_NOW | RTLD_LOCAL); // the handle the library opens too
+    auto recCount = rec ? reinterpret_cast<RecCount>(dlsym(rec, "recorder_call_count")) : nullptr;
+    auto recCall = rec ? reinterpret_cast<RecCall>(dlsym(rec, "recorder_call")) : nullptr;
+    auto recReset = rec ? reinterpret_cast<RecReset>(dlsym(rec, "recorder_reset")) : nullptr;
+    CHECK(recCount && recCall && recReset, "recorder exports");
+    if (!recCount || !recCall || !recReset)
+        return;
+    CHECK(setNccl(recorderPath) == 0, std::string("use the recorder: ") + lastError());
+    auto calls = [&]() {
+        std::vector<Recorded> out;
+        for (int i = 0; i < recCount(); ++i)
+        {
+            char fn[16] = {};
+            Recorded r{};
+            recCall(i, fn, &r.send, &r.recv, &r.count, &r.type, &r.op, &r.peer);
+            r.fn = fn;
+            out.push_back(r);
+        }
+        return out;
+    };
+    int nranks = 4; // the stand-in communicator: a pointer to the rank count
+    int32_t const group[] = {0, 2, 4, 6};
+    CHECK(reg(group, 4, &nranks) == 0, "register the stand-in communicator");
+    int64_t const dims[] = {8, 3}; // 24 elements
+    alignas(8) static char input[24 * 8];
+    alignas(8) static char output[96 * 8];
+    auto run = [&](int32_t op, DataType type, int32_t reduceOp, int32_t root) {
+        recReset(23007);
+        return runPlugin(op, group, 4, static_cast<int32_t>(type), reduceOp, root, dims, 2, input, output, nullptr);
+    };
+
+    CHECK(run(0, DataType::kHALF, 2, 0) == 0, std::string("all_reduce: ") + lastError());
+    auto c = calls();
+    CHECK(c.size() == 1 && c[0].fn == "allReduce" && c[0].count == 24 && c[0].type == 6 && c[0].op == 2
+            && c[0].send == input && c[0].recv == output,
+        "all_reduce fp16 max -> ncclAllReduce(in, out, 24, ncclFloat16, ncclMax)");
+
+    CHECK(run(1, DataType::kBF16, 0, 0) == 0, "all_gather");
+    c = calls();
+    CHECK(c.size() == 1 && c[0].fn == "allGather" && c[0].count == 24 && c[0].type == 9,
+        "all_gather bf16 -> ncclAllGather(sendcount 24, ncclBfloat16)");
+
+    CHECK(run(2, DataType::kINT32, 3, 0) == 0, "reduce_scatter");
+    c = calls();
+    CHECK(c.size() == 1 && c[0].fn == "reduceScatter" && c[0].count == 6 && c[0].type == 2 && c[0].op == 3,
+        "reduce_scatter int32 min over 4 -> ncclReduceScatter(recvcount 6, ncclInt32, ncclMin)");
+
+    CHECK(run(4, DataType::kINT64, 0, 3) == 0, "broadcast");
+    c = calls();
+    CHECK(c.size() == 1 && c[0].fn == "broadcast" && c[0].count == 24 && c[0].type == 4 && c[0].peer == 3,
+        "broadcast int64 root 3 -> ncclBroadcast(24, ncclInt64, root 3)");
+
+    CHECK(run(3, DataType::kFLOAT, 0, 0) == 0, "all_to_all");
+    c = calls();
+    bool a2a = c.size() == 10 && c.front().fn == "groupStart" && c.back().fn == "groupEnd";
+    for (int peer = 0; a2a && peer < 4; ++peer)
+    {
+        Recorded const& s = c[static_cast<size_t>(1 + 2 * peer)];
+        Recorded const& r = c[static_cast<size_t>(2 + 2 * peer)];
+        a2a = s.fn == "send" && r.fn == "recv" && s.peer == peer && r.peer == peer && s.count == 6 && r.count == 6
+            && s.type == 7 && s.send == input + peer * 24 && r.recv == output + peer * 24;
+    }
+    CHECK(a2a, "all_to_all fp32 over 4 -> one NCCL group of send/recv of 6 floats per peer at peer * 24 bytes");
+
+    int const types[][2] = {{static_cast<int>(DataType::kINT8), 0}, {static_cast<int>(DataType::kUINT8), 1},
+        {static_cast<int>(DataType::kFP8), 10}};
+    for (auto const& pair : types)
+    {
+        CHECK(run(1, static_cast<DataType>(pair[0]), 0, 0) == 0 && calls().size() == 1 && calls()[0].type == pair[1],
+            "NCCL type of type_id " + std::to_string(pair[0]));
+    }
+    recReset(22300); // NCCL 2.23: no fp8 (the version is read when NCCL is resolved)
+    CHECK(setNccl(recorderPath) == 0, "re-resolve the recorder as NCCL 2.23");
+    CHECK(runPlugin(1, group, 4, static_cast<int32_t>(DataType::kFP8), 0, 0, dims, 2, input, output, nullptr) == 3
+            && std::string(lastError()).find("fp8 needs NCCL >= 2.24") != std::string::npos && calls().empty(),
+        "fp8 on NCCL 2.23 refused before any NCCL call");
+    recReset(23007);
+    CHECK(setNccl(recorderPath) == 0, "re-resolve the recorder as NCCL 2.30");
+
+    nranks = 2; // a communicator of another size registered for this group
+    CHECK(run(0, DataType::kFLOAT, 0, 0) == 4 && calls().empty(), "a 2-rank communicator for a 4-rank group fails");
+    CHECK(std::string(lastError()).find("has 2 ranks") != std::string::npos, "wrong-size message");
+
+    int64_t const odd[] = {6, 3};
+    recReset(23007);
+    CHECK(runPlugin(2, group, 4, 0, 0, 0, odd, 2, input, output, nullptr) != 0 && calls().empty(),
+        "reduce_scatter of 6 rows over 4 ranks fails before NCCL");
+    CHECK(unreg(group, 4) == 1, "unregister the stand-in communicator");
+}
+
 } // namespace
 
 int main(int argc, char** argv)
 {
     if (argc < 2)
     {
-        std::fprintf(stderr, "usage: plugin_host_test <path of libtorchtrt_dist_plugins.so>\n");
+        std::fprintf(stderr,
+            "usage: plugin_host_test <libtorchtrt_dist_plugins.so> [<libnccl_recorder.so> [<libnccl.so.2>]]\n");
         return 2;
     }
     void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -363,7 +474,8 @@ int main(int argc, char** argv)
     CHECK(std::string(lastError()).find("no NCCL communicator is registered for group [3, 5]") != std::string::npos,
         std::string("error names the group, got: ") + lastError());
 
-    // ---- NCCL resolved at run time from an explicit path (argv[2]): ncclGetVersion, no GPU ---
+    // ---- NCCL resolved at run time from explicit paths: the recording stand-in (argv[2]), then
+    // the real libnccl.so.2 (argv[3]): ncclGetVersion needs no GPU ----------------------------
     auto setNccl = reinterpret_cast<SetNccl>(dlsym(lib, "ttd_set_nccl_library"));
     auto ncclVersion = reinterpret_cast<NcclVersion>(dlsym(lib, "ttd_nccl_version"));
     CHECK(setNccl && ncclVersion, "NCCL exports");
@@ -374,10 +486,14 @@ int main(int argc, char** argv)
             std::string("missing NCCL message, got: ") + lastError());
         if (argc > 2)
         {
-            CHECK(setNccl(argv[2]) == 0, std::string("use ") + argv[2] + ": " + lastError());
+            checkNcclCalls(lib, argv[2], reg, unreg, runPlugin, lastError);
+        }
+        if (argc > 3)
+        {
+            CHECK(setNccl(argv[3]) == 0, std::string("use ") + argv[3] + ": " + lastError());
             int32_t const version = ncclVersion();
             CHECK(version >= 20700, "ncclGetVersion >= 2.7.0, got " + std::to_string(version));
-            std::printf("NCCL %d from %s\n", version, argv[2]);
+            std::printf("NCCL %d from %s\n", version, argv[3]);
         }
         else
         {
