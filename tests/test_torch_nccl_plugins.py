@@ -229,3 +229,25 @@ def test_enqueue_without_communicator_fails_naming_the_group() -> None:
         assert "no NCCL communicator is registered for group [5, 1]" in lib.last_error()
     assert lib.run_plugin("all_gather", [0, 1], 4, [4], 0x10, 0x20, 0) == -1  # kBOOL
     assert "type_id 4 is not one of" in lib.last_error()
+
+
+def test_register_communicator_refuses_a_group_without_nccl() -> None:
+    import torch.distributed as dist
+
+    from torch_tensorrt_dist.backend.fake_world import fake_world
+    from torch_tensorrt_dist.conversion.torch_nccl_comms import (
+        register_communicator,
+        registered_communicators,
+        unregister_communicator,
+    )
+    from torch_tensorrt_dist.errors import DistributedSetupError
+
+    with fake_world(1, 4):
+        group = dist.new_group([1, 3])
+        with pytest.raises(DistributedSetupError, match=r"ranks \[1, 3\] uses backend 'fake'"):
+            register_communicator(group)
+        blocked = pytest.raises(DistributedSetupError, match="backend='nccl'")
+        with blocked, registered_communicators([group]):
+            pass
+        assert unregister_communicator(group) is False  # never registered
+        assert unregister_communicator([1, 3]) is False
