@@ -214,7 +214,8 @@ int32_t CollectivePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTenso
     {
         setLastError(opLabel(mConfig) + ": no NCCL communicator is registered for group "
             + describeGroup(mConfig.group)
-            + "; register it from Python (torch_nccl_plugins.register_communicator(group)) before the engine runs");
+            + "; call torch_tensorrt_dist.conversion.register_communicator(group) on every rank of the "
+              "group before the engine runs");
         return 1;
     }
     std::string error;

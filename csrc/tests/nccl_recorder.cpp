@@ -90,7 +90,8 @@ EXPORT ncclResult_t ncclAllReduce(
     return record("allReduce", send, recv, count, type, static_cast<int>(op), -1);
 }
 
-EXPORT ncclResult_t ncclAllGather(void const* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t, cudaStream_t)
+EXPORT ncclResult_t ncclAllGather(
+    void const* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t, cudaStream_t)
 {
     return record("allGather", send, recv, count, type, -1, -1);
 }

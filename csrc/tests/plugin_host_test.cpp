@@ -323,7 +323,8 @@ int main(int argc, char** argv)
     {
         Fields fields;
         fields.reduceOp = 2; // max
-        std::unique_ptr<IPluginV3> plugin(v3[i]->createPlugin("layer", fields.forCreator(v3[i]), TensorRTPhase::kBUILD));
+        std::unique_ptr<IPluginV3> plugin(
+            v3[i]->createPlugin("layer", fields.forCreator(v3[i]), TensorRTPhase::kBUILD));
         CHECK(plugin != nullptr, std::string("create ") + names[i] + ": " + lastError());
         if (!plugin)
             continue;
