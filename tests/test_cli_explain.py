@@ -113,3 +113,33 @@ def test_pipeline_explain_shows_stage_collectives_and_transfers() -> None:
     assert out.count("tok_embeddings") == 1
     assert "send     6  hidden" in out  # to TP rank 2 of stage 1
     assert "recv     6  token" in out
+
+
+def test_llama_with_torch_nccl_selected_names_it_for_every_collective() -> None:
+    proc = _run(
+        "explain", "--model", "llama", "--world-size", "8", "--tp", "4", "--rank", "5",
+        "--layers", "1", "--collective-impl", "torch_nccl",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if "[4, 5, 6, 7]" in line]
+    assert len(rows) == 4  # embedding, attention, feed-forward, head gather
+    assert all("torch_nccl" in row for row in rows)
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert summary.startswith("TensorRT collectives (collective_impl=torch_nccl): torch_nccl")
+    assert "layers for 4 of 4 collectives" in summary
+
+
+def test_impl_summary_counts_what_the_implementation_takes() -> None:
+    from types import SimpleNamespace
+
+    from torch_tensorrt_dist.cli.explain import impl_summary
+    from torch_tensorrt_dist.conversion.capability import ImplChoice
+
+    a = SimpleNamespace(tensorrt={"native": None, "torch_nccl": None})
+    b = SimpleNamespace(tensorrt={"native": "two groups", "torch_nccl": None})
+    usable = impl_summary([a, b], "auto", ImplChoice("torch_nccl", "auto"))
+    assert usable.endswith("torch_nccl layers for 2 of 2 collectives (usable here)")
+    native = impl_summary([a, b], "native", ImplChoice(None, "no TensorRT"))
+    assert "native layers for 1 of 2 collectives (not usable here: no TensorRT)" in native
+    none = impl_summary([a], "auto", ImplChoice(None, "nothing installed"))
+    assert none.endswith("none usable: nothing installed")

@@ -127,6 +127,7 @@ def test_auto_here_reports_that_nothing_is_installed() -> None:
     assert not ok
     assert "native DistCollective: TensorRT is not installed" in reason
     assert "TensorRT-LLM plugins: TensorRT is not installed" in reason
+    assert "torch_nccl: TensorRT is not installed" in reason
 
 
 def test_requested_impl_reads_env_and_settings() -> None:
@@ -359,3 +360,46 @@ def test_unknown_torch_tensorrt_options_are_refused_with_the_valid_keys() -> Non
     assert "(known: min_block_size, use_fp32_acc, workspace_size)" in str(info.value)
     with pytest.raises(ConfigError, match="did you mean 'use_fp32_acc'"):
         check_known_options({"use_fp32acc": True}, known, "torch_tensorrt_options key")
+
+
+def test_select_impl_auto_order_with_torch_nccl() -> None:
+    both = {"native_missing": None, "plugin_missing": None, "torch_nccl_missing": None}
+    assert select_impl("auto", **both).impl == "native"  # one group: native takes it all
+    split = select_impl("auto", **both, native_takes_all=False)
+    assert split.impl == "torch_nccl"
+    assert "more than one group" in split.reason
+    no_native = select_impl(
+        "auto", native_missing="TRT 10.14", plugin_missing=None, torch_nccl_missing=None
+    )
+    assert no_native.impl == "torch_nccl" and "TRT 10.14" in no_native.reason
+    only_plugin = select_impl(
+        "auto", native_missing="TRT 10.14", plugin_missing=None, torch_nccl_missing="not built"
+    )
+    assert only_plugin.impl == "plugin"
+    asked = select_impl("torch_nccl", native_missing=None, plugin_missing=None)
+    assert asked.impl is None  # never swapped for another implementation
+    assert asked.reason == "collective_impl='torch_nccl' was requested but not checked"
+    assert select_impl("torch_nccl", **both).impl == "torch_nccl"
+    assert requested_impl("auto", env={ENV_COLLECTIVE_IMPL: "torch_nccl"}) == "torch_nccl"
+
+
+@pytest.mark.parametrize(
+    ("op", "dtype", "kwargs", "ok", "text"),
+    [
+        ("all_reduce", torch.int64, {"reduce_op": "max"}, True, "all_reduce/max"),
+        ("all_reduce", torch.int32, {"reduce_op": "avg"}, False, "would round"),
+        ("all_reduce", torch.bool, {}, False, "not bool"),
+        ("all_gather", torch.float8_e4m3fn, {}, True, "all_gather"),
+        ("reduce_scatter", torch.bfloat16, {"reduce_op": "product", "dim0": 6}, False, "dim 0 (6)"),
+        ("all_to_all", torch.int8, {"dim0": 8}, True, "all_to_all"),
+        ("all_to_all", torch.int8, {"output_split_sizes": [1, 3, 2, 2]}, False, "uneven output"),
+        ("broadcast", torch.uint8, {"src": 3}, True, "broadcast"),
+        ("broadcast", torch.uint8, {"src": 4}, False, "not a rank of a group of 4"),
+    ],
+)
+def test_torch_nccl_decision(
+    op: str, dtype: torch.dtype, kwargs: dict, ok: bool, text: str
+) -> None:
+    decision = conversion_decision(op, dtype, [7, 1, 5, 3], impl="torch_nccl", **kwargs)
+    assert decision.convertible is ok
+    assert text in decision.reason

@@ -84,8 +84,8 @@ def test_report_says_which_tensorrt_layer_each_collective_would_become() -> None
         a2a = explain(swap, x)
         mlp, (y,) = BUILTIN_MODELS["mlp"][1](mesh["tp"], _args())
         ar = explain(mlp.to(torch.float16), y.to(torch.float16))
-    assert [c.converts for c in ar.collectives] == ["native+plugin"]
-    assert all(c.converts == "native" for c in a2a.collectives)
+    assert [c.converts for c in ar.collectives] == ["native+plugin+torch_nccl"]
+    assert all(c.converts == "native+torch_nccl" for c in a2a.collectives)
     reason = a2a.collectives[0].tensorrt["plugin"]
     assert reason is not None and "no all_to_all plugin" in reason
     assert "no TensorRT plugin layer: TensorRT-LLM has no all_to_all plugin" in str(a2a)

@@ -30,12 +30,13 @@ class CollectiveInfo:
     node: str = ""
     #: the module that issued it (``layers.3.attention``; ``""`` for the top-level module)
     module: str = ""
-    #: TensorRT implementation ("native", "plugin") -> None if it converts, else the reason
+    #: TensorRT implementation ("native", "plugin", "torch_nccl") -> None if it converts, else
+    #: the reason
     tensorrt: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def converts(self) -> str:
-        """``native+plugin``, ``native``, ``plugin`` or ``no``: what TensorRT can take."""
+        """``native+plugin+torch_nccl``, ``native``, ... or ``no``: what TensorRT can take."""
         ok = [impl for impl, reason in self.tensorrt.items() if reason is None]
         return "+".join(ok) if ok else "no"
 
@@ -84,7 +85,7 @@ def _tensorrt_decisions(gm: fx.GraphModule) -> dict[fx.Node, dict[str, str | Non
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _OP_NAMES:
             decisions[node] = {}
-            for impl, ranks in (("native", comm), ("plugin", None)):
+            for impl, ranks in (("native", comm), ("plugin", None), ("torch_nccl", None)):
                 members = native_members() if impl == "native" else None
                 ok, reason = node_decision(node, impl, comm_ranks=ranks, native_members=members)
                 decisions[node][impl] = None if ok else reason

@@ -29,7 +29,7 @@ def check_known_options(options: Mapping[str, Any], known: set[str], what: str) 
             raise ConfigError(f"unknown {what} {key!r}{hint} (known: {', '.join(sorted(known))})")
 
 ENGINES = ("tensorrt", "inductor", "eager")
-COLLECTIVE_IMPLS = ("auto", "native", "plugin")
+COLLECTIVE_IMPLS = ("auto", "native", "plugin", "torch_nccl")
 #: overrides ``collective_impl`` when set (the settings value wins if given explicitly)
 ENV_COLLECTIVE_IMPL = "TORCH_TENSORRT_DIST_COLLECTIVE_IMPL"
 
@@ -43,7 +43,8 @@ class CompileSettings:
     #: ``eager`` (the lowered FX graph as is: the reference)
     engine: str = "tensorrt"
     #: TensorRT collective layers: ``native`` DistCollective (TensorRT >= 10.16), ``plugin``
-    #: (TensorRT-LLM NCCL plugins, needs an MPI launch) or ``auto`` (native where available)
+    #: (TensorRT-LLM NCCL plugins, needs an MPI launch), ``torch_nccl`` (our plugins, csrc/, on
+    #: torch's NCCL communicators) or ``auto`` (native, then torch_nccl, then plugin)
     collective_impl: str = "auto"
     #: explicit path of ``libnvinfer_plugin_tensorrt_llm.so`` (else searched)
     plugin_path: str | None = None

@@ -127,7 +127,39 @@ def register(sub: Any) -> None:
     p.add_argument("--seq", type=int, default=16, help="sequence length (mlp-sp)")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--collective-impl",
+        choices=("auto", "native", "plugin", "torch_nccl"),
+        default=None,
+        help="the TensorRT collective implementation to report on (default: "
+        "$TORCH_TENSORRT_DIST_COLLECTIVE_IMPL, else auto)",
+    )
     p.set_defaults(func=run)
+
+
+def impl_summary(collectives: list[Any], requested: str, choice: Any) -> str:
+    """One line: which implementation the converters would use and how many collectives it
+    takes (``choice``: ``availability.current_impl()`` in this process)."""
+    impl = requested if requested != "auto" else choice.impl
+    if impl is None:
+        return f"TensorRT collectives (collective_impl={requested}): none usable: {choice.reason}"
+    takes = sum(1 for c in collectives if c.tensorrt.get(impl) is None)
+    here = "usable here" if choice.impl == impl else f"not usable here: {choice.reason}"
+    return (
+        f"TensorRT collectives (collective_impl={requested}): {impl} layers for {takes} of "
+        f"{len(collectives)} collectives ({here})"
+    )
+
+
+def _summary(collectives: list[Any], setting: str | None) -> str:
+    from torch_tensorrt_dist.conversion.availability import collective_settings, current_impl
+    from torch_tensorrt_dist.conversion.capability import requested_impl
+
+    requested = requested_impl(setting)
+    groups = {c.group_ranks for c in collectives if len(c.group_ranks) > 1}
+    with collective_settings(requested):
+        choice = current_impl(native_takes_all=len(groups) <= 1)
+    return impl_summary(collectives, requested, choice)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,7 +182,11 @@ def run(args: argparse.Namespace) -> int:
             model = model.to(dtype)
         inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
         report = explain(model, *inputs)
-    print(report.to_json() if args.json else report)
+    if args.json:
+        print(report.to_json())
+    else:
+        print(report)
+        print(_summary(report.collectives, args.collective_impl))
     return 0
 
 

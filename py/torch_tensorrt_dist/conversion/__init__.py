@@ -1,7 +1,8 @@
 """TensorRT conversion of the typed collectives: pure spec code plus a thin TensorRT shell.
 
 Pure (no TensorRT import, tested on CPU): ``trtllm_plugin_spec``, ``native_collective_spec``,
-``conversion_decision``, ``check_plugin_world``, the plugin library search. The shell
+``torch_nccl_plugin_spec``, ``conversion_decision``, ``check_plugin_world``, the plugin
+library searches. The shell
 (``converters.py``, ``engine.py``) imports TensorRT only when it runs.
 """
 
@@ -31,6 +32,13 @@ from torch_tensorrt_dist.conversion.spec import (
     trtllm_plugin_spec,
 )
 from torch_tensorrt_dist.conversion.table import COLLECTIVES
+from torch_tensorrt_dist.conversion.torch_nccl_comms import (
+    register_communicator,
+    registered_communicators,
+    unregister_communicator,
+)
+from torch_tensorrt_dist.conversion.torch_nccl_plugins import load_torch_nccl_plugins
+from torch_tensorrt_dist.conversion.torch_nccl_spec import torch_nccl_plugin_spec
 
 __all__ = [
     "COLLECTIVES",
@@ -44,13 +52,18 @@ __all__ = [
     "PluginSpec",
     "check_plugin_world",
     "conversion_decision",
+    "load_torch_nccl_plugins",
     "load_trtllm_plugins",
     "mpi_world_from_env",
     "native_collective_spec",
     "preload_torch_nccl",
+    "register_communicator",
     "register_with_torch_tensorrt",
+    "registered_communicators",
     "requested_impl",
     "select_impl",
+    "torch_nccl_plugin_spec",
     "trt_data_type",
     "trtllm_plugin_spec",
+    "unregister_communicator",
 ]

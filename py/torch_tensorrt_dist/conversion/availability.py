@@ -174,14 +174,29 @@ def plugin_path_setting() -> str | None:
     return None if current is None else current[1]
 
 
-def current_impl() -> ImplChoice:
-    """The implementation the converters use now (settings block, else environment)."""
+def current_impl(*, native_takes_all: bool = True) -> ImplChoice:
+    """The implementation the converters use now (settings block, else environment).
+
+    ``native_takes_all`` False (an engine with collectives on several groups) makes "auto"
+    prefer our torch_nccl plugins over native DistCollective."""
     setting, plugin_path = _settings.get() or ("auto", None)
     requested = requested_impl(setting)
     native = native_missing() if requested in ("auto", "native") else "not requested"
-    wants_plugin = requested == "plugin" or (requested == "auto" and native is not None)
+    # --- torch_nccl (our csrc/ plugins) ---
+    from torch_tensorrt_dist.conversion.torch_nccl_plugins import torch_nccl_missing
+
+    ours = torch_nccl_missing() if requested in ("auto", "torch_nccl") else "not requested"
+    auto_needs_plugin = native is not None and ours is not None
+    # --- end torch_nccl ---
+    wants_plugin = requested == "plugin" or (requested == "auto" and auto_needs_plugin)
     plugin = plugin_missing(plugin_path) if wants_plugin else "not requested"
-    return select_impl(requested, native_missing=native, plugin_missing=plugin)
+    return select_impl(
+        requested,
+        native_missing=native,
+        plugin_missing=plugin,
+        torch_nccl_missing=ours,
+        native_takes_all=native_takes_all,
+    )
 
 
 def bound_communicator_ranks() -> list[int] | None:

@@ -20,6 +20,7 @@ import torch
 from torch_tensorrt_dist.conversion.dtypes import (
     NATIVE_DTYPES,
     PLUGIN_DTYPES,
+    TORCH_NCCL_DTYPES,
     as_torch_dtype,
     dtype_name,
 )
@@ -66,21 +67,43 @@ def requested_impl(setting: str | None = None, env: Mapping[str, str] | None = N
     if value not in REQUESTABLE_IMPLS:
         raise ConfigError(
             f"{source}={value!r} is not one of {', '.join(REQUESTABLE_IMPLS)}; "
-            f"set it to 'native' (TensorRT DistCollective), 'plugin' (TensorRT-LLM plugins) "
-            "or 'auto'"
+            f"set it to 'native' (TensorRT DistCollective), 'plugin' (TensorRT-LLM plugins), "
+            "'torch_nccl' (our plugins on torch's NCCL communicators) or 'auto'"
         )
     return value
 
 
 def select_impl(
-    requested: str, *, native_missing: str | None, plugin_missing: str | None
+    requested: str,
+    *,
+    native_missing: str | None,
+    plugin_missing: str | None,
+    torch_nccl_missing: str | None = "not checked",
+    native_takes_all: bool = True,
 ) -> ImplChoice:
-    """Pick the implementation: native where the installed TensorRT has it, else the plugins.
+    """Pick the implementation: for "auto", native where the installed TensorRT has it and it
+    can take the whole engine, then our torch_nccl plugins where their library is built, then
+    the TensorRT-LLM plugins (then native for the collectives it can take).
 
-    ``native_missing`` / ``plugin_missing`` are None when that implementation is usable, else
-    the reason it is not (from ``availability.py``). An explicit request is never swapped for
-    the other implementation.
+    ``*_missing`` are None when that implementation is usable, else the reason it is not
+    (from ``availability.py``). ``native_takes_all`` is False when the engine's collectives use
+    more than one group (native binds one communicator per engine). An explicit request is
+    never swapped for another implementation.
     """
+    if requested == "torch_nccl":
+        if torch_nccl_missing is None:
+            return ImplChoice("torch_nccl", "collective_impl='torch_nccl' (requested)")
+        return ImplChoice(
+            None, f"collective_impl='torch_nccl' was requested but {torch_nccl_missing}"
+        )
+    if requested == "auto" and torch_nccl_missing is None:
+        if native_missing is None and native_takes_all:
+            return ImplChoice("native", "TensorRT DistCollective is available (auto)")
+        why = native_missing or "the engine's collectives use more than one group"
+        return ImplChoice(
+            "torch_nccl",
+            f"our plugins on torch's NCCL communicators (auto; native DistCollective: {why})",
+        )
     if requested == "native":
         if native_missing is None:
             return ImplChoice("native", "collective_impl='native' (requested)")
@@ -97,10 +120,11 @@ def select_impl(
         return ImplChoice(
             "plugin", f"TensorRT-LLM plugins (auto; native DistCollective: {native_missing})"
         )
+    ours = "" if torch_nccl_missing == "not checked" else f"; torch_nccl: {torch_nccl_missing}"
     return ImplChoice(
         None,
         "no TensorRT collective implementation is usable: native DistCollective: "
-        f"{native_missing}; TensorRT-LLM plugins: {plugin_missing}",
+        f"{native_missing}; TensorRT-LLM plugins: {plugin_missing}{ours}",
     )
 
 
@@ -147,10 +171,10 @@ def conversion_decision(
 ) -> Decision:
     """Would this collective become a TensorRT layer with ``impl``? ``(convertible, reason)``.
 
-    ``impl`` is "native" or "plugin" (ask about one implementation), or "auto" (the one the
-    converters would use in this process: settings/env var, then what is installed). ``src``
-    is the broadcast source as a rank within the group (None: not known, not checked);
-    ``reduce_op`` None means "sum"; split sizes None or empty mean even splits.
+    ``impl`` is "native", "plugin" or "torch_nccl" (ask about one implementation), or "auto"
+    (the one the converters would use in this process: settings/env var, then what is
+    installed). ``src`` is the broadcast source as a rank within the group (None: not known,
+    not checked); ``reduce_op`` None means "sum"; split sizes None or empty mean even splits.
     ``dim0`` is the input's dim 0 when known. ``comm_ranks`` are the global ranks of the NCCL
     communicator the engine binds for native layers (Torch-TensorRT binds one per engine);
     None means the op's own group. ``native_members`` are the ``CollectiveOperation.X`` /
@@ -197,6 +221,10 @@ def conversion_decision(
         )
     if impl == "plugin":
         return _plugin_decision(op, torch_dtype, ranks, reduce_name, dim0)
+    if impl == "torch_nccl":
+        return _torch_nccl_decision(
+            op, torch_dtype, ranks, reduce_name, dim0, output_split_sizes, input_split_sizes
+        )
     return Decision(False, f"unknown collective implementation {impl!r}; use {REQUESTABLE_IMPLS}")
 
 
@@ -287,3 +315,35 @@ def _plugin_decision(
     if op == "reduce_scatter" and dim0 is not None and dim0 % n:
         return Decision(False, f"reduce_scatter over {n} ranks needs dim 0 ({dim0}) divisible")
     return Decision(True, f"TensorRT-LLM {row.plugin_name} plugin over MPI ranks {ranks}")
+
+
+def _torch_nccl_decision(
+    op: str,
+    dtype: torch.dtype,
+    ranks: list[int],
+    reduce_name: str | None,
+    dim0: int | None,
+    outs: Sequence[int] | None,
+    ins: Sequence[int] | None,
+) -> Decision:
+    row = COLLECTIVES[op]
+    n = len(ranks)
+    if dtype not in TORCH_NCCL_DTYPES:
+        names = ", ".join(sorted(dtype_name(d) for d in TORCH_NCCL_DTYPES))
+        return Decision(
+            False, f"our torch_nccl plugins carry {names} only, not {dtype_name(dtype)}"
+        )
+    if reduce_name is not None and reduce_name not in NATIVE_REDUCE_OPERATION:
+        return Decision(False, f"NCCL has no {reduce_name!r} reduce operation")
+    if reduce_name == "avg" and not dtype.is_floating_point:
+        return Decision(
+            False, f"avg of {dtype_name(dtype)} would round; cast to a floating dtype first"
+        )
+    if row.splits:
+        uneven = _uniform_splits(n, dim0, outs, ins)
+        if uneven:
+            return Decision(False, uneven.replace("TensorRT's ALL_TO_ALL", "the plugin"))
+    if op == "reduce_scatter" and dim0 is not None and dim0 % n:
+        return Decision(False, f"reduce_scatter over {n} ranks needs dim 0 ({dim0}) divisible")
+    what = f"{op}/{reduce_name}" if reduce_name else op
+    return Decision(True, f"torch_nccl plugin {what} on the NCCL communicator of ranks {ranks}")

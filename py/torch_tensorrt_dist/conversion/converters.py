@@ -1,6 +1,7 @@
 """The TensorRT shell: one emitter for every collective, registered with Torch-TensorRT.
 
-Each typed op gets two registry entries (native DistCollective, TensorRT-LLM plugin), both
+Each typed op gets one registry entry per implementation in ``table.IMPLS`` (native
+DistCollective, TensorRT-LLM plugin, our torch_nccl plugin), all
 high priority; a capability validator lets a node through only for the implementation chosen
 now (``availability.current_impl``) and only if ``conversion_decision`` accepts it. A rejected
 node stays in PyTorch, and the reason is logged. Everything numeric comes from ``spec.py``.
@@ -162,6 +163,10 @@ def emit_collective(
             native_members=native_members(),
         )
         layer = _native_layer(trt, ctx, x, spec, name)
+    elif impl == "torch_nccl":  # our csrc/ plugins on torch's NCCL communicators
+        from torch_tensorrt_dist.conversion.torch_nccl_converter import torch_nccl_layer
+
+        layer = torch_nccl_layer(trt, ctx, x, call, dtype, name)
     else:
         load_trtllm_plugins(plugin_path_setting())
         layer = _plugin_layer(

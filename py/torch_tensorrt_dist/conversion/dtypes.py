@@ -16,6 +16,7 @@ from torch_tensorrt_dist.errors import UnsupportedCollectiveError
 __all__ = [
     "NATIVE_DTYPES",
     "PLUGIN_DTYPES",
+    "TORCH_NCCL_DTYPES",
     "TRT_DATA_TYPE",
     "as_torch_dtype",
     "dtype_name",
@@ -43,6 +44,21 @@ PLUGIN_DTYPES: frozenset[torch.dtype] = frozenset({torch.float32, torch.float16,
 #: dtypes we hand to TensorRT's DistCollective layer (NCCL has a native type for each).
 NATIVE_DTYPES: frozenset[torch.dtype] = frozenset(
     {torch.float32, torch.float16, torch.bfloat16, torch.int32}
+)
+
+#: dtypes our plugins (``csrc/``, collective_impl="torch_nccl") carry: each has an NCCL type
+#: (fp8 e4m3 needs NCCL >= 2.24, checked when the plugin runs).
+TORCH_NCCL_DTYPES: frozenset[torch.dtype] = frozenset(
+    {
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int8,
+        torch.uint8,
+        torch.int32,
+        torch.int64,
+        torch.float8_e4m3fn,
+    }
 )
 
 _ALIASES = {

@@ -178,11 +178,11 @@ def compile_tensorrt(
     """Build the engines for one rank's lowered graph; returns a boxed callable (its
     ``trt_module`` attribute is the GraphModule that holds the engines).
 
-    Reads ``settings.collective_impl`` ("auto"|"native"|"plugin"), ``settings.plugin_path``
-    (str | None) and ``settings.torch_tensorrt_options`` (a mapping passed to Torch-TensorRT).
-    With native layers, the engines of this graph (only) are pinned to the group they were
-    built for, and the first call creates that group's communicator and checks every engine
-    is bound to it (``engine_binding.py``).
+    Reads ``settings.collective_impl`` ("auto"|"native"|"plugin"|"torch_nccl"),
+    ``settings.plugin_path`` (str | None) and ``settings.torch_tensorrt_options`` (a mapping
+    passed to Torch-TensorRT). With native layers, the engines of this graph (only) are pinned
+    to the group they were built for, and the first call creates that group's communicator and
+    checks every engine is bound to it (``engine_binding.py``).
     """
     _require_torch_tensorrt()
     from torch._functorch.aot_autograd import make_boxed_func
@@ -196,14 +196,24 @@ def compile_tensorrt(
     plugin_path = getattr(settings, "plugin_path", None)
     calls = collective_calls(gm)
     multi = [c for c in calls if len(c.group_ranks) > 1]
+    # --- torch_nccl: auto's choice is engine-wide (native only where one group takes it all);
+    # pin it so every capability validator of this engine sees the same implementation ---
     with collective_settings(impl_setting, plugin_path):
-        choice = current_impl()
+        choice = current_impl(native_takes_all=len({c.group_ranks for c in multi}) <= 1)
+    if choice.impl == "torch_nccl":
+        impl_setting = "torch_nccl"
+    # --- end torch_nccl ---
+    with collective_settings(impl_setting, plugin_path):
         if multi and choice.impl is None:
             raise EngineUnavailableError(choice.reason)
         bound = None
         if multi and choice.impl == "plugin":
             load_trtllm_plugins(plugin_path)
             check_plugin_world([c.group_ranks for c in multi])
+        elif multi and choice.impl == "torch_nccl":
+            from torch_tensorrt_dist.conversion.torch_nccl_converter import prepare_torch_nccl
+
+            prepare_torch_nccl(multi)
         elif multi and choice.impl == "native":
             bound = engine_group(calls)
         logger.info("TensorRT collectives: %s (%s)", choice.impl, choice.reason)

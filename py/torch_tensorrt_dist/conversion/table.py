@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 __all__ = ["COLLECTIVES", "IMPLS", "NATIVE_REDUCE_OPERATION", "CollectiveRow"]
 
-#: the two TensorRT implementations of a collective layer
-IMPLS: tuple[str, ...] = ("native", "plugin")
+#: the TensorRT implementations of a collective layer: native DistCollective, TensorRT-LLM
+#: plugins, and our own plugins (``csrc/``) on torch's NCCL communicator
+IMPLS: tuple[str, ...] = ("native", "plugin", "torch_nccl")
 
 
 @dataclass(frozen=True)
