@@ -8,7 +8,8 @@ Each header folder comes from its environment variable (``TENSORRT_INCLUDE_DIR``
 header: a TensorRT install (``/usr/include/x86_64-linux-gnu`` for the Debian packages,
 ``/usr/local/tensorrt/include``, ``/opt/tensorrt/include``) or the ``kernel-lens`` wheel's copy
 of TensorRT 10.14's public headers; CUDA's toolkit (``$CUDA_HOME``, ``/usr/local/cuda*``) or the
-``nvidia-cuda-runtime`` + ``nvidia-cuda-crt`` wheels; the ``nvidia-nccl`` wheel torch installs.
+``nvidia-cuda-runtime`` + ``nvidia-cuda-crt`` + ``nvidia-cuda-cccl`` (``nv/target``) wheels;
+the ``nvidia-nccl`` wheel torch installs.
 Pure apart from file-system checks, so tests call it with made-up folders.
 """
 
@@ -34,8 +35,8 @@ HEADERS: dict[str, tuple[str, str]] = {
     ),
     "CUDA_INCLUDE_DIR": (
         "crt/host_defines.h",
-        "CUDA's runtime headers (a CUDA toolkit, or `pip install nvidia-cuda-runtime "
-        "nvidia-cuda-crt` matching torch's CUDA)",
+        "CUDA's runtime headers (a CUDA toolkit, or `pip install --no-deps nvidia-cuda-runtime "
+        "nvidia-cuda-crt nvidia-cuda-cccl` matching torch's CUDA)",
     ),
     "NCCL_INCLUDE_DIR": ("nccl.h", "nccl.h (the nvidia-nccl wheel torch installs)"),
 }
