@@ -380,4 +380,6 @@ def with_verification(
         return first_call(args)
 
     verified_run._boxed_call = True  # type: ignore[attr-defined]
+    if hasattr(run, "trt_module"):  # the GraphModule holding TensorRT engines (for checks)
+        verified_run.trt_module = run.trt_module  # type: ignore[attr-defined]
     return verified_run
