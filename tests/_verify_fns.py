@@ -15,7 +15,6 @@ import torch
 import torch._dynamo
 import torch.distributed._functional_collectives as funcol
 from torch import fx, nn
-from torch._functorch.aot_autograd import make_boxed_func
 
 import torch_tensorrt_dist  # noqa: F401
 from torch_tensorrt_dist.backend import backend as backend_module
@@ -46,7 +45,8 @@ def _double_after_all_reduce(gm: fx.GraphModule) -> None:
 
 @contextlib.contextmanager
 def broken_engine(breaker: Breaker | None) -> Iterator[None]:
-    """``build_engine`` returns an eager engine over a copy of the graph ``breaker`` altered."""
+    """``build_engine`` builds the chosen engine from a copy of the graph ``breaker`` altered
+    (the backend's reference copy is taken before, so it keeps the real graph)."""
     original = backend_module.build_engine
 
     def build(gm: fx.GraphModule, inputs: list[Any], settings: Any) -> Any:
@@ -55,7 +55,7 @@ def broken_engine(breaker: Breaker | None) -> Iterator[None]:
         broken = fx.GraphModule(gm, copy.deepcopy(gm.graph))
         breaker(broken)
         broken.recompile()
-        return make_boxed_func(broken.forward)
+        return original(broken, inputs, settings)
 
     backend_module.build_engine = build  # type: ignore[assignment]
     try:
@@ -129,3 +129,26 @@ def scenarios(rank: int, world: int) -> dict[str, Any]:
 
     out["cache"] = _outcome(cache)
     return out
+
+
+def tensorrt_scenarios(rank: int, world: int) -> dict[str, Any]:
+    """On GPUs with TensorRT: a real engine passes its check (verify is on by default for
+    ``tensorrt``), and a real engine built without its all_reduce is caught on every rank."""
+    torch.cuda.set_device(rank)
+    torch.manual_seed(0)
+    full = MLP(16, 32).cuda()
+    model = FunctionalTPMLP(full, make_mesh(tp=world)["tp"]).cuda()
+    x = torch.randn(2, 16, device="cuda")
+    with torch.no_grad():
+        want = full(x)
+
+    def run(breaker: Breaker | None) -> float:
+        with broken_engine(breaker), torch.no_grad():
+            torch._dynamo.reset()
+            compiled = torch.compile(
+                model, backend="torch_tensorrt_dist", options={"engine": "tensorrt"},
+                fullgraph=True,
+            )  # fmt: skip
+            return float((compiled(x) - want).abs().max())
+
+    return {"ok": _outcome(lambda: run(None)), "dropped": _outcome(lambda: run(_drop_all_reduce))}

@@ -218,3 +218,15 @@ def test_gloo_verify_passes_right_engines_and_catches_wrong_collectives() -> Non
         cache, total = res["cache"]["value"]
         assert cache == [[0.0] * 8, [rank + 1.0] * 8, [0.0] * 8, [rank + 1.0] * 8]
         assert total == [2.0 + 4.0] * 8  # sum over rows (2 * (rank + 1)), all-reduced
+
+
+@pytest.mark.tensorrt
+@pytest.mark.multigpu
+def test_tensorrt_engine_passes_and_one_without_its_collective_is_caught() -> None:
+    results = run_on_ranks(_verify_fns.tensorrt_scenarios, 2, backend="nccl", timeout=600)
+    for rank, res in enumerate(results):
+        assert res["ok"]["error"] is None and res["ok"]["value"] < 1e-2, (rank, res["ok"])
+        dropped = res["dropped"]
+        assert dropped["error"] == "VerificationError", (rank, dropped)
+        assert f"rank {rank}: graph #" in dropped["message"]
+        assert "(engine tensorrt, collective_impl=auto): output 0" in dropped["message"]
