@@ -43,6 +43,15 @@ def _double_after_all_reduce(gm: fx.GraphModule) -> None:
             node.replace_all_uses_with(doubled, delete_user_cb=doubled.__ne__)
 
 
+def double_first_output(gm: fx.GraphModule) -> None:
+    """A miscompiled graph: its first output comes out doubled."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    first = out.args[0][0]
+    with gm.graph.inserting_before(out):
+        doubled = gm.graph.call_function(torch.ops.aten.mul.Tensor, (first, 2.0))
+    out.args = ((doubled, *out.args[0][1:]),)
+
+
 @contextlib.contextmanager
 def broken_engine(breaker: Breaker | None) -> Iterator[None]:
     """``build_engine`` builds the chosen engine from a copy of the graph ``breaker`` altered

@@ -72,6 +72,20 @@ def test_tp1_verified_eager_equals_transformers(
     assert out["tokens"] == [expected] and out["engine"] == "eager"
 
 
+def test_tp1_verify_failure_is_a_one_line_error(
+    ckpt: tuple[Path, list[int]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from . import _verify_fns
+
+    path, _ = ckpt
+    with _verify_fns.broken_engine(_verify_fns.double_first_output):
+        assert main([*_args(path), "--engine", "eager", "--verify"]) == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the loading progress bar
+    assert last.startswith("error: rank 0: graph #") and "(engine eager): output 0" in last
+    assert "Traceback" not in err
+
+
 def test_tp2_starts_its_own_ranks(ckpt: tuple[Path, list[int]]) -> None:
     # gpt-fast's layout (the default one is checked at tp 2 and 4 in test_generate_tp.py)
     layout = ["--embedding", "replicated", "--lm-head", "replicated"]
