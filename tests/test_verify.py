@@ -193,6 +193,27 @@ def test_settings_verify_defaults_on_for_tensorrt_only() -> None:
         CompileSettings(verify_tolerance=2.0)
 
 
+def test_the_fake_process_group_skips_verify(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from torch_tensorrt_dist.backend.fake_world import fake_world
+    from torch_tensorrt_dist.models.toy import MLP
+    from torch_tensorrt_dist.parallel import make_mesh
+    from torch_tensorrt_dist.parallel.plans import FunctionalTPMLP
+
+    caplog.set_level(logging.DEBUG, logger="torch_tensorrt_dist.backend.backend")
+    with fake_world(0, 2):
+        model = FunctionalTPMLP(MLP(16, 32), make_mesh(tp=2)["tp"])
+        torch._dynamo.reset()
+        compiled = torch.compile(
+            model, backend="torch_tensorrt_dist", options={"engine": "eager", "verify": True}
+        )
+        with torch.no_grad():
+            assert compiled(torch.randn(2, 16)).shape == (2, 16)
+        torch._dynamo.reset()
+    assert "verify skipped: the fake process group" in caplog.text
+
+
 # --- 2 gloo ranks: passing engines, broken engines, an in-place cache ---
 
 
@@ -215,6 +236,11 @@ def test_gloo_verify_passes_right_engines_and_catches_wrong_collectives() -> Non
             assert "rank 1 found its result wrong: rank 1: graph #" in doubled["message"]
         else:
             assert doubled["message"].startswith("rank 1: graph #")
+        mixed = res["verify_on_0_only"]  # a rank verifying issues twice the collectives
+        assert mixed["error"] == "ScheduleMismatchError", (rank, mixed)
+        assert "0 issues 2 collectives on this group, rank 1 1" in mixed["message"] or (
+            "1 issues 1 collectives on this group, rank 0 2" in mixed["message"]
+        )
         cache, total = res["cache"]["value"]
         assert cache == [[0.0] * 8, [rank + 1.0] * 8, [0.0] * 8, [rank + 1.0] * 8]
         assert total == [2.0 + 4.0] * 8  # sum over rows (2 * (rank + 1)), all-reduced

@@ -115,7 +115,10 @@ def torch_tensorrt_dist_backend(
                 tolerance=settings.verify_tolerance,
             )
         if settings.check_schedule:
-            engine = with_schedule_check(engine, report.collectives, settings.schedule_timeout_s)
+            # a verified first call issues the graph's collectives twice (reference, engine):
+            # ranks that disagree on verify are then a schedule mismatch, not a hang
+            issued = report.collectives * (2 if reference is not None else 1)
+            engine = with_schedule_check(engine, issued, settings.schedule_timeout_s)
         return engine
 
     compiler = aot_autograd(
