@@ -312,6 +312,10 @@ _FIX = (
 )
 
 
+def _as_list(outputs: Any) -> list[Any]:
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
 @dataclass
 class _State:
     done: bool = False  # the first call passed: run the engine alone
@@ -352,8 +356,8 @@ def with_verification(
             expected = reference(*ref_args)
         actual = run(args)
         mismatch = compare_outputs(
-            [list(expected), [ref_args[i] for i in mutated]],
-            [list(actual), written],
+            [_as_list(expected), [ref_args[i] for i in mutated]],
+            [_as_list(actual), written],
             tolerance=tolerance,
             names=names,
         )
