@@ -46,3 +46,13 @@ def test_bandwidth_limit() -> None:
     # 16 GB of weights at TP 2 on 4.8 TB/s: 1.67 ms per token
     assert abs(bandwidth_limit_ms(16_000_000_000, 2, "NVIDIA H200") - 1.6667) < 1e-3
     assert bandwidth_limit_ms(1, 1, "Some GPU") is None
+
+
+def test_verify_section_times_both_variants_without_recompiling() -> None:
+    from torch_tensorrt_dist.bench.verify_cost import verify_cost
+
+    figures = verify_cost(n_layers=1, blocks=1, calls=2, wrapper_calls=100)
+    ratio, wrapper, recompiles = figures
+    assert ratio.unit == "x" and ratio.value > 0 and "ms per call" in ratio.note
+    assert wrapper.unit == "us" and wrapper.value >= 0
+    assert recompiles.value == 0 and recompiles.met  # verified and plain graphs coexist

@@ -62,6 +62,33 @@ def test_tp1_json_equals_transformers(
     assert out["ttft_s"] > 0 and out["tokens_per_s"] > 0
 
 
+def test_tp1_verified_eager_equals_transformers(
+    ckpt: tuple[Path, list[int]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the prefill and decode graphs (KV caches written in place) pass their first-call check
+    path, expected = ckpt
+    assert main([*_args(path), "--engine", "eager", "--verify"]) == 0
+    out = _json(capsys.readouterr().out)
+    assert out["tokens"] == [expected] and out["engine"] == "eager"
+
+
+def test_tp1_verify_failure_is_a_one_line_error(
+    ckpt: tuple[Path, list[int]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch._dynamo
+
+    from . import _verify_fns
+
+    path, _ = ckpt
+    torch._dynamo.reset()  # compile anew (an earlier test may have compiled the same steps)
+    with _verify_fns.broken_engine(_verify_fns.double_first_output):
+        assert main([*_args(path), "--engine", "eager", "--verify"]) == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the loading progress bar
+    assert last.startswith("error: rank 0: graph #") and "(engine eager): output 0" in last
+    assert "Traceback" not in err
+
+
 def test_tp2_starts_its_own_ranks(ckpt: tuple[Path, list[int]]) -> None:
     # gpt-fast's layout (the default one is checked at tp 2 and 4 in test_generate_tp.py)
     layout = ["--embedding", "replicated", "--lm-head", "replicated"]
@@ -88,6 +115,7 @@ def test_tp2_starts_its_own_ranks(ckpt: tuple[Path, list[int]]) -> None:
         (["--max-new-tokens", "500"], "exceeds the KV cache length 128; use max_new_tokens <= 120"),
         (["--tp", "3"], "n_heads=4 is not divisible by tp=3; use tp in [1, 2, 4]"),
         (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--verify"], "--verify checks a compiled engine; --engine none compiles nothing"),
     ],
 )
 def test_bad_input_exits_2_with_the_fix(

@@ -23,6 +23,7 @@ from torch_tensorrt_dist.errors import (
     ScheduleMismatchError,
     TensorRTDistError,
     UnsupportedCollectiveError,
+    VerificationError,
 )
 from torch_tensorrt_dist.lowering import fuse_collectives
 from torch_tensorrt_dist.runtime import init_distributed
@@ -37,6 +38,7 @@ __all__ = [
     "ScheduleMismatchError",
     "TensorRTDistError",
     "UnsupportedCollectiveError",
+    "VerificationError",
     "__version__",
     "explain",
     "fuse_collectives",

@@ -33,3 +33,7 @@ class DistributedSetupError(TensorRTDistError):
 
 class CheckpointError(ConfigError):
     """A model checkpoint is missing, truncated, or holds tensors of the wrong name or shape."""
+
+
+class VerificationError(TensorRTDistError):
+    """A compiled graph's first run differs from the eager run of the same graph (``verify``)."""

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import fx
 from torch._dynamo.backends.common import aot_autograd
 
@@ -24,6 +25,7 @@ from torch_tensorrt_dist.backend.engines import build_engine, engine_decompositi
 from torch_tensorrt_dist.backend.report import GraphReport, collectives_in
 from torch_tensorrt_dist.backend.schedule_check import with_schedule_check
 from torch_tensorrt_dist.backend.settings import CompileSettings
+from torch_tensorrt_dist.backend.verify import reference_graph, with_verification
 from torch_tensorrt_dist.errors import UnsupportedCollectiveError
 from torch_tensorrt_dist.lowering import fuse_collectives, fusion_report
 from torch_tensorrt_dist.lowering.input_writes import input_writes, reinplace_input_writes
@@ -70,6 +72,21 @@ def lower_graph(gm: fx.GraphModule, settings: CompileSettings) -> GraphReport:
     return report
 
 
+def _verifies(settings: CompileSettings) -> bool:
+    if not settings.verify_enabled:
+        return False
+    if dist.is_initialized() and dist.get_backend() == "fake":
+        logger.debug("verify skipped: the fake process group runs no collectives to compare")
+        return False
+    return True
+
+
+def _engine_name(settings: CompileSettings) -> str:
+    if settings.engine == "tensorrt":
+        return f"tensorrt, collective_impl={settings.collective_impl}"
+    return settings.engine
+
+
 def torch_tensorrt_dist_backend(
     gm: fx.GraphModule,
     example_inputs: list[torch.Tensor],
@@ -90,9 +107,22 @@ def torch_tensorrt_dist_backend(
         )
         if settings.engine == "eager":
             reinplace_input_writes(aten_gm)  # Inductor does this itself
+        reference = reference_graph(aten_gm) if _verifies(settings) else None
         engine = build_engine(aten_gm, inputs, settings)
+        if reference is not None:  # inside the schedule check: that runs first
+            engine = with_verification(
+                engine,
+                reference,
+                collectives=report.collectives,
+                engine=_engine_name(settings),
+                timeout_s=settings.schedule_timeout_s,
+                tolerance=settings.verify_tolerance,
+            )
         if settings.check_schedule:
-            engine = with_schedule_check(engine, report.collectives, settings.schedule_timeout_s)
+            # a verified first call issues the graph's collectives twice (reference, engine):
+            # ranks that disagree on verify are then a schedule mismatch, not a hang
+            issued = report.collectives * (2 if reference is not None else 1)
+            engine = with_schedule_check(engine, issued, settings.schedule_timeout_s)
         return engine
 
     compiler = aot_autograd(

@@ -52,8 +52,16 @@ class CompileSettings:
     strict: bool = False
     #: compare the collective sequence of the ranks of each group before the first run
     check_schedule: bool = True
-    #: seconds the schedule check waits for the other ranks
+    #: seconds the schedule check (and the ``verify`` verdict exchange) waits for the other ranks
     schedule_timeout_s: float = 120.0
+    #: check each compiled graph's first call against the eager run of the same lowered graph
+    #: (collectives through c10d) and raise ``VerificationError`` on every rank of its groups
+    #: on a mismatch; ``None``: on for ``engine="tensorrt"``, off for the others. Costs one
+    #: eager run (and a copy of the inputs the graph writes in place) on the first call only
+    verify: bool | None = None
+    #: relative tolerance of floating outputs for ``verify`` (default: per dtype, see
+    #: ``backend/verify.py``; integer and bool outputs are always compared exactly)
+    verify_tolerance: float | None = None
     #: Torch-TensorRT ``CompilationSettings`` fields (e.g. ``use_fp32_acc``, ``workspace_size``,
     #: ``cache_built_engines``); an unknown key is a ConfigError listing the valid ones
     torch_tensorrt_options: Mapping[str, Any] = field(default_factory=dict)
@@ -68,6 +76,16 @@ class CompileSettings:
             )
         if self.schedule_timeout_s <= 0:
             raise ConfigError(f"schedule_timeout_s must be > 0, got {self.schedule_timeout_s}")
+        if self.verify_tolerance is not None and not 0 < self.verify_tolerance < 1:
+            raise ConfigError(
+                f"verify_tolerance must be in (0, 1) (a relative tolerance), got "
+                f"{self.verify_tolerance}"
+            )
+
+    @property
+    def verify_enabled(self) -> bool:
+        """Whether ``verify`` applies: its value, or (``None``) whether the engine is TensorRT."""
+        return self.engine == "tensorrt" if self.verify is None else bool(self.verify)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None = None) -> CompileSettings:

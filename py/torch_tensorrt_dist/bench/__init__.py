@@ -36,6 +36,12 @@ def _memory() -> list[Figure]:
     return memory()
 
 
+def _verify() -> list[Figure]:
+    from torch_tensorrt_dist.bench.verify_cost import verify_cost
+
+    return verify_cost()
+
+
 def _gpu() -> list[Figure]:
     from torch_tensorrt_dist.bench.gpu import gpu
 
@@ -48,6 +54,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "compile": _compile,
     "decode": _decode,
     "memory": _memory,
+    "verify": _verify,
     "gpu": _gpu,
 }
 

@@ -1,4 +1,4 @@
-"""``torchtrt-dist bench``: communication, compile overhead, decode speed, memory, GPU.
+"""``torchtrt-dist bench``: communication, compile overhead, decode speed, memory, verify, GPU.
 
     torchtrt-dist bench                       # every section (several minutes on 2 cores)
     torchtrt-dist bench --section communication --json figures.json

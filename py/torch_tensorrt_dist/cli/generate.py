@@ -24,7 +24,12 @@ from typing import Any
 
 import torch
 
-from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError, TensorRTDistError
+from torch_tensorrt_dist.errors import (
+    ConfigError,
+    EngineUnavailableError,
+    TensorRTDistError,
+    VerificationError,
+)
 from torch_tensorrt_dist.models.llama import PRESETS, ModelArgs
 
 __all__ = ["register", "run"]
@@ -76,6 +81,14 @@ def register(subparsers: Any) -> None:
         default="eager",
         help="tensorrt | inductor | eager (compiled FX, the reference) | none "
         "(plain PyTorch, no torch.compile); default eager",
+    )
+    p.add_argument(
+        "--verify",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="check each compiled graph's first call against the eager run of the same graph "
+        "(collectives through c10d) and stop on every rank on a mismatch "
+        "(default: on for --engine tensorrt, off otherwise)",
     )
     p.add_argument(
         "--prompt",
@@ -260,10 +273,15 @@ def _rank_main(ns: argparse.Namespace) -> int:
             warmup=not ns.no_warmup,
             microbatches=ns.microbatches,
             on_step=on_step if printing else None,
+            verify=ns.verify,
         )
     else:
         gen = Generator(
-            model, engine=ns.engine, max_batch_size=len(plan.prompts), cache_len=plan.cache_len
+            model,
+            engine=ns.engine,
+            max_batch_size=len(plan.prompts),
+            cache_len=plan.cache_len,
+            verify=ns.verify,
         )
         if not ns.no_warmup:
             compile_s = gen.warmup(
@@ -332,6 +350,9 @@ def _rank_entry(ns: argparse.Namespace) -> None:
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
+    except VerificationError as exc:  # every rank says what it found
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from exc
     if code:
         raise SystemExit(code)
 
@@ -346,11 +367,16 @@ def run(ns: argparse.Namespace) -> int:
     try:
         if ns.tp < 1 or ns.pp < 1:
             raise ConfigError(f"--tp and --pp must be >= 1, got tp={ns.tp} pp={ns.pp}")
+        if ns.verify and ns.engine == "none":
+            raise ConfigError("--verify checks a compiled engine; --engine none compiles nothing")
         _plan(ns)  # bad input fails here, before any rank starts
         single = ns.tp * ns.pp == 1 or launched
         _check_engine(ns.engine, isolated=not single)
         if single:
             return _rank_main(ns)
+    except VerificationError as exc:  # a wrong engine, not bad input
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except TensorRTDistError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

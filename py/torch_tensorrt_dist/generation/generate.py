@@ -71,8 +71,12 @@ def decode_example(batch: int, slot: int = 8) -> tuple[Tensor, Tensor, Tensor]:
     )
 
 
-def compile_step(fn: StepFn, engine: str) -> StepFn:
-    """``fn`` compiled as one static-shape graph per rank by the given engine."""
+def compile_step(fn: StepFn, engine: str, *, verify: bool | None = None) -> StepFn:
+    """``fn`` compiled as one static-shape graph per rank by the given engine.
+
+    ``verify``: check the first call of each graph against its eager reference (the
+    backend's ``verify`` option; ``None``: on for ``tensorrt`` only).
+    """
     if engine not in ENGINES:
         raise ConfigError(f"engine={engine!r} is not one of {', '.join(ENGINES)}")
     if engine == "none":
@@ -82,7 +86,7 @@ def compile_step(fn: StepFn, engine: str) -> StepFn:
     compiled: StepFn = torch.compile(
         fn,
         backend="torch_tensorrt_dist",
-        options={"engine": engine},
+        options={"engine": engine} if verify is None else {"engine": engine, "verify": verify},
         fullgraph=True,
         dynamic=False,
     )
@@ -118,6 +122,7 @@ class Generator:
         engine: str = "none",
         max_batch_size: int = 1,
         cache_len: int | None = None,
+        verify: bool | None = None,
     ) -> None:
         self.model = model
         self.engine = engine
@@ -126,8 +131,8 @@ class Generator:
         model.setup_caches(max_batch_size, self.cache_len)
         self.device = model.tok_embeddings.weight.device
 
-        self._prefill = compile_step(prefill_step(model), engine)
-        self._decode = compile_step(decode_step(model), engine)
+        self._prefill = compile_step(prefill_step(model), engine, verify=verify)
+        self._decode = compile_step(decode_step(model), engine, verify=verify)
 
     def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
         """Validate a request; return its prefill bucket (the same on every rank)."""

@@ -102,6 +102,7 @@ class PipelineGenerator:
         max_batch_size: int = 1,
         cache_len: int | None = None,
         microbatches: int = 1,
+        verify: bool | None = None,
     ) -> None:
         if not 1 <= microbatches <= max_batch_size:
             raise ConfigError(
@@ -120,8 +121,8 @@ class PipelineGenerator:
         first = next(stage.parameters())
         self.device, self.dtype = first.device, first.dtype
         prefill, decode = stage_steps(stage)
-        self._prefill = compile_step(prefill, engine)
-        self._decode = compile_step(decode, engine)
+        self._prefill = compile_step(prefill, engine, verify=verify)
+        self._decode = compile_step(decode, engine, verify=verify)
 
     def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
         """Validate a request; return its prefill bucket (the same on every rank)."""
@@ -257,6 +258,7 @@ def generate_pipeline(
     seed: int = 0,
     microbatches: int | None = None,
     on_step: Callable[[list[int]], None] | None = None,
+    verify: bool | None = None,
 ) -> GenerationResult:
     """Generate on a ``(pp, tp)`` mesh; call on every rank of an initialised world of pp*tp.
 
@@ -292,7 +294,7 @@ def generate_pipeline(
         microbatches = pp if len(prompts) % pp == 0 else 1
     runner = PipelineGenerator(
         stage, layout, engine=engine, max_batch_size=len(prompts), cache_len=cache_len,
-        microbatches=microbatches,
+        microbatches=microbatches, verify=verify,
     )  # fmt: skip
     if warmup:
         runner.warmup(max(len(p) for p in prompts), max_new_tokens, len(prompts))

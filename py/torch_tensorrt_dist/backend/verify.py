@@ -1,0 +1,391 @@
+"""First-call self-check: the engine's outputs against the eager run of the same lowered graph.
+
+An engine can be wrong without failing: a collective layer whose communicator was never bound
+does nothing, one bound to the wrong group sums the wrong ranks, a converter miscompiles a
+layer. With ``verify`` on, the first call of each compiled graph also runs the lowered aten
+graph itself (the reference: aten kernels, collectives through c10d by the typed ops' eager
+kernels) on the same inputs, then compares every output within a dtype-aware tolerance. The
+verdict is exchanged with the ranks of every group the graph communicates on (through the c10d
+store, like the schedule check), so a mismatch on one rank raises :class:`VerificationError`
+on all of them instead of leaving the others to run on alone.
+
+Order on every rank: the reference, then the engine (their collectives line up across ranks).
+Inputs the graph writes in place (``aten.copy_``/``index_copy_`` into a placeholder, e.g. a KV
+cache) are cloned for the reference, so the state is written once, by the engine; their final
+values are compared too. Cost: one extra eager run, the clones, and the verdict exchange on the
+first call; afterwards the wrapper only reads a flag.
+
+Tolerances (``|got - expected| <= tol * (|expected| + max|expected|)``, elementwise, where
+``max|expected|`` is the largest finite magnitude of that output, so near-zero elements of a
+large output are judged on the output's scale): integers and bools exact; float64 1e-6;
+float32 1e-2 (TensorRT uses TF32 for fp32 matmuls and convolutions by default, about 1e-3
+relative per product, compounding over layers); float16 2e-2; bfloat16 5e-2 (8-bit mantissa);
+other floating types (fp8) 1e-1. A wrong collective (a missing or extra rank's contribution)
+changes outputs by O(1) of their scale, far above these. NaN matches NaN, and an infinity the
+same infinity.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, fx
+from torch._ops import OpOverload
+from torch.utils._pytree import tree_flatten
+
+from torch_tensorrt_dist.backend.report import CollectiveInfo
+from torch_tensorrt_dist.errors import VerificationError
+
+__all__ = [
+    "DEFAULT_TOLERANCES",
+    "Mismatch",
+    "compare_outputs",
+    "exchange_verdicts",
+    "mutated_inputs",
+    "reference_graph",
+    "tolerance_for",
+    "with_verification",
+]
+
+logger = logging.getLogger(__name__)
+
+#: relative tolerance of floating outputs by dtype (see the module docstring for why)
+DEFAULT_TOLERANCES: dict[torch.dtype, float] = {
+    torch.float64: 1e-6,
+    torch.float32: 1e-2,
+    torch.float16: 2e-2,
+    torch.bfloat16: 5e-2,
+}
+#: floating dtypes not in the table (fp8 and other narrow types)
+OTHER_FLOAT_TOLERANCE = 1e-1
+
+_KEY_PREFIX = "torch_tensorrt_dist/verify"
+_lock = threading.Lock()
+_rounds: Counter[tuple[int, ...]] = Counter()  # verdict exchanges per group in this process
+_graph_ids = itertools.count()  # compiled graphs verified by this process, in compile order
+
+
+def tolerance_for(dtype: torch.dtype, override: float | None = None) -> float:
+    """The relative tolerance of an output of ``dtype`` (0: exact; ``override`` for floats)."""
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return 0.0
+    if override is not None:
+        return override
+    return DEFAULT_TOLERANCES.get(dtype, OTHER_FLOAT_TOLERANCE)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The first output (in flattened order) where the engine differs from the reference."""
+
+    index: int
+    name: str
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    max_abs_error: float
+    tolerance: str
+    detail: str
+
+    def describe(self) -> str:
+        what = f"{self.dtype}{list(self.shape)}" if self.shape is not None else "non-tensor"
+        return (
+            f"{self.name} ({what}) differs from the eager reference: {self.detail}; "
+            f"max abs error {self.max_abs_error:.4g}, tolerance {self.tolerance}"
+        )
+
+
+def _tensor_mismatch(e: Tensor, a: Tensor, tol: float) -> tuple[float, str, str] | None:
+    """``(max abs error, tolerance text, detail)`` where ``a`` is not close to ``e``."""
+    if a.shape != e.shape:
+        return float("inf"), "-", f"shape {list(a.shape)} instead of {list(e.shape)}"
+    if a.dtype != e.dtype:
+        return float("inf"), "-", f"dtype {a.dtype} instead of {e.dtype}"
+    a = a.detach().to(e.device)
+    e = e.detach()
+    if e.numel() == 0:
+        return None
+    if tol == 0.0:  # integers and bools: exact
+        bad = a != e
+        tol_text = "exact"
+        diff = (a.to(torch.float64) - e.to(torch.float64)).abs()
+    else:
+        # float32 math is exact enough for these tolerances and halves float64's memory (a KV
+        # cache is compared whole); float64 outputs keep float64
+        wide = {torch.float64: torch.float64, torch.complex128: torch.complex128}.get(
+            e.dtype, torch.complex64 if e.is_complex() else torch.float32
+        )
+        ew, aw = e.to(wide), a.to(wide)
+        nan_e, nan_a = torch.isnan(ew), torch.isnan(aw)
+        finite = torch.isfinite(ew)
+        scale = float(ew[finite].abs().max()) if bool(finite.any()) else 0.0
+        same_special = (nan_e & nan_a) | (torch.isinf(ew) & (ew == aw))
+        special = ~torch.isfinite(ew) | ~torch.isfinite(aw)
+        diff = (aw - ew).abs()
+        diff = torch.where(same_special, torch.zeros_like(diff), diff)
+        diff = torch.where(special & ~same_special, torch.full_like(diff, float("inf")), diff)
+        bad = (diff > tol * (ew.abs() + scale)) | (special & ~same_special)
+        tol_text = f"{tol:g} * (|expected| + {scale:.4g})"
+    if not bool(bad.any()):
+        return None
+    flat = int(torch.nonzero(bad.flatten())[0])
+    pos = list(torch.unravel_index(torch.tensor(flat), e.shape)) if e.dim() else []
+    where = [int(p) for p in pos]
+    detail = (
+        f"{int(bad.sum())} of {e.numel()} elements outside tolerance, the first at {where} "
+        f"(expected {e.flatten()[flat].item():.6g}, got {a.flatten()[flat].item():.6g})"
+    )
+    return float(diff.max()), tol_text, detail
+
+
+def compare_outputs(
+    expected: Any,
+    actual: Any,
+    *,
+    tolerance: float | None = None,
+    names: Sequence[str] | None = None,
+) -> Mismatch | None:
+    """The first leaf of ``actual`` that differs from ``expected`` (nested lists/tuples/dicts).
+
+    Tensors: same shape and dtype, then integers and bools exactly, floats within
+    :func:`tolerance_for` (``tolerance`` overrides every float dtype). Other leaves: ``==``.
+    ``names[i]`` names flattened leaf ``i`` in the result (default ``output i``).
+    """
+    exp_leaves, _ = tree_flatten(expected)
+    act_leaves, _ = tree_flatten(actual)
+    if len(exp_leaves) != len(act_leaves):
+        return Mismatch(
+            -1, "the outputs", None, None, float("inf"), "-",
+            f"{len(act_leaves)} outputs instead of {len(exp_leaves)}",
+        )  # fmt: skip
+    for i, (e, a) in enumerate(zip(exp_leaves, act_leaves)):
+        name = names[i] if names is not None and i < len(names) else f"output {i}"
+        if isinstance(e, Tensor) and isinstance(a, Tensor):
+            found = _tensor_mismatch(e, a, tolerance_for(e.dtype, tolerance))
+            if found is not None:
+                err, tol_text, detail = found
+                return Mismatch(
+                    i, name, tuple(e.shape), str(e.dtype).removeprefix("torch."), err,
+                    tol_text, detail,
+                )  # fmt: skip
+        elif isinstance(e, Tensor) or isinstance(a, Tensor) or e != a:
+            return Mismatch(
+                i, name, None, None, float("inf"), "exact",
+                f"got {type(a).__name__} {a!r}, expected {type(e).__name__} {e!r}",
+            )  # fmt: skip
+    return None
+
+
+def _written_placeholder(node: Any) -> fx.Node | None:
+    """The placeholder ``node`` is, or is a view of (through ops whose result aliases arg 0)."""
+    while isinstance(node, fx.Node):
+        if node.op == "placeholder":
+            return node
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, OpOverload):
+            return None
+        returns = target._schema.returns
+        if not returns or returns[0].alias_info is None or not node.args:
+            return None
+        node = node.args[0]
+    return None
+
+
+def mutated_inputs(gm: fx.GraphModule) -> list[int]:
+    """Positions of the graph inputs the graph writes in place (``copy_``, ``index_copy_``...)."""
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    written: set[int] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, OpOverload):
+            continue
+        for i, arg in enumerate(node.target._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = node.kwargs.get(arg.name) if arg.kwarg_only else (
+                node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            )  # fmt: skip
+            base = _written_placeholder(value)
+            if base is not None:
+                written.add(placeholders[base])
+    return sorted(written)
+
+
+def reference_graph(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of the lowered graph for the reference run, taken before an engine alters it.
+
+    The graph is copied (engines such as Inductor rewrite it in place); attributes and
+    constants are shared with ``gm``, not copied.
+    """
+    return fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
+def _output_names(gm: fx.GraphModule) -> list[str]:
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    leaves, _ = tree_flatten(out.args[0])
+    return [
+        f"output {i} (node {leaf.name!r})" if isinstance(leaf, fx.Node) else f"output {i}"
+        for i, leaf in enumerate(leaves)
+    ]
+
+
+def exchange_verdicts(
+    verdict: str | None,
+    groups: Sequence[tuple[int, ...]],
+    *,
+    timeout_s: float,
+    store: Any = None,
+    rank: int | None = None,
+) -> list[tuple[int, str]]:
+    """Publish this rank's verdict (None: passed) to each group; return the peers' failures.
+
+    Waits for every peer's verdict (up to ``timeout_s``); a peer that never answers is an error.
+    """
+    if not groups:
+        return []
+    store = store if store is not None else dist.distributed_c10d._get_default_store()
+    rank = dist.get_rank() if rank is None else rank
+    failures: dict[int, str] = {}
+    keys: dict[tuple[int, ...], str] = {}
+    try:
+        for ranks in sorted(groups):
+            with _lock:
+                round_ = _rounds[ranks]
+                _rounds[ranks] += 1
+            keys[ranks] = f"{_KEY_PREFIX}/{'-'.join(map(str, ranks))}/{round_}"
+            store.set(f"{keys[ranks]}/{rank}", json.dumps({"failure": verdict}))
+        for ranks in sorted(groups):
+            peers = [r for r in ranks if r != rank]
+            peer_keys = [f"{keys[ranks]}/{r}" for r in peers]
+            try:
+                store.wait(peer_keys, timedelta(seconds=timeout_s))
+            except Exception as exc:  # a RuntimeError/DistStoreError on timeout
+                missing = [r for r, k in zip(peers, peer_keys) if not store.check([k])]
+                raise VerificationError(
+                    f"rank {rank}: ranks {missing or peers} of group {list(ranks)} did not "
+                    f"report their verification verdict within {timeout_s:g} s: they failed, "
+                    "are much slower, or compiled a different graph; look at their logs "
+                    f"({type(exc).__name__}: {exc})"
+                ) from exc
+            for peer, key in zip(peers, peer_keys):
+                failure = json.loads(store.get(key))["failure"]
+                if failure is not None:
+                    failures.setdefault(peer, failure)
+    except (RuntimeError, OSError) as exc:
+        if isinstance(exc, VerificationError):
+            raise
+        raise VerificationError(
+            f"rank {rank}: could not reach the c10d store to exchange the verification "
+            f"verdict ({type(exc).__name__}: {exc}); the rank that hosts it (usually rank 0) "
+            "has probably failed or exited: look at its log"
+        ) from exc
+    return sorted(failures.items())
+
+
+def _describe_collectives(collectives: Sequence[CollectiveInfo]) -> str:
+    if not collectives:
+        return "none"
+    parts = []
+    for c in collectives:
+        reduce = f"({c.reduce_op})" if c.reduce_op else ""
+        module = f" in {c.module}" if c.module else ""
+        parts.append(f"{c.op}{reduce} {c.dtype}{list(c.shape)} on ranks {list(c.group_ranks)}"
+                     f"{module}")  # fmt: skip
+    return "; ".join(parts)
+
+
+_FIX = (
+    "The engine computed something other than the same graph run eagerly with c10d "
+    "collectives: a collective that did nothing or reduced over the wrong ranks (an unbound "
+    "communicator, engines pinned to another group), or a miscompiled layer. Compare with "
+    "engine='eager' or 'inductor', and see docs/troubleshooting.md; if the difference is only "
+    "precision (reduced-precision kernels), raise verify_tolerance"
+)
+
+
+def _as_list(outputs: Any) -> list[Any]:
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+@dataclass
+class _State:
+    done: bool = False  # the first call passed: run the engine alone
+    error: VerificationError | None = None  # the first call failed: never run it again
+
+
+def with_verification(
+    run: Callable[..., Any],
+    reference: fx.GraphModule,
+    *,
+    collectives: Sequence[CollectiveInfo],
+    engine: str,
+    timeout_s: float,
+    tolerance: float | None = None,
+) -> Callable[..., Any]:
+    """Wrap a boxed engine callable so its first call is checked against ``reference``.
+
+    ``reference`` is :func:`reference_graph` of the lowered graph, taken before the engine
+    was built. After a passing first call the wrapper only calls ``run``; after a failing
+    one every later call raises the same error (the engine is never trusted again).
+    """
+    graph_id = next(_graph_ids)
+    mutated = mutated_inputs(reference)
+    placeholders = [n.name for n in reference.graph.nodes if n.op == "placeholder"]
+    names = _output_names(reference) + [
+        f"input {i} (placeholder {placeholders[i]!r}, written in place)" for i in mutated
+    ]
+    groups = sorted({tuple(c.group_ranks) for c in collectives if len(c.group_ranks) > 1})
+    distributed = dist.is_initialized()
+    state = _State()
+
+    def first_call(args: list[Any]) -> Any:
+        if state.error is not None:
+            raise state.error
+        ref_args = [a.clone() if i in mutated else a for i, a in enumerate(args)]
+        written = [args[i] for i in mutated]  # the engine may clear ``args`` (boxed call)
+        with torch.no_grad():
+            expected = reference(*ref_args)
+        actual = run(args)
+        mismatch = compare_outputs(
+            [_as_list(expected), [ref_args[i] for i in mutated]],
+            [_as_list(actual), written],
+            tolerance=tolerance,
+            names=names,
+        )
+        rank = dist.get_rank() if distributed else 0
+        where = f"rank {rank}: graph #{graph_id} (engine {engine})"
+        mine = None if mismatch is None else f"{where}: {mismatch.describe()}"
+        peers = exchange_verdicts(mine, groups, timeout_s=timeout_s) if distributed else []
+        if mine is None and not peers:
+            state.done = True
+            logger.info("%s matches the eager reference on its first call", where)
+            return actual
+        if mine is None:
+            peer, message = peers[0]
+            text = f"{where}: rank {peer} found its result wrong: {message}"
+        else:
+            others = f" (also on ranks {[p for p, _ in peers]})" if peers else ""
+            text = mine + others
+        state.error = VerificationError(
+            f"{text}. Collectives of the graph: {_describe_collectives(collectives)}. {_FIX}"
+        )
+        raise state.error
+
+    def verified_run(args: list[Any]) -> Any:
+        if state.done:
+            return run(args)
+        return first_call(args)
+
+    verified_run._boxed_call = True  # type: ignore[attr-defined]
+    if hasattr(run, "trt_module"):  # the GraphModule holding TensorRT engines (for checks)
+        verified_run.trt_module = run.trt_module  # type: ignore[attr-defined]
+    return verified_run
