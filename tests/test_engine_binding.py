@@ -113,3 +113,57 @@ def test_nccl_groups_bind_their_device_at_init(backend: str, device: str, expect
     from torch_tensorrt_dist.runtime.distributed import bound_device
 
     assert bound_device(backend, device) == expected
+
+
+class StandInEngineModule(nn.Module):
+    """Models Torch-TensorRT's engine module: outputs and the aliased ones it would cut."""
+
+    def __init__(self, names: list[str], aliased: dict[str, tuple[str, str]]) -> None:
+        super().__init__()
+        self.output_binding_names = names
+        self.aliased_io = aliased
+
+
+def test_engine_modules_keep_every_output_when_a_cut_would_drop_a_graph_output() -> None:
+    from torch_tensorrt_dist.conversion.engine_binding import keep_aliased_outputs, returned_outputs
+
+    kv = ("k_cache", "kv_cache_update")
+    # a split engine whose cache write came last: upstream would return 1 of 2 outputs
+    split = StandInEngineModule(["hidden", "k_new"], {"k_new": kv})
+    # one engine, logits last: nothing would be cut, nothing to change
+    whole = StandInEngineModule(["k_new", "logits"], {"k_new": kv})
+    assert returned_outputs(split.output_binding_names, split.aliased_io) == 1
+    assert returned_outputs(whole.output_binding_names, whole.aliased_io) == 2
+    assert returned_outputs(["a"], {"a": kv}) == 1  # all aliased: all returned
+    assert keep_aliased_outputs(nn.Sequential(split, whole)) == 1
+    assert split.aliased_io == {} and whole.aliased_io == {"k_new": kv}
+
+
+def test_a_failed_first_call_is_not_retried_with_a_collective() -> None:
+    import torch.distributed as dist
+
+    class Group:  # never reached: the failure comes before any collective on a retry
+        group_name = "g"
+
+    calls: list[int] = []
+
+    def run(args: list[Any]) -> Any:
+        calls.append(1)
+        return args
+
+    engine = StandInEngine(bindable=False)
+    wrapped = with_bound_communicator(run, [("e", engine)], Group(), torch.device("cpu"))  # type: ignore[arg-type]
+    import torch_tensorrt_dist.conversion.engine_binding as binding
+
+    seen: list[int] = []
+    original = binding.ensure_communicator
+    binding.ensure_communicator = lambda pg, device: seen.append(1)  # type: ignore[assignment]
+    binding.dist.get_process_group_ranks = lambda pg: [0, 1]  # type: ignore[assignment]
+    try:
+        for _ in range(2):
+            with pytest.raises(DistributedSetupError, match="hold collectives but no NCCL"):
+                wrapped([1])
+    finally:
+        binding.ensure_communicator = original
+        binding.dist.get_process_group_ranks = dist.get_process_group_ranks
+    assert seen == [1] and engine.binds == 1 and calls == []  # one attempt, no retry

@@ -69,3 +69,16 @@ def test_prefill_positions_must_be_provably_consecutive() -> None:
 
     made = _writes(prefill_from_zero, tokens, pad)
     assert made and all(kv_cache_write_decision(n).convertible for n in made)
+
+
+def test_a_cache_with_another_reader_is_not_written_in_place() -> None:
+    graph = torch.fx.Graph()
+    cache, pos, k = graph.placeholder("cache"), graph.placeholder("pos"), graph.placeholder("k")
+    write = graph.call_function(torch.ops.aten.index_copy.default, (cache, 2, pos, k))
+    old = graph.call_function(torch.ops.aten.sum.default, (cache,))  # reads the old cache
+    graph.output((write, old))
+    for node, val in zip(graph.nodes, (torch.zeros(2, 2, 8, 4), torch.zeros(1, dtype=torch.long),
+                                       torch.zeros(2, 2, 1, 4))):  # fmt: skip
+        node.meta["val"] = val
+    decision = kv_cache_write_decision(write)
+    assert not decision.convertible and "other readers" in decision.reason

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,6 +27,7 @@ from torch_tensorrt_dist.conversion.availability import (
     require_tensorrt_engine,
 )
 from torch_tensorrt_dist.conversion.engine_binding import (
+    keep_aliased_outputs,
     multidevice_engines,
     pin_engines,
     with_bound_communicator,
@@ -130,38 +130,6 @@ def _fake_inputs(example_inputs: list[Any]) -> list[Any]:
     return [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
 
 
-@contextlib.contextmanager
-def _is_building(active: bool) -> Iterator[None]:
-    """TensorRT-LLM's plugins skip their NCCL set-up while ``IS_BUILDING=1``; it must be set
-    while TensorRT builds (the builder may time one rank's plugin alone and would hang the
-    others) and never while an engine is set up to run. Torch-TensorRT builds in
-    ``TRTInterpreter.run`` and creates the runtime engine afterwards, so the variable is set
-    around that method only."""
-    if not active:
-        yield
-        return
-    from torch_tensorrt.dynamo.conversion._TRTInterpreter import TRTInterpreter
-
-    build = TRTInterpreter.run
-
-    def run_building(self: Any, *args: Any, **kwargs: Any) -> Any:
-        previous = os.environ.get("IS_BUILDING")
-        os.environ["IS_BUILDING"] = "1"
-        try:
-            return build(self, *args, **kwargs)
-        finally:
-            if previous is None:
-                os.environ.pop("IS_BUILDING", None)
-            else:
-                os.environ["IS_BUILDING"] = previous
-
-    TRTInterpreter.run = run_building
-    try:
-        yield
-    finally:
-        TRTInterpreter.run = build
-
-
 def collectives_left_in_torch(compiled: torch.nn.Module) -> int:
     """Typed collectives over more than one rank that still run in PyTorch after partitioning
     (in the top graph or a PyTorch submodule; the engines hold the others)."""
@@ -218,13 +186,11 @@ def compile_tensorrt(
             bound = engine_group(calls)
         logger.info("TensorRT collectives: %s (%s)", choice.impl, choice.reason)
         trt_settings, engine_cache = _trt_settings(settings)
-        with (
-            _bound_group(bound.group_name if bound else None) as pg,
-            _is_building(bool(multi) and choice.impl == "plugin"),
-        ):
+        with _bound_group(bound.group_name if bound else None) as pg:
             compiled = _pretraced_backend(
                 gm, _fake_inputs(example_inputs), trt_settings, engine_cache
             )
+        keep_aliased_outputs(compiled)
     run = make_boxed_func(compiled)
     if pg is not None and isinstance(compiled, torch.nn.Module):
         run = _bind_native(run, compiled, pg, len(multi))

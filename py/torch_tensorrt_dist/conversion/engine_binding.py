@@ -19,7 +19,7 @@ move the first graph's engines. Here, per compiled graph:
 The engine objects are duck-typed on the attributes Torch-TensorRT 2.14 exposes: the C++
 runtime's ``torch.classes.tensorrt.Engine`` (``requires_native_multidevice``,
 ``set_group_name``, ``bind_nccl_comm``, ``nccl_initialized``) and the Python runtime's
-``TRTEngine`` (``is_distributed``, ``setup_nccl_comm``, ``_nccl_comm``).
+``TRTEngine`` (``requires_native_multidevice``, ``setup_nccl_comm``, ``_nccl_comm``).
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ from torch_tensorrt_dist.errors import DistributedSetupError
 __all__ = [
     "bind_engines",
     "ensure_communicator",
+    "keep_aliased_outputs",
     "multidevice_engines",
     "pin_engines",
+    "returned_outputs",
     "with_bound_communicator",
 ]
 
@@ -48,10 +50,9 @@ logger = logging.getLogger(__name__)
 
 
 def _is_multidevice(engine: Any) -> bool:
-    return bool(
-        getattr(engine, "requires_native_multidevice", False)
-        or getattr(engine, "is_distributed", False)
-    )
+    # both runtimes set it at build from the engine's collective layers (the Python runtime's
+    # ``is_distributed`` is true for every engine of a multi-rank job: not a test)
+    return bool(getattr(engine, "requires_native_multidevice", False))
 
 
 def multidevice_engines(module: nn.Module) -> list[tuple[str, Any]]:
@@ -65,6 +66,38 @@ def multidevice_engines(module: nn.Module) -> list[tuple[str, Any]]:
             seen.add(id(engine))
             found.append((name or "<root>", engine))
     return found
+
+
+def keep_aliased_outputs(compiled: nn.Module) -> int:
+    """Make every engine module of ``compiled`` return all its outputs; returns how many
+    modules it changed.
+
+    Torch-TensorRT's module drops the trailing outputs it finds in ``aliased_io`` (outputs it
+    appended for an in-place KV-cache layer) and returns a bare tensor when one output is
+    left. On our path every aliased output is a real graph output (AOTAutograd returns the
+    written cache), and when the graph is split into several engines the partitioner orders an
+    engine's outputs so that those only the final output reads come last: cutting them would
+    hand the parent graph the wrong values. The engine still writes the cache in place and
+    returns the cache tensor itself, so AOTAutograd's copy-back is a no-op.
+    """
+    changed = 0
+    for sub in compiled.modules():
+        aliased = getattr(sub, "aliased_io", None)
+        names = list(getattr(sub, "output_binding_names", None) or ())
+        if aliased and names and returned_outputs(names, aliased) < len(names):
+            sub.aliased_io = {}  # type: ignore[assignment]  # a Torch-TensorRT module attribute
+            changed += 1
+    return changed
+
+
+def returned_outputs(output_names: list[str], aliased: Any) -> int:
+    """How many outputs Torch-TensorRT 2.14's engine module returns (its
+    ``user_output_count``): up to the last output *not* in ``aliased``, or all of them when
+    none or every one is aliased."""
+    for i in range(len(output_names) - 1, -1, -1):
+        if output_names[i] not in aliased:
+            return i + 1
+    return len(output_names)
 
 
 def pin_engines(engines: list[tuple[str, Any]], group_name: str) -> None:
@@ -139,17 +172,25 @@ def with_bound_communicator(
     if not engines:
         return run
     done = threading.Event()
+    failed: list[BaseException] = []
 
     def bound_run(args: list[Any]) -> Any:
         if done.is_set():
+            if failed:  # never retried: a retry's collective could meet no peer and hang
+                raise failed[0]
             return run(args)
-        ensure_communicator(pg, device)
-        with _active_group(pg):
-            bind_engines(engines, pg)
-            out = run(args)
-        done.set()
+        try:
+            ensure_communicator(pg, device)
+            with _active_group(pg):
+                bind_engines(engines, pg)
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+        finally:
+            done.set()
         logger.info("bound %s to %d engine(s)", _group_text(pg), len(engines))
-        return out
+        with _active_group(pg):
+            return run(args)
 
     bound_run._boxed_call = True  # type: ignore[attr-defined]
     return bound_run

@@ -6,9 +6,12 @@ The Llama decode step writes each cache with ``index_copy(<cache input>, 2, cach
 any other batch goes through a scatter that rebuilds the whole cache. Our converter takes the
 same layer for every batch: TensorRT writes ``S`` slots starting at ``writeIndices[b]`` in row
 ``b``, so ``writeIndices`` is ``cache_pos[0]`` repeated per row. That is only the same write as
-``index_copy`` when the ``S`` positions are consecutive, which holds for one slot (decode) and
-for positions made by an in-graph ``arange``; other writes stay with Torch-TensorRT's own
-converters (correct, slower).
+``index_copy`` when the ``S`` positions are consecutive, which holds for one slot (decode); a
+prefill (several slots at positions given as an input, or an ``arange`` that Torch-TensorRT's
+constant folding turns into a constant) stays with Torch-TensorRT's own converters (correct,
+slower, once per request). TensorRT writes the cache in place, so the write must be the
+cache's only reader in the graph (any other reader would see the new values) and the cache
+must not be a graph output itself.
 
 :func:`kv_cache_write_decision` is pure (FX metadata only) and tested on CPU;
 :func:`convert_kv_cache_write` is the TensorRT shell, run only where TensorRT is installed.
@@ -27,6 +30,8 @@ __all__ = ["convert_kv_cache_write", "kv_cache_write_decision", "kv_cache_write_
 
 _aten = torch.ops.aten
 _ARANGES = (_aten.arange.default, _aten.arange.start, _aten.arange.start_step)
+#: dtypes IKVCacheUpdateLayer takes for the cache (NvInfer.h: kFLOAT, kHALF, kBF16)
+_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _static_shape(node: Any) -> tuple[int, ...] | None:
@@ -54,6 +59,13 @@ def kv_cache_write_decision(node: fx.Node) -> Decision:
     cache, dim, index, src = node.args[:4]
     if not isinstance(cache, fx.Node) or cache.op != "placeholder":
         return Decision(False, "the cache written is not a graph input (a view of one, say)")
+    if len(cache.users) != 1 or any(u.op == "output" for u in cache.users):
+        return Decision(
+            False, "the cache has other readers in the graph, which an in-place write would change"
+        )
+    index_shape = _static_shape(index)
+    if index_shape is None or len(index_shape) != 1:
+        return Decision(False, "the positions are not a 1-D tensor of static length")
     cache_shape, src_shape = _static_shape(cache), _static_shape(src)
     if cache_shape is None or src_shape is None or len(cache_shape) != 4 or len(src_shape) != 4:
         return Decision(False, "cache and update must be 4-D with static shapes [B, H, L, D]")
@@ -67,8 +79,11 @@ def kv_cache_write_decision(node: fx.Node) -> Decision:
         return Decision(
             False, f"update {list(src_shape)} does not fill every row of cache {list(cache_shape)}"
         )
-    if cache.meta["val"].dtype != src.meta["val"].dtype:  # type: ignore[union-attr]
+    dtype = cache.meta["val"].dtype
+    if dtype != src.meta["val"].dtype:  # type: ignore[union-attr]
         return Decision(False, "cache and update have different dtypes")
+    if dtype not in _CACHE_DTYPES:
+        return Decision(False, f"TensorRT's KV-cache layer takes float caches, not {dtype}")
     slots = src_shape[2]
     if slots != 1 and not _consecutive(index):
         return Decision(
@@ -97,6 +112,7 @@ def convert_kv_cache_write(ctx: Any, target: Any, args: Any, kwargs: Any, name: 
     from torch_tensorrt.dynamo.conversion.impl.slice_scatter import emit_kv_cache_update_layer
 
     cache, dim, index, src = args[:4]
+    dim = dim % 4  # the validator took 2 or -2; the fallback needs it non-negative
     cache = get_trt_tensor(ctx, cache, f"{name}_cache")
     src = get_trt_tensor(ctx, src, f"{name}_src")
     index = get_trt_tensor(ctx, index, f"{name}_index")

@@ -34,6 +34,7 @@ __all__ = [
     "PluginLoader",
     "load_trtllm_plugins",
     "loaded_tensorrt_major",
+    "loaded_trtllm_plugins",
     "plugin_candidates",
     "tensorrt_abi_mismatch",
 ]
@@ -273,6 +274,11 @@ def _initialise(handle: Any, cand: Candidate) -> Any:
 
 
 _DEFAULT = PluginLoader()
+
+
+def loaded_trtllm_plugins() -> LoadedPlugins | None:
+    """The TensorRT-LLM plugin library this process loaded, if any (loads nothing)."""
+    return _DEFAULT.loaded
 
 
 def load_trtllm_plugins(path: str | None = None) -> LoadedPlugins:
