@@ -1,0 +1,124 @@
+"""MoE in one process: explain on the fake process group, sliced reads, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_tensorrt_dist.errors import CheckpointError, ConfigError
+from torch_tensorrt_dist.models.llama_args import ModelArgs
+from torch_tensorrt_dist.models.moe_args import MoEArgs, moe_args_from_hf_config
+from torch_tensorrt_dist.models.moe_loader import load_moe
+from torch_tensorrt_dist.parallel.moe import MoEGroups, moe_layout
+
+from . import _moe_ckpt
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("moe") / "mixtral"
+    _moe_ckpt.save_checkpoint("mixtral", path)
+    return path
+
+
+def test_explain_ep2_tp4_on_fake_world_of_8() -> None:
+    """Rank 5 of --ep 2 --tp 4: one decode graph, attention on TP group [4..7], each MoE
+    layer's single all-reduce on the EP x TP group [0..7], named by its module."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_tensorrt_dist", "explain", "--model", "moe",
+         "--world-size", "8", "--ep", "2", "--tp", "4", "--rank", "5", "--layers", "2", "--json"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["ep_rank"], report["tp_rank"], report["experts"]) == (1, 1, [4, 8])
+    assert report["decode"]["graph_count"] == 1 and report["decode"]["graph_breaks"] == []
+    assert report["groups"] == [[4, 5, 6, 7], list(range(8))]
+    assert report["groups_ok"]
+    rows = [(c["op"], c["group_ranks"], c["module"]) for c in report["decode"]["collectives"]]
+    moe = [r for r in rows if r[1] == list(range(8))]
+    assert moe == [("all_reduce", list(range(8)), f"layers.{i}.feed_forward") for i in (0, 1)]
+    assert ("all_reduce", [4, 5, 6, 7], "layers.1.attention") in rows
+
+
+def test_each_ep_rank_reads_only_its_experts(mixtral: Path) -> None:
+    """At ep 2 the two ranks read disjoint halves of the expert bytes and all of the rest."""
+    full = load_moe(mixtral, progress=False)
+    expert = sum(
+        p.numel() * 4 for n, p in full.named_parameters() if n.endswith(("w1", "w2", "w3"))
+    )
+    total = full.bytes_read
+    reads = []
+    for r in range(2):
+        model = load_moe(mixtral, groups=MoEGroups(2, 1, r, 0, None, None), progress=False)
+        reads.append(model.bytes_read)
+        assert model.sparse_blocks[0].expert_start == 2 * r
+        assert list(model.sparse_blocks[0].w2.shape) == [2, 64, 32]
+        for name in ("w1", "w3", "w2"):  # the rank's experts, bit for bit
+            got = getattr(model.sparse_blocks[1], name)
+            torch.testing.assert_close(
+                got, getattr(full.sparse_blocks[1], name)[2 * r : 2 * r + 2], rtol=0, atol=0
+            )
+    assert reads == [total - expert // 2] * 2
+
+
+def _cfg(**overrides: Any) -> dict[str, Any]:
+    _, cfg = _moe_ckpt.CONFIGS["qwen2_moe"]
+    return {"model_type": "qwen2_moe", **_moe_ckpt._COMMON, **cfg, **overrides}
+
+
+def test_qwen2_moe_config_translation() -> None:
+    args, moe = moe_args_from_hf_config(_cfg(decoder_sparse_step=1))
+    assert (moe.n_experts, moe.top_k, moe.expert_size, moe.shared_expert_size) == (4, 2, 16, 32)
+    assert moe.sparse_layers == (0,) and not moe.norm_topk_prob and args.qkv_bias
+
+
+@pytest.mark.parametrize(
+    ("ep", "tp", "overrides", "text"),
+    [
+        (3, 1, {}, "ep=3 does not divide the 4 experts; use ep in [1, 2, 4]"),
+        (1, 3, {}, "tp=3 does not divide the expert FFN size 16"),
+        (4, 1, {"shared_expert_intermediate_size": 18}, "ep x tp = 4 does not divide the shared "
+         "expert FFN size 18"),
+        (1, 8, {"moe_intermediate_size": 64}, "n_heads=4 is not divisible by tp=8"),
+    ],
+)  # fmt: skip
+def test_bad_layouts_name_the_numbers(
+    ep: int, tp: int, overrides: dict[str, int], text: str
+) -> None:
+    args, moe = moe_args_from_hf_config(_cfg(**overrides))
+    with pytest.raises(ConfigError, match=text.replace("[", r"\[").replace("]", r"\]")):
+        moe_layout(args, moe, ep=ep, tp=tp)
+
+
+def test_bad_moe_args() -> None:
+    with pytest.raises(ConfigError, match="top_k=3 exceeds the 2 experts"):
+        MoEArgs(n_experts=2, top_k=3, expert_size=8)
+    with pytest.raises(ConfigError, match="model_type='llama'"):
+        moe_args_from_hf_config({"model_type": "llama"})
+    assert ModelArgs  # the dense arguments are shared
+
+
+def test_missing_expert_is_named(mixtral: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((mixtral / "config.json").read_text())
+    tensors = load_file(str(mixtral / "model.safetensors"))
+    for kind in ("w1", "w2", "w3"):
+        del tensors[f"model.layers.1.block_sparse_moe.experts.3.{kind}.weight"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"lacks expert 3 of layer 1 .* 4 experts, the "
+                       r"checkpoint has 3 for that layer \(\[0, 1, 2\]\)"):  # fmt: skip
+        load_moe(broken, progress=False)
+    # ep rank 0 of 2 holds experts 0, 1 only: it loads without the missing one
+    load_moe(broken, groups=MoEGroups(2, 1, 0, 0, None, None), progress=False)
