@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from torch_tensorrt_dist.cli import main
 from torch_tensorrt_dist.errors import CheckpointError, ConfigError
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs, moe_args_from_hf_config
@@ -29,16 +28,13 @@ def mixtral(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_explain_ep2_tp4_on_fake_world_of_8() -> None:
+def test_explain_ep2_tp4_on_fake_world_of_8(capsys: pytest.CaptureFixture[str]) -> None:
     """Rank 5 of --ep 2 --tp 4: one decode graph, attention on TP group [4..7], each MoE
     layer's single all-reduce on the EP x TP group [0..7], named by its module."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch_tensorrt_dist", "explain", "--model", "moe",
-         "--world-size", "8", "--ep", "2", "--tp", "4", "--rank", "5", "--layers", "2", "--json"],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    args = ["explain", "--model", "moe", "--world-size", "8", "--ep", "2", "--tp", "4", "--rank",
+            "5", "--layers", "2", "--json"]  # fmt: skip
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
     assert (report["ep_rank"], report["tp_rank"], report["experts"]) == (1, 1, [4, 8])
     assert report["decode"]["graph_count"] == 1 and report["decode"]["graph_breaks"] == []
     assert report["groups"] == [[4, 5, 6, 7], list(range(8))]
