@@ -100,7 +100,6 @@ def test_bad_moe_args() -> None:
         MoEArgs(n_experts=2, top_k=3, expert_size=8)
     with pytest.raises(ConfigError, match="model_type='llama'"):
         moe_args_from_hf_config({"model_type": "llama"})
-    assert ModelArgs  # the dense arguments are shared
 
 
 def test_missing_expert_is_named(mixtral: Path, tmp_path: Path) -> None:
@@ -118,3 +117,19 @@ def test_missing_expert_is_named(mixtral: Path, tmp_path: Path) -> None:
         load_moe(broken, progress=False)
     # ep rank 0 of 2 holds experts 0, 1 only: it loads without the missing one
     load_moe(broken, groups=MoEGroups(2, 1, 0, 0, None, None), progress=False)
+
+
+def test_bench_moe_communication_meets_the_minimum() -> None:
+    """One all-reduce of batch x hidden per MoE layer; an all-to-all dispatch sends more."""
+    from torch_tensorrt_dist.bench.moe import a2a_bytes, moe_communication
+
+    args = ModelArgs(dim=64, n_layers=2, n_heads=4, vocab_size=128, intermediate_size=64)
+    moe = MoEArgs(n_experts=4, top_k=2, expert_size=64, sparse_layers=(1,))
+    figures = moe_communication(layouts=((2, 2),), args=args, moe_args=moe)
+    assert [f.met for f in figures] == [True, True, True]
+    assert figures[2].value == 64 * 2  # hidden 64 in bf16, batch 1
+    # dispatch + combine of 2 rows x 2 EP slots, the TP all-reduce, the EP all-gather
+    assert a2a_bytes(ep=2, tp=2, tokens=1, dim=256, top_k=2, n_experts=8, itemsize=2) == (
+        4,
+        2 * (2 * 2 * 256 * 2) + 512 + 256,
+    )

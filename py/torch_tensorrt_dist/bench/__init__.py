@@ -36,6 +36,12 @@ def _memory() -> list[Figure]:
     return memory()
 
 
+def _moe() -> list[Figure]:
+    from torch_tensorrt_dist.bench.moe import moe_figures
+
+    return moe_figures()
+
+
 def _gpu() -> list[Figure]:
     from torch_tensorrt_dist.bench.gpu import gpu
 
@@ -48,6 +54,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "compile": _compile,
     "decode": _decode,
     "memory": _memory,
+    "moe": _moe,
     "gpu": _gpu,
 }
 
