@@ -133,3 +133,37 @@ def test_bench_moe_communication_meets_the_minimum() -> None:
         4,
         2 * (2 * 2 * 256 * 2) + 512 + 256,
     )
+
+
+def test_routed_compute_equals_dense_and_compiles_to_one_graph() -> None:
+    """The decode path (only each token's k choices, weights gathered by index) gives the dense
+    path's result on every EP shard, and captures as one graph with no break."""
+    from torch_tensorrt_dist import explain
+    from torch_tensorrt_dist.models.moe import SparseMoE
+
+    args = ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=64, intermediate_size=24)
+    moe = SparseMoE(args, MoEArgs(n_experts=8, top_k=3, expert_size=24, norm_topk_prob=False))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    x = torch.randn(2, 3, 32, generator=gen)
+    full = {k: getattr(moe, k).data for k in ("w1", "w2", "w3")}
+    total = torch.zeros(2, 3, 32)
+    for start in (0, 4):  # the two EP ranks of ep 2: their partial sums add up to the whole
+        for k, w in full.items():
+            setattr(moe, k, torch.nn.Parameter(w[start : start + 4]))
+        moe.expert_start = start
+        outs = {}
+        for mode in ("dense", "routed"):
+            moe.compute = mode
+            outs[mode] = moe(x)
+        torch.testing.assert_close(outs["routed"], outs["dense"], atol=1e-5, rtol=1e-5)
+        total += outs["dense"]
+    for k, w in full.items():
+        setattr(moe, k, torch.nn.Parameter(w))
+    moe.expert_start, moe.compute = 0, "dense"
+    torch.testing.assert_close(total, moe(x), atol=1e-5, rtol=1e-5)
+    moe.compute = "auto"  # 1 token x top 3 < 8 local experts: routed
+    report = explain(moe, torch.randn(1, 1, 32))
+    assert report.graph_count == 1 and report.graph_breaks == []

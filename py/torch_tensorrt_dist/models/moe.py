@@ -8,10 +8,12 @@ Attention, norms, KV cache, embedding and LM head are the Llama ones, so ``Gener
 
 Static shapes and exact results: each rank computes its experts (``expert_start`` onwards) for
 every token and weighs each by the token's routing weight for that expert, zero when the token
-was not routed there. No token is ever dropped, no shape depends on the routing, and prefill and
-decode stay one graph each. Under expert x tensor parallelism (``parallel/moe.py``) the partial
-sums of all ranks meet in ONE all-reduce over the EP x TP group (``group``); the docs
-(``docs/moe.md``) say why this beats an all-to-all dispatch for batch-1 decode.
+was not routed there ("dense"); where tokens x top_k is below the local expert count (decode) it
+computes only each token's k choices, gathering their weights by index ("routed"). No token is
+ever dropped, no shape depends on the routing, and prefill and decode stay one graph each.
+Under expert x tensor parallelism (``parallel/moe.py``) the partial sums of all ranks meet
+in ONE all-reduce over the EP x TP group (``group``); the docs (``docs/moe.md``) say why this
+beats an all-to-all dispatch for batch-1 decode.
 
     model = MoETransformer(args, moe)
     model.setup_caches(max_batch_size=1, max_seq_len=64)
@@ -30,20 +32,26 @@ from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs
 
-__all__ = ["MoETransformer", "SharedExpert", "SparseMoE", "route"]
+__all__ = ["MoETransformer", "SharedExpert", "SparseMoE", "route", "top_k_routing"]
+
+
+def top_k_routing(logits: Tensor, top_k: int, norm_topk_prob: bool) -> tuple[Tensor, Tensor]:
+    """logits: [T, E] -> (weights [T, k] float32, expert ids [T, k]): softmax in float32, top-k,
+    optional renormalisation, as transformers' Mixtral/Qwen2-MoE routers do."""
+    probs = F.softmax(logits.float(), dim=-1)  # [T, E]
+    top_w, top_i = torch.topk(probs, top_k, dim=-1)  # [T, k]
+    if norm_topk_prob:
+        top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+    return top_w, top_i
 
 
 def route(logits: Tensor, top_k: int, norm_topk_prob: bool, start: int, count: int) -> Tensor:
     """Routing weights of experts ``[start, start + count)`` for every token (0 if not routed).
 
-    logits: [T, E] router logits -> [T, count] float32. Softmax in float32, top-k, optional
-    renormalisation, as transformers' Mixtral/Qwen2-MoE routers do. Each token has at most one
-    non-zero term per expert in the sum over its k choices, so the weights are exact.
+    logits: [T, E] router logits -> [T, count] float32. Each token has at most one non-zero
+    term per expert in the sum over its k choices, so the weights are exact.
     """
-    probs = F.softmax(logits.float(), dim=-1)  # [T, E]
-    top_w, top_i = torch.topk(probs, top_k, dim=-1)  # [T, k]
-    if norm_topk_prob:
-        top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+    top_w, top_i = top_k_routing(logits, top_k, norm_topk_prob)
     ids = torch.arange(count, device=logits.device) + start  # [count]
     hit = top_i[..., None] == ids  # [T, k, count]
     return (top_w[..., None] * hit).sum(dim=1)  # [T, count]
@@ -79,6 +87,11 @@ class SparseMoE(nn.Module):
         self.w2 = nn.Parameter(torch.empty(e, d, i))
         self.shared = SharedExpert(d, moe.shared_expert_size) if moe.shared_expert_size else None
         self.expert_start = 0  # global index of this rank's first expert
+        #: "dense": every local expert for every token (zero weight where not routed);
+        #: "routed": only each token's k choices, their weights gathered by index (zero weight
+        #: for a choice another rank owns); "auto": routed when T x k < local experts (decode),
+        #: else dense. Both are exact and static-shape; the choice is made per traced graph.
+        self.compute = "auto"
         self.group: dist.ProcessGroup | None = None  # EP x TP group; set by parallel.moe
 
     @property
@@ -89,19 +102,38 @@ class SparseMoE(nn.Module):
         # x: [B, S, D] (the same on every rank of the group) -> [B, S, D]
         b, s, d = x.shape
         h = x.reshape(b * s, d)  # [T, D]
-        weights = route(
-            self.gate(h), self.top_k, self.norm_topk_prob, self.expert_start, self.local_experts
-        )  # [T, E_local]
-        g = torch.matmul(h, self.w1.transpose(1, 2))  # [E_local, T, I_local]
-        u = torch.matmul(h, self.w3.transpose(1, 2))
-        y = torch.matmul(F.silu(g) * u, self.w2.transpose(1, 2))  # [E_local, T, D]
-        out = (y * weights.t().to(y.dtype)[..., None]).sum(dim=0)  # [T, D]
+        routed = self.compute == "routed" or (
+            self.compute == "auto" and b * s * self.top_k < self.local_experts
+        )
+        out = self._routed(h) if routed else self._dense(h)  # [T, D]
         if self.shared is not None:
             out = out + self.shared(h)
         if self.group is not None:
             # the one collective of the layer's MLP: every expert's and TP shard's partial sum
             out = funcol.all_reduce(out, "sum", self.group)
         return out.view(b, s, d)
+
+    def _dense(self, h: Tensor) -> Tensor:
+        weights = route(
+            self.gate(h), self.top_k, self.norm_topk_prob, self.expert_start, self.local_experts
+        )  # [T, E_local]
+        g = torch.matmul(h, self.w1.transpose(1, 2))  # [E_local, T, I_local]
+        u = torch.matmul(h, self.w3.transpose(1, 2))
+        y = torch.matmul(F.silu(g) * u, self.w2.transpose(1, 2))  # [E_local, T, D]
+        return (y * weights.t().to(y.dtype)[..., None]).sum(dim=0)  # [T, D]
+
+    def _routed(self, h: Tensor) -> Tensor:
+        t, d = h.shape
+        top_w, top_i = top_k_routing(self.gate(h), self.top_k, self.norm_topk_prob)  # [T, k]
+        local = top_i - self.expert_start
+        mine = (local >= 0) & (local < self.local_experts)
+        idx = torch.where(mine, local, torch.zeros_like(local)).reshape(-1)  # [T*k]
+        w = (top_w * mine).reshape(-1, 1)  # [T*k, 1] float32, 0 for another rank's expert
+        hr = h.repeat_interleave(self.top_k, dim=0)[..., None]  # [T*k, D, 1]
+        g = torch.bmm(self.w1[idx], hr)  # [T*k, I_local, 1]
+        u = torch.bmm(self.w3[idx], hr)
+        y = torch.bmm(self.w2[idx], F.silu(g) * u).squeeze(-1)  # [T*k, D]
+        return (y * w.to(y.dtype)).view(t, self.top_k, d).sum(dim=1)  # [T, D]
 
 
 class MoETransformer(Transformer):
