@@ -167,3 +167,31 @@ def test_routed_compute_equals_dense_and_compiles_to_one_graph() -> None:
     moe.compute = "auto"  # 1 token x top 3 < 8 local experts: routed
     report = explain(moe, torch.randn(1, 1, 32))
     assert report.graph_count == 1 and report.graph_breaks == []
+
+
+def test_experts_fused_on_disk_load_like_per_expert(mixtral: Path, tmp_path: Path) -> None:
+    """A checkpoint in transformers' in-memory layout (experts.gate_up_proj [E, 2I, D],
+    experts.down_proj [E, D, I], router under .mlp) loads the same weights, reading the same
+    bytes: only this rank's experts' blocks."""
+    from safetensors.torch import save_file
+
+    from torch_tensorrt_dist.models.moe_loader import _fused_slice
+    from torch_tensorrt_dist.parallel.llama import ShardSlice
+    from torch_tensorrt_dist.parallel.moe import MoELayout
+
+    hf = _moe_ckpt.hf_model("mixtral")
+    (tmp_path / "config.json").write_text((mixtral / "config.json").read_text())
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, str(tmp_path / "model.safetensors"))
+    for groups in (None, MoEGroups(2, 1, 1, 0, None, None)):
+        ref = load_moe(mixtral, groups=groups, progress=False)
+        got = load_moe(tmp_path, groups=groups, progress=False)
+        for a, b in zip(ref.parameters(), got.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert got.bytes_read == ref.bytes_read
+    # at tp 2, rank 1 reads rows 8:16 (gate) and 24:32 (up) of [32, D], columns 8:16 of down
+    lay = MoELayout(ep=1, tp=2, ep_rank=0, tp_rank=1, n_experts=4, expert_size=16)
+    assert _fused_slice("w1", lay, 16) == ShardSlice(0, 8, 16, 8)
+    assert _fused_slice("w3", lay, 16) == ShardSlice(0, 24, 32, 8)
+    assert _fused_slice("w2", lay, 16) == ShardSlice(1, 8, 16, 8)

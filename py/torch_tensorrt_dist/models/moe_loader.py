@@ -8,7 +8,8 @@ tensors, the replicated router, its 1/(ep x tp) of the shared expert, and for ea
 only its TP slice of ``w1``/``w3`` (rows) and ``w2`` (columns); other experts' bytes are never
 read. Checkpoints name experts one tensor each, as transformers' ``save_pretrained`` writes them:
 ``block_sparse_moe.experts.N.w1.weight`` (Mixtral) or ``mlp.experts.N.gate_proj.weight``
-(Qwen2-MoE).
+(Qwen2-MoE); a checkpoint in transformers' in-memory layout (``mlp.experts.gate_up_proj``
+[E, 2I, D], ``mlp.experts.down_proj`` [E, D, I]) is read expert block by expert block.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from tqdm import tqdm
 from torch_tensorrt_dist.errors import CheckpointError
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.loader import _load_into, hf_name, weight_map
-from torch_tensorrt_dist.models.moe import MoETransformer
+from torch_tensorrt_dist.models.moe import MoETransformer, SparseMoE
 from torch_tensorrt_dist.models.moe_args import MoEArgs, moe_args_from_hf_config
-from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
+from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader, TensorInfo
 from torch_tensorrt_dist.parallel.llama import Embedding, LMHead, ShardSlice, shard_slice, tp_layout
 from torch_tensorrt_dist.parallel.moe import (
     MoEGroups,
@@ -91,36 +92,76 @@ def moe_hf_name(name: str, args: ModelArgs, moe: MoEArgs) -> str | None:
     return f"{block}.shared_expert.{_SHARED[shared]}.weight"
 
 
+Job = tuple[str, torch.Tensor, str, "ShardSlice | None", tuple[int, ...]]
+"""(our name, destination, checkpoint key, slice, the checkpoint tensor's expected shape)"""
+
+
+def _fused_slice(kind: str, layout: MoELayout, expert_size: int) -> ShardSlice | None:
+    """The slice of one expert's ``gate_up_proj`` [2I, D] (w1: rows of the first half, w3: of
+    the second) or ``down_proj`` [D, I] (w2: columns) this rank reads."""
+    sl = expert_slice(kind, layout)
+    if kind == "w2":
+        return sl
+    start, stop = (0, expert_size) if sl is None else (sl.start, sl.stop)
+    offset = expert_size if kind == "w3" else 0
+    return ShardSlice(0, offset + start, offset + stop, stop - start)
+
+
 def _expert_jobs(
     model: MoETransformer, layout: MoELayout, names: dict[str, Path], root: Path
-) -> list[tuple[str, torch.Tensor, str, ShardSlice | None]]:
-    """(name, destination, checkpoint key, slice) of every local expert tensor."""
-    jobs = []
+) -> list[Job]:
+    """The jobs of every local expert tensor: one checkpoint tensor per expert, or (experts
+    fused on disk, transformers' in-memory layout) expert ``e`` of ``experts.gate_up_proj``
+    [E, 2I, D] / ``experts.down_proj`` [E, D, I], read as ``key@e``."""
+    jobs: list[Job] = []
+    moe, d, size = model.moe, model.args.dim, model.moe.expert_size
     for i, block in enumerate(model.blocks):
-        moe = block.feed_forward
-        if moe not in model.sparse_blocks:
+        ffn = block.feed_forward
+        if not isinstance(ffn, SparseMoE):
             continue
+        fused = f"model.layers.{i}.mlp.experts"
+        is_fused = f"{fused}.gate_up_proj" in names and f"{fused}.down_proj" in names
         for kind in ("w1", "w3", "w2"):
-            stacked = getattr(moe, kind)
+            stacked = getattr(ffn, kind)
             for j in range(layout.local_experts):
                 e = layout.expert_start + j
-                key = expert_key(i, e, kind, model.moe)
+                name = f"layers.{i}.feed_forward.{kind}[{e}]"
+                if is_fused:
+                    part = "down_proj" if kind == "w2" else "gate_up_proj"
+                    want = (d, size) if kind == "w2" else (2 * size, d)
+                    sl = _fused_slice(kind, layout, size)
+                    jobs.append((name, stacked[j], f"{fused}.{part}@{e}", sl, want))
+                    continue
+                key = expert_key(i, e, kind, moe)
                 if key not in names:
-                    have = sorted(
-                        {
-                            int(k.split(".")[5])
-                            for k in names
-                            if k.startswith(f"model.layers.{i}.{_BLOCK[model.moe.style]}.experts.")
-                        }
-                    )
-                    raise CheckpointError(
-                        f"{root} lacks expert {e} of layer {i} ({key!r}); config.json says "
-                        f"{model.moe.n_experts} experts, the checkpoint has {len(have)} "
-                        f"for that layer ({have[:8]}{'...' if len(have) > 8 else ''})"
-                    )
-                jobs.append((f"layers.{i}.feed_forward.{kind}[{e}]", stacked[j], key,
-                             expert_slice(kind, layout)))  # fmt: skip
+                    raise CheckpointError(_missing_expert(root, names, i, e, key, moe))
+                want = (d, size) if kind == "w2" else (size, d)
+                jobs.append((name, stacked[j], key, expert_slice(kind, layout), want))
     return jobs
+
+
+def _missing_expert(
+    root: Path, names: dict[str, Path], layer: int, e: int, key: str, moe: MoEArgs
+) -> str:
+    prefix = f"model.layers.{layer}.{_BLOCK[moe.style]}.experts."
+    ids = [k[len(prefix) :].split(".")[0] for k in names if k.startswith(prefix)]
+    have = sorted({int(x) for x in ids if x.isdigit()})
+    return (
+        f"{root} lacks expert {e} of layer {layer} ({key!r}); config.json says "
+        f"{moe.n_experts} experts, the checkpoint has {len(have)} for that layer "
+        f"({have[:8]}{'...' if len(have) > 8 else ''})"
+    )
+
+
+def _expert_view(reader: SafetensorsReader, key: str) -> None:
+    """Make ``base@e`` readable: expert ``e``'s [2I, D] or [D, I] block of a fused tensor."""
+    if key in reader.tensors:
+        return
+    base, e = key.rsplit("@", 1)
+    t = reader.info(base)
+    stride = (t.end - t.begin) // t.shape[0]
+    begin = t.begin + int(e) * stride
+    reader.tensors[key] = TensorInfo(t.dtype, t.shape[1:], begin, begin + stride)
 
 
 def fill_moe_parameters(
@@ -132,11 +173,14 @@ def fill_moe_parameters(
     args, moe = model.args, model.moe
     names = weight_map(root)
     tpl = tp_layout(args, layout.tp_rank, layout.tp, lm_head, embedding)
-    jobs: list[tuple[str, torch.Tensor, str, ShardSlice | None]] = []
+    jobs: list[Job] = []
     for name, param in model.named_parameters():
         key = moe_hf_name(name, args, moe)
         if key is None:
             continue
+        # transformers' in-memory names (router under .mlp) where a checkpoint keeps them
+        alt = key.replace(f".{_BLOCK[moe.style]}.", ".mlp.")
+        key = alt if key not in names and alt in names else key
         if key not in names:
             raise CheckpointError(f"{root} lacks tensor {key!r} (for {name})")
         sm = _MOE_RE.match(name)
@@ -148,37 +192,32 @@ def fill_moe_parameters(
             sl = shard_slice(name, tpl)
             if sl is not None and name.endswith(".bias") and sl.dim == 1:
                 sl = None
-        jobs.append((name, param, key, sl))
+        jobs.append((name, param, key, sl, full_shapes[name]))
     jobs += _expert_jobs(model, layout, names, root)
-    by_file: dict[Path, list[tuple[str, torch.Tensor, str, ShardSlice | None]]] = {}
+    by_file: dict[Path, list[Job]] = {}
     for job in jobs:
-        by_file.setdefault(names[job[2]], []).append(job)
+        by_file.setdefault(names[job[2].split("@")[0]], []).append(job)
     show = progress and (not dist.is_initialized() or dist.get_rank() == 0)
     total = 0
     with tqdm(total=len(jobs), desc=f"loading {root.name}", disable=not show) as bar, \
             torch.no_grad():  # fmt: skip
         for file, entries in by_file.items():
             with SafetensorsReader(file) as reader:
-                for name, dest, key, sl in entries:
-                    _check_shape(reader, key, name, full_shapes)
+                for _, dest, key, sl, want in entries:
+                    if "@" in key:
+                        _expert_view(reader, key)
+                    if reader.info(key).shape != want:
+                        base = key.split("@")[0]
+                        raise CheckpointError(
+                            f"{file.name}: tensor {base!r} has shape "
+                            f"{list(reader.info(base).shape)}, but config.json implies "
+                            f"{list(want)} (per expert where experts are fused); the config "
+                            "and weights do not match"
+                        )
                     _load_into(dest, reader, key, sl)
                     bar.update(1)
                 total += reader.bytes_read
     return total
-
-
-def _check_shape(
-    reader: SafetensorsReader, key: str, name: str, full: dict[str, tuple[int, ...]]
-) -> None:
-    shape = reader.info(key).shape
-    want = full[name.split("[")[0]]
-    if "[" in name:  # one expert of a stacked tensor
-        want = want[1:]
-    if shape != want:
-        raise CheckpointError(
-            f"{reader.path.name}: tensor {key!r} has shape {list(shape)}, but config.json implies "
-            f"{list(want)}; the config and weights do not match"
-        )
 
 
 def load_moe(
