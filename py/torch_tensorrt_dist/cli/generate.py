@@ -28,6 +28,7 @@ import torch
 from torch_tensorrt_dist.cli.generate_moe import load_moe_rank, plan_moe
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.llama import PRESETS, ModelArgs
+from torch_tensorrt_dist.models.moe_args import MoEArgs
 
 __all__ = ["register", "run"]
 
@@ -134,8 +135,8 @@ class _Plan:
     args: ModelArgs
     prompts: list[list[int]]
     cache_len: int
-    moe: Any = None
-    """``MoEArgs`` of a mixture-of-experts checkpoint, else None."""
+    moe: MoEArgs | None = None
+    """The experts of a mixture-of-experts checkpoint, else None."""
 
 
 def _resolve_model(model: str | None) -> tuple[Path | None, str | None]:

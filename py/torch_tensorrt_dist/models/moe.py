@@ -82,6 +82,7 @@ class SparseMoE(nn.Module):
         e, i, d = moe.n_experts, moe.expert_size, args.dim
         self.n_experts, self.top_k, self.norm_topk_prob = e, moe.top_k, moe.norm_topk_prob
         self.gate = nn.Linear(d, e, bias=False)  # the router, replicated on every rank
+        # uninitialised until loaded (load_moe) or filled (random_moe), like a meta-built model
         self.w1 = nn.Parameter(torch.empty(e, i, d))
         self.w3 = nn.Parameter(torch.empty(e, i, d))
         self.w2 = nn.Parameter(torch.empty(e, d, i))

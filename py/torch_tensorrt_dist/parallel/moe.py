@@ -179,6 +179,8 @@ def moe_groups(mesh: DeviceMesh) -> MoEGroups:
         raise ConfigError("this rank is not in the MoE mesh")
     ep_rank, tp_rank = coord
     tp_group = mesh.get_group("tp") if tp > 1 else None
+    # DeviceMesh._flatten (private in torch 2.14, exercised by every MoE test) gives the EP x TP
+    # sub-mesh one group with a name the captured collectives carry
     moe_group = mesh["ep", "tp"]._flatten("ep_tp").get_group() if ep * tp > 1 else None
     return MoEGroups(ep, tp, ep_rank, tp_rank, tp_group, moe_group)
 
