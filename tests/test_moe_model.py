@@ -164,9 +164,13 @@ def test_routed_compute_equals_dense_and_compiles_to_one_graph() -> None:
         setattr(moe, k, torch.nn.Parameter(w))
     moe.expert_start, moe.compute = 0, "dense"
     torch.testing.assert_close(total, moe(x), atol=1e-5, rtol=1e-5)
-    moe.compute = "auto"  # 1 token x top 3 < 8 local experts: routed
-    report = explain(moe, torch.randn(1, 1, 32))
-    assert report.graph_count == 1 and report.graph_breaks == []
+    nodes = {}
+    for mode in ("dense", "routed", "auto"):  # auto, compiled, 1 token x top 3 < 8: routed
+        moe.compute = mode
+        report = explain(moe, torch.randn(1, 1, 32))
+        assert report.graph_count == 1 and report.graph_breaks == []
+        nodes[mode] = report.graphs[0].num_nodes
+    assert nodes["auto"] == nodes["routed"] != nodes["dense"]
 
 
 def test_experts_fused_on_disk_load_like_per_expert(mixtral: Path, tmp_path: Path) -> None:

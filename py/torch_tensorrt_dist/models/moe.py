@@ -8,8 +8,9 @@ Attention, norms, KV cache, embedding and LM head are the Llama ones, so ``Gener
 
 Static shapes and exact results: each rank computes its experts (``expert_start`` onwards) for
 every token and weighs each by the token's routing weight for that expert, zero when the token
-was not routed there ("dense"); where tokens x top_k is below the local expert count (decode) it
-computes only each token's k choices, gathering their weights by index ("routed"). No token is
+was not routed there ("dense"); in a compiled graph where tokens x top_k is below the local
+expert count (decode) it computes only each token's k choices, gathering their weights by index
+("routed"). No token is
 ever dropped, no shape depends on the routing, and prefill and decode stay one graph each.
 Under expert x tensor parallelism (``parallel/moe.py``) the partial sums of all ranks meet
 in ONE all-reduce over the EP x TP group (``group``); the docs (``docs/moe.md``) say why this
@@ -90,8 +91,9 @@ class SparseMoE(nn.Module):
         self.expert_start = 0  # global index of this rank's first expert
         #: "dense": every local expert for every token (zero weight where not routed);
         #: "routed": only each token's k choices, their weights gathered by index (zero weight
-        #: for a choice another rank owns); "auto": routed when T x k < local experts (decode),
-        #: else dense. Both are exact and static-shape; the choice is made per traced graph.
+        #: for a choice another rank owns); "auto": routed in a compiled graph where T x k <
+        #: local experts (decode), else dense (plain PyTorch materialises the gathered weights,
+        #: which costs more than it saves). Both are exact and static-shape.
         self.compute = "auto"
         self.group: dist.ProcessGroup | None = None  # EP x TP group; set by parallel.moe
 
@@ -104,7 +106,9 @@ class SparseMoE(nn.Module):
         b, s, d = x.shape
         h = x.reshape(b * s, d)  # [T, D]
         routed = self.compute == "routed" or (
-            self.compute == "auto" and b * s * self.top_k < self.local_experts
+            self.compute == "auto"
+            and torch.compiler.is_compiling()  # decided once per traced graph
+            and b * s * self.top_k < self.local_experts
         )
         out = self._routed(h) if routed else self._dense(h)  # [T, D]
         if self.shared is not None:
