@@ -22,7 +22,8 @@ _COMMON = dict(
 )
 
 #: name -> (transformers class prefix, config overrides). 4 experts, top 2; Qwen2-MoE with a
-#: shared expert, no top-k renormalisation and its second layer dense (mlp_only_layers).
+#: shared expert, no top-k renormalisation and its second layer dense (mlp_only_layers);
+#: Qwen3-MoE with its per-head q/k norms.
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "mixtral": ("Mixtral", dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)),
     "qwen2_moe": (
@@ -34,6 +35,17 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
             num_experts=4,
             num_experts_per_tok=2,
             mlp_only_layers=[1],
+        ),
+    ),
+    "qwen3_moe": (
+        "Qwen3Moe",
+        dict(
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            head_dim=16,
         ),
     ),
 }

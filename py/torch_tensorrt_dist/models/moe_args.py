@@ -1,8 +1,9 @@
 """``MoEArgs``: the mixture-of-experts hyper-parameters on top of ``ModelArgs``.
 
-Mixtral and Qwen2-MoE are Llama-family decoders whose MLP is (in some or all layers) a sparse
-block: a router picks ``top_k`` of ``n_experts`` SwiGLU experts per token. Qwen2-MoE adds a
-shared expert (every token) scaled by ``sigmoid(shared_expert_gate(x))``.
+Mixtral, Qwen2-MoE and Qwen3-MoE are Llama-family decoders whose MLP is (in some or all layers)
+a sparse block: a router picks ``top_k`` of ``n_experts`` SwiGLU experts per token. Qwen2-MoE
+adds a shared expert (every token) scaled by ``sigmoid(shared_expert_gate(x))``; Qwen3-MoE
+normalises each query and key head (RMSNorm) before RoPE.
 
     args, moe = moe_args_from_hf_config(json.load(open("config.json")))
 """
@@ -18,7 +19,7 @@ from torch_tensorrt_dist.models.llama_args import ModelArgs
 __all__ = ["MOE_MODEL_TYPES", "MoEArgs", "is_moe_config", "moe_args_from_hf_config"]
 
 #: HF model_type -> the dense ModelArgs family it shares attention and norms with.
-MOE_MODEL_TYPES = {"mixtral": "mistral", "qwen2_moe": "qwen2"}
+MOE_MODEL_TYPES = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2"}
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,10 @@ class MoEArgs:
     sparse_layers: tuple[int, ...] = field(default_factory=tuple)
     """Indices of the layers whose MLP is sparse (the others keep a dense SwiGLU)."""
     style: str = "mixtral"
-    """Checkpoint naming: ``"mixtral"`` (block_sparse_moe.experts.N.w1) or ``"qwen2_moe"``."""
+    """Checkpoint naming: ``"mixtral"`` (block_sparse_moe.experts.N.w1), ``"qwen2_moe"`` or
+    ``"qwen3_moe"`` (mlp.experts.N.gate_proj)."""
+    qk_norm: bool = False
+    """RMSNorm over each query and key head before RoPE (Qwen3-MoE)."""
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "top_k", "expert_size"):
@@ -84,7 +88,7 @@ def moe_args_from_hf_config(
     else:
         step = int(cfg.get("decoder_sparse_step", 1))
         dense_only = {int(i) for i in cfg.get("mlp_only_layers") or []}
-        n_experts = int(cfg.get("num_experts", 0))
+        n_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
         if step < 1:
             raise ConfigError(f"config.json has decoder_sparse_step={step}; it must be >= 1")
         moe = MoEArgs(
@@ -96,9 +100,12 @@ def moe_args_from_hf_config(
             sparse_layers=tuple(
                 i for i in range(n_layers) if i not in dense_only and (i + 1) % step == 0
             ),
-            style="qwen2_moe",
+            style=kind,
+            qk_norm=kind == "qwen3_moe",
         )
     args = ModelArgs.from_hf_config(dense, max_seq_len=max_seq_len)
     if kind == "qwen2_moe":  # its config says qkv_bias (default true) instead of attention_bias
         args.qkv_bias = bool(cfg.get("qkv_bias", True))
+    if kind == "qwen3_moe":  # q/k/v and o biases both follow attention_bias (default false)
+        args.qkv_bias = args.o_bias = bool(cfg.get("attention_bias", False))
     return args, moe
