@@ -4,7 +4,7 @@
         --model path/to/Mixtral-or-Qwen2-MoE --ep 2 --engine eager --prompt "Hello" --check
 
 The job's ``ep x tp`` ranks (``tp`` = world size / ``--ep``, TP inner) each read only their
-experts' TP slices of the checkpoint (``--model``, a Hugging Face Mixtral or Qwen2-MoE
+experts' TP slices of the checkpoint (``--model``, a Hugging Face Mixtral or Qwen2/3-MoE
 directory; default: a tiny random Mixtral-style model). Attention is tensor parallel over the
 TP group; the experts are split over the EP ranks and each expert's SwiGLU over TP; every MoE
 layer ends in one all-reduce over the EP x TP group. Rank 0 streams the text and prints one
@@ -40,7 +40,7 @@ TINY_MOE = MoEArgs(n_experts=8, top_k=2, expert_size=128, sparse_layers=(0, 1))
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, default=None, help="HF Mixtral/Qwen2-MoE directory")
+    p.add_argument("--model", type=Path, default=None, help="HF Mixtral/Qwen2/3-MoE directory")
     p.add_argument("--ep", type=int, default=None, help="expert-parallel ranks (default: all)")
     p.add_argument("--engine", choices=("tensorrt", "inductor", "eager", "none"), default="eager")
     p.add_argument("--prompt", default="The quick brown fox")

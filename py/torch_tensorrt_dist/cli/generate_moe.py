@@ -1,5 +1,5 @@
 """The mixture-of-experts part of ``torchtrt-dist generate``: ``--ep E --tp T`` on a Mixtral or
-Qwen2-MoE checkpoint (E x T ranks, TP inner). Kept apart so ``generate.py`` only asks two
+Qwen2/3-MoE checkpoint (E x T ranks, TP inner). Kept apart so ``generate.py`` only asks two
 questions: is this a MoE checkpoint (and does it split), and load this rank's shard."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def plan_moe(ns: argparse.Namespace, path: Path | None) -> tuple[ModelArgs, MoEA
     ):
         if ep != 1:
             raise ConfigError(
-                f"--ep {ep} needs a mixture-of-experts checkpoint (Mixtral, Qwen2-MoE); "
+                f"--ep {ep} needs a mixture-of-experts checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE); "
                 f"{'the default model' if path is None else path} is a dense model: drop --ep"
             )
         return None

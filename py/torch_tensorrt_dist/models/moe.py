@@ -1,4 +1,4 @@
-"""Mixture-of-experts decoders (Mixtral, Qwen2-MoE) on the Llama-family model code.
+"""Mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE) on the Llama-family model code.
 
 ``MoETransformer`` is ``models/llama.Transformer`` with the MLP of its sparse layers replaced by
 :class:`SparseMoE`: a replicated router (softmax, top-k, optional renormalisation), the routed

@@ -67,7 +67,7 @@ def is_moe_config(cfg: dict[str, Any]) -> bool:
 def moe_args_from_hf_config(
     cfg: dict[str, Any], *, max_seq_len: int | None = None
 ) -> tuple[ModelArgs, MoEArgs]:
-    """Translate a Mixtral or Qwen2-MoE ``config.json`` into ``(ModelArgs, MoEArgs)``."""
+    """Translate a Mixtral, Qwen2-MoE or Qwen3-MoE ``config.json`` into ``(ModelArgs, MoEArgs)``."""
     kind = cfg.get("model_type")
     if kind not in MOE_MODEL_TYPES:
         raise ConfigError(

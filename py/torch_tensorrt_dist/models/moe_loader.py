@@ -1,4 +1,4 @@
-"""Load a Hugging Face Mixtral / Qwen2-MoE checkpoint, each rank reading only its bytes.
+"""Load a Hugging Face Mixtral / Qwen2-MoE / Qwen3-MoE checkpoint, each rank reading only its bytes.
 
     model = load_moe("path/to/ckpt", groups=moe_groups(make_moe_mesh(ep=2, tp=2)))
 
