@@ -42,6 +42,12 @@ def _verify() -> list[Figure]:
     return verify_cost()
 
 
+def _moe() -> list[Figure]:
+    from torch_tensorrt_dist.bench.moe import moe_figures
+
+    return moe_figures()
+
+
 def _gpu() -> list[Figure]:
     from torch_tensorrt_dist.bench.gpu import gpu
 
@@ -55,6 +61,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "decode": _decode,
     "memory": _memory,
     "verify": _verify,
+    "moe": _moe,
     "gpu": _gpu,
 }
 

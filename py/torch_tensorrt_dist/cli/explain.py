@@ -1,6 +1,7 @@
 """``torchtrt-dist explain``: how a built-in sharded model compiles on one rank of a big job.
 
     torchtrt-dist explain --model mlp --world-size 8 --tp 4 --rank 5
+    torchtrt-dist explain --model moe --world-size 8 --ep 2 --tp 4 --rank 5
 
 Runs on a fake process group in this one CPU process: nothing is communicated, the graphs and
 collectives are exactly those the rank would compile.
@@ -86,6 +87,8 @@ def _llama(mesh: Any, args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
     return decode_step(model), decode_example(args.batch)
 
 
+_MOE_HELP = "MoE decode step at --ep x --tp (a --checkpoint's config, or 8 experts, top 2)"
+
 #: name -> (description, builder(tp_mesh, args) -> (model, example inputs))
 BUILTIN_MODELS: dict[str, tuple[str, Callable[[Any, argparse.Namespace], Any]]] = {
     "mlp": ("DTensor column/row-parallel MLP (1 all_reduce)", _mlp),
@@ -99,18 +102,20 @@ BUILTIN_MODELS: dict[str, tuple[str, Callable[[Any, argparse.Namespace], Any]]] 
 
 def register(sub: Any) -> None:
     models = "; ".join(f"{k}: {v[0]}" for k, v in BUILTIN_MODELS.items())
+    models += f"; moe: {_MOE_HELP}"
     p = sub.add_parser(
         "explain",
         help="show graphs, graph breaks and collectives of a sharded model (fake process group)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="mlp", choices=sorted(BUILTIN_MODELS), help=models)
+    p.add_argument("--model", default="mlp", choices=sorted([*BUILTIN_MODELS, "moe"]), help=models)
     p.add_argument("--world-size", type=int, default=2, help="ranks in the job (default 2)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default: all)")
     p.add_argument("--dp", type=int, default=None, help="data-parallel degree (default: W/tp)")
     p.add_argument("--rank", type=int, default=0, help="which rank to explain (default 0)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (llama only)")
+    p.add_argument("--ep", type=int, default=None, help="expert-parallel degree (moe only)")
     p.add_argument("--dim", type=int, default=64, help="model width")
     p.add_argument("--layers", type=int, default=4, help="decoder layers (llama)")
     p.add_argument(
@@ -167,6 +172,10 @@ def run(args: argparse.Namespace) -> int:
     from torch_tensorrt_dist.backend.fake_world import fake_world
     from torch_tensorrt_dist.parallel.mesh import make_mesh
 
+    if args.model == "moe":
+        return _run_moe(args)
+    if args.ep is not None:
+        raise ConfigError(f"--ep needs --model moe (got --model {args.model})")
     if args.pp > 1:
         return _run_pipeline(args)
     tp = args.tp or args.world_size
@@ -204,6 +213,37 @@ def _run_pipeline(args: argparse.Namespace) -> int:
     report = explain_pipeline(
         _llama_args(args), pp=args.pp, tp=tp, rank=args.rank, batch=args.batch,
         dtype=_DTYPES[args.dtype], lm_head=args.lm_head, embedding=args.embedding,
+    )  # fmt: skip
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report)
+    return 0
+
+
+def _run_moe(args: argparse.Namespace) -> int:
+    from torch_tensorrt_dist.generation.moe_explain import explain_moe
+    from torch_tensorrt_dist.models.llama_args import ModelArgs
+    from torch_tensorrt_dist.models.moe_args import MoEArgs
+
+    if args.pp > 1:
+        raise ConfigError("--model moe with --pp is not supported yet; use --ep and --tp")
+    ep = args.ep or 1
+    tp = args.tp or args.world_size // ep
+    if ep * tp != args.world_size:
+        raise ConfigError(
+            f"--ep {ep} x --tp {tp} = {ep * tp} ranks does not match --world-size {args.world_size}"
+        )
+    if args.checkpoint:
+        from torch_tensorrt_dist.models.moe_loader import read_moe_config
+
+        margs, moe = read_moe_config(args.checkpoint)
+    else:
+        margs = ModelArgs(
+            dim=args.dim, n_layers=args.layers, n_heads=8, n_kv_heads=8, vocab_size=512,
+            intermediate_size=4 * args.dim, max_seq_len=256,
+        )  # fmt: skip
+        moe = MoEArgs(8, 2, 4 * args.dim, sparse_layers=tuple(range(args.layers)))
+    report = explain_moe(
+        margs, moe, ep=ep, tp=tp, rank=args.rank, batch=args.batch, dtype=_DTYPES[args.dtype],
+        lm_head=args.lm_head, embedding=args.embedding,
     )  # fmt: skip
     print(json.dumps(report.as_dict(), indent=2) if args.json else report)
     return 0

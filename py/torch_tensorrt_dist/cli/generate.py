@@ -2,6 +2,7 @@
 
     torchtrt-dist generate --model PATH --tp 2 --engine inductor --prompt "Hello" --json
     torchtrt-dist generate --pp 2 --tp 2          # 4 ranks: 2 pipeline stages of 2 TP ranks
+    torchtrt-dist generate --model MIXTRAL --ep 2 --tp 2   # MoE: experts over 2 EP ranks
     torchrun --nproc-per-node 2 -m torch_tensorrt_dist generate --model PATH --prompt "Hello"
 
 Without a launcher (no ``RANK`` in the environment) and ``--tp`` > 1 it starts its own ranks
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from torch_tensorrt_dist.cli.generate_moe import load_moe_rank, plan_moe
 from torch_tensorrt_dist.errors import (
     ConfigError,
     EngineUnavailableError,
@@ -31,6 +33,7 @@ from torch_tensorrt_dist.errors import (
     VerificationError,
 )
 from torch_tensorrt_dist.models.llama import PRESETS, ModelArgs
+from torch_tensorrt_dist.models.moe_args import MoEArgs
 
 __all__ = ["register", "run"]
 
@@ -63,6 +66,12 @@ def register(subparsers: Any) -> None:
         type=int,
         default=1,
         help="pipeline stages (default 1); the job has pp x tp ranks, TP inner",
+    )
+    p.add_argument(
+        "--ep",
+        type=int,
+        default=1,
+        help="expert-parallel ranks for a MoE checkpoint (default 1); ep x tp ranks, TP inner",
     )
     p.add_argument(
         "--split",
@@ -139,6 +148,8 @@ class _Plan:
     args: ModelArgs
     prompts: list[list[int]]
     cache_len: int
+    moe: MoEArgs | None = None
+    """The experts of a mixture-of-experts checkpoint, else None."""
 
 
 def _resolve_model(model: str | None) -> tuple[Path | None, str | None]:
@@ -168,7 +179,11 @@ def _plan(ns: argparse.Namespace) -> _Plan:
 
     SamplingConfig(ns.temperature, ns.top_k, ns.top_p, ns.seed)  # validates
     path, preset = _resolve_model(ns.model)
-    args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
+    moe = plan_moe(ns, path)  # (args, MoEArgs) of a MoE checkpoint, checked for --ep x --tp
+    if moe is not None:
+        args = moe[0]
+    else:
+        args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
     tp_layout(args, 0, ns.tp, ns.lm_head, ns.embedding)  # heads / MLP divisible by tp
     if ns.pp > 1 or ns.split:
         from torch_tensorrt_dist.parallel.pipeline import check_mesh, split_layers
@@ -184,7 +199,7 @@ def _plan(ns: argparse.Namespace) -> _Plan:
     if cache_len is None:  # enough for the bucket and the new tokens, rounded up to 64
         need = max(prefill_bucket(len(p), ns.max_new_tokens, limit) for p in prompts)
         cache_len = min(limit, -(-(need + ns.max_new_tokens) // 64) * 64)
-    return _Plan(path, preset, args, prompts, cache_len)
+    return _Plan(path, preset, args, prompts, cache_len, None if moe is None else moe[1])
 
 
 def _split(ns: argparse.Namespace) -> list[int] | None:
@@ -208,7 +223,12 @@ def _rank_main(ns: argparse.Namespace) -> int:
     from torch_tensorrt_dist.runtime import init_distributed
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != ns.tp * ns.pp:
+    if ns.ep > 1 and world != ns.ep * ns.tp:
+        raise ConfigError(
+            f"--ep {ns.ep} x --tp {ns.tp} needs {ns.ep * ns.tp} ranks, but the launcher started "
+            f"{world}; start {ns.ep * ns.tp} or change --ep/--tp"
+        )
+    if ns.ep == 1 and world != ns.tp * ns.pp:
         raise ConfigError(
             f"--pp {ns.pp} x --tp {ns.tp} needs {ns.pp * ns.tp} ranks, but the launcher started "
             f"{world}; generate uses every rank: start {ns.pp * ns.tp} or change --pp/--tp"
@@ -225,6 +245,11 @@ def _rank_main(ns: argparse.Namespace) -> int:
     dtype = DTYPES[ns.dtype]
     if ns.pp > 1:
         pass  # each stage loads its own layers in generate_pipeline
+    elif plan.moe is not None and plan.path is not None:
+        model = load_moe_rank(
+            ns, plan.path, world=world, dtype=dtype, device=device,
+            max_seq_len=plan.args.max_seq_len,
+        )  # fmt: skip
     elif plan.path is not None:
         model = load_llama(
             plan.path,
@@ -303,6 +328,7 @@ def _rank_main(ns: argparse.Namespace) -> int:
             "tokens_per_s": result.tokens_per_s,
             "tp": ns.tp,
             "pp": ns.pp,
+            "ep": ns.ep,
             "engine": ns.engine,
             "prefill_len": result.prefill_len,
             "decode_steps": result.decode_steps,
@@ -362,15 +388,18 @@ def run(ns: argparse.Namespace) -> int:
 
     launched = is_launched(os.environ)
     if ns.tp is None:
-        ns.tp = max(1, int(os.environ.get("WORLD_SIZE", "1")) // ns.pp) if launched else 1
+        ranks = int(os.environ.get("WORLD_SIZE", "1"))
+        ns.tp = max(1, ranks // (ns.pp * ns.ep)) if launched else 1
     ns.prompt = ns.prompt or ["The return statement"]
     try:
-        if ns.tp < 1 or ns.pp < 1:
-            raise ConfigError(f"--tp and --pp must be >= 1, got tp={ns.tp} pp={ns.pp}")
+        if ns.tp < 1 or ns.pp < 1 or ns.ep < 1:
+            raise ConfigError(
+                f"--tp, --pp and --ep must be >= 1, got tp={ns.tp} pp={ns.pp} ep={ns.ep}"
+            )
         if ns.verify and ns.engine == "none":
             raise ConfigError("--verify checks a compiled engine; --engine none compiles nothing")
         _plan(ns)  # bad input fails here, before any rank starts
-        single = ns.tp * ns.pp == 1 or launched
+        single = ns.tp * ns.pp * ns.ep == 1 or launched
         _check_engine(ns.engine, isolated=not single)
         if single:
             return _rank_main(ns)
@@ -381,7 +410,7 @@ def run(ns: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     ns.func = None  # the ranks get a plain, picklable namespace
-    result = launch(_rank_entry, ns.tp * ns.pp, [ns])
+    result = launch(_rank_entry, ns.tp * ns.pp * ns.ep, [ns])
     if not result.ok:
         print(f"error: {result.message}", file=sys.stderr)
     return int(result.returncode)
