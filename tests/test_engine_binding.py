@@ -139,31 +139,26 @@ def test_engine_modules_keep_every_output_when_a_cut_would_drop_a_graph_output()
     assert split.aliased_io == {} and whole.aliased_io == {"k_new": kv}
 
 
-def test_a_failed_first_call_is_not_retried_with_a_collective() -> None:
-    import torch.distributed as dist
+def test_a_failed_first_call_is_not_retried_with_a_collective(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch_tensorrt_dist.conversion.engine_binding as binding
 
-    class Group:  # never reached: the failure comes before any collective on a retry
+    class Group:  # never used for a collective: ensure_communicator is recorded instead
         group_name = "g"
 
     calls: list[int] = []
+    seen: list[int] = []
 
     def run(args: list[Any]) -> Any:
         calls.append(1)
         return args
 
+    monkeypatch.setattr(binding, "ensure_communicator", lambda pg, device: seen.append(1))
+    monkeypatch.setattr(binding.dist, "get_process_group_ranks", lambda pg: [0, 1])
     engine = StandInEngine(bindable=False)
     wrapped = with_bound_communicator(run, [("e", engine)], Group(), torch.device("cpu"))  # type: ignore[arg-type]
-    import torch_tensorrt_dist.conversion.engine_binding as binding
-
-    seen: list[int] = []
-    original = binding.ensure_communicator
-    binding.ensure_communicator = lambda pg, device: seen.append(1)  # type: ignore[assignment]
-    binding.dist.get_process_group_ranks = lambda pg: [0, 1]  # type: ignore[assignment]
-    try:
-        for _ in range(2):
-            with pytest.raises(DistributedSetupError, match="hold collectives but no NCCL"):
-                wrapped([1])
-    finally:
-        binding.ensure_communicator = original
-        binding.dist.get_process_group_ranks = dist.get_process_group_ranks
+    for _ in range(2):
+        with pytest.raises(DistributedSetupError, match="hold collectives but no NCCL"):
+            wrapped([1])
     assert seen == [1] and engine.binds == 1 and calls == []  # one attempt, no retry
