@@ -33,3 +33,7 @@ class DistributedSetupError(TensorRTDistError):
 
 class CheckpointError(ConfigError):
     """A model checkpoint is missing, truncated, or holds tensors of the wrong name or shape."""
+
+
+class ArtifactError(ConfigError):
+    """A compiled-artifact directory is incomplete, corrupt, or does not fit this run."""
