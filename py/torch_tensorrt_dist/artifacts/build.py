@@ -37,7 +37,7 @@ from torch_tensorrt_dist.artifacts.manifest import (
 )
 from torch_tensorrt_dist.errors import ArtifactError, ConfigError
 from torch_tensorrt_dist.generation.buckets import MIN_BUCKET
-from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+from torch_tensorrt_dist.models.llama import PRESETS, ModelArgs, Transformer
 from torch_tensorrt_dist.parallel.llama import Embedding, LMHead
 
 __all__ = ["CompileResult", "compile_artifacts", "default_buckets"]
@@ -62,6 +62,26 @@ def default_buckets(cache_len: int) -> list[int]:
         out.append(b)
         b *= 2
     return out or [min(MIN_BUCKET, cache_len - 1)]
+
+
+def resolve_model(model: str | Path | None) -> tuple[Path | None, str | None]:
+    """(checkpoint directory, None) or (None, preset name); None means the demo checkpoint,
+    or the ``tiny`` preset where the demo is not installed."""
+    if model is None:
+        try:
+            from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+
+            return demo_checkpoint_path(), None
+        except (ImportError, ConfigError):
+            return None, "tiny"
+    if Path(model).is_dir():
+        return Path(model), None
+    if str(model) in PRESETS:
+        return None, str(model)
+    raise ConfigError(
+        f"model {str(model)!r} is neither a checkpoint directory nor a preset "
+        f"({', '.join(sorted(PRESETS))})"
+    )
 
 
 def _entry(root: Path, path: Path) -> FileEntry:
@@ -142,7 +162,6 @@ def compile_artifacts(
 
     ``model``: a checkpoint directory or a preset name (random weights from ``preset_seed``).
     """
-    from torch_tensorrt_dist.cli.generate import _resolve_model
     from torch_tensorrt_dist.models.loader import load_llama, random_llama, read_config
 
     start = time.perf_counter()
@@ -163,7 +182,7 @@ def compile_artifacts(
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     group = dist.group.WORLD if world > 1 else None
-    path, preset = _resolve_model(None if model is None else str(model))
+    path, preset = resolve_model(model)
     args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
     cache_len = min(args.max_seq_len, max_seq_len or min(args.max_seq_len, 256))
     buckets = sorted(set(buckets or default_buckets(cache_len)))

@@ -36,6 +36,12 @@ def _memory() -> list[Figure]:
     return memory()
 
 
+def _cold_start() -> list[Figure]:
+    from torch_tensorrt_dist.bench.cold_start import cold_start
+
+    return cold_start()
+
+
 def _gpu() -> list[Figure]:
     from torch_tensorrt_dist.bench.gpu import gpu
 
@@ -48,6 +54,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "compile": _compile,
     "decode": _decode,
     "memory": _memory,
+    "cold_start": _cold_start,
     "gpu": _gpu,
 }
 

@@ -130,6 +130,9 @@ def run(ns: argparse.Namespace) -> int:
                 "freezes the KV-cache buffers; they must become engine inputs first); use "
                 "--engine inductor"
             )
+        from torch_tensorrt_dist.artifacts.build import resolve_model
+
+        resolve_model(ns.model)  # a wrong --model fails here, before any rank starts
         if ns.tp == 1 or launched:
             return _rank_main(ns)
     except ConfigError as exc:
