@@ -125,4 +125,6 @@ def test_cli_compile_refuses_pipeline_and_tensorrt(
     assert "--pp 2: pipeline artifacts are not supported yet" in capsys.readouterr().err
     assert main(["compile", "--model", "tiny", "--engine", "tensorrt", "--out", str(tmp_path)]) == 2
     assert "TensorRT artifacts are not built yet" in capsys.readouterr().err
+    assert main(["compile", "--model", "nope", "--tp", "2", "--out", str(tmp_path)]) == 2
+    assert "'nope' is neither a checkpoint directory nor a preset" in capsys.readouterr().err
     assert not (tmp_path / "manifest.json").exists()
