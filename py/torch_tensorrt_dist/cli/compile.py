@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from typing import Any
@@ -63,10 +64,14 @@ def register(subparsers: Any) -> None:
 
 
 def _rank_main(ns: argparse.Namespace) -> int:
+    import torch
+
     from torch_tensorrt_dist.artifacts import compile_artifacts
     from torch_tensorrt_dist.cli.generate import DTYPES
     from torch_tensorrt_dist.runtime import init_distributed
 
+    if not torch.cuda.is_available():  # Inductor's import warns about CUDA_HOME: not our case
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != ns.tp * ns.pp:
         raise ConfigError(
