@@ -45,7 +45,9 @@ def compile_and_generate(
 ) -> dict[str, Any]:
     """Compile artifacts, load them back and generate; generate from the checkpoint too; then
     try loading each defective copy (every refusal) and requests beyond the compiled shapes."""
-    result = compile_artifacts(ckpt, out, max_seq_len=MAX_SEQ, max_batch_size=2, buckets=[16])
+    result = compile_artifacts(
+        ckpt, out, max_seq_len=MAX_SEQ, max_batch_size=2, buckets=[16], wrapper_opt_level="O0"
+    )
     start = time.perf_counter()
     gen = load_generator(out)
     load_s = time.perf_counter() - start

@@ -108,7 +108,12 @@ def _copy_tokenizer(src: Path | None, root: Path) -> dict[str, FileEntry] | None
 
 
 def _build_rank(
-    model: Transformer, root: Path, rank: int, buckets: Sequence[int], batch: int
+    model: Transformer,
+    root: Path,
+    rank: int,
+    buckets: Sequence[int],
+    batch: int,
+    wrapper_opt_level: str,
 ) -> RankEntry:
     rank_dir = root / f"rank-{rank}"
     if rank_dir.exists():
@@ -123,7 +128,7 @@ def _build_rank(
             model, prefill=prefill, batch=batch, length=length, head_group=head_group
         )
         path = rank_dir / f"{role}.pt2"
-        secs = inductor.compile_graph(ep, path)
+        secs = inductor.compile_graph(ep, path, wrapper_opt_level=wrapper_opt_level)
         logger.info("rank %d: compiled %s in %.1f s", rank, role, secs)
         files[role], schedules[role] = _entry(root, path), schedule
     saved, state = inductor.constants_of(model)
@@ -157,10 +162,12 @@ def compile_artifacts(
     embedding: Embedding = "vocab_parallel",
     pp: int = 1,
     preset_seed: int = 0,
+    wrapper_opt_level: str = "O1",
 ) -> CompileResult:
     """Compile this rank's graphs into ``out``; call on every rank (TP over the whole world).
 
     ``model``: a checkpoint directory or a preset name (random weights from ``preset_seed``).
+    ``wrapper_opt_level``: see :func:`inductor.compile_graph` (the tests use ``O0``).
     """
     from torch_tensorrt_dist.models.loader import load_llama, random_llama, read_config
 
@@ -215,7 +222,8 @@ def compile_artifacts(
             args, seed=preset_seed, group=group, dtype=dtype, lm_head=lm_head, embedding=embedding
         ).to(device)
     net.setup_caches(max_batch_size, cache_len)
-    _build_rank(net, root, rank, buckets, max_batch_size)  # rank 0 reads every entry back
+    # each rank writes its files and rank.json; rank 0 reads every entry back from disk
+    _build_rank(net, root, rank, buckets, max_batch_size, wrapper_opt_level)
     if world > 1:
         dist.barrier()  # every rank's files and rank.json are in place
     manifest_path = root / MANIFEST_NAME

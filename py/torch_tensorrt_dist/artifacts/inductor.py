@@ -118,15 +118,26 @@ def export_step(
     return ep, collective_schedule(ep.graph_module)
 
 
-def compile_graph(ep: torch.export.ExportedProgram, path: Path) -> float:
-    """AOTInductor-compile ``ep`` into the package ``path`` (atomically); return seconds."""
+def compile_graph(
+    ep: torch.export.ExportedProgram, path: Path, *, wrapper_opt_level: str = "O1"
+) -> float:
+    """AOTInductor-compile ``ep`` into the package ``path`` (atomically); return seconds.
+
+    ``wrapper_opt_level``: the C++ optimisation of the generated ``run_impl`` glue (torch's
+    default ``O1``); ``O0`` about halves the compile of a small model (its kernels keep their
+    own flags)."""
     start = time.perf_counter()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".pt2", dir=path.parent)
     os.close(fd)
     try:
         torch._inductor.aoti_compile_and_package(
-            ep, package_path=tmp, inductor_configs=dict(_INDUCTOR_CONFIGS)
+            ep,
+            package_path=tmp,
+            inductor_configs={
+                **_INDUCTOR_CONFIGS,
+                "aot_inductor.compile_wrapper_opt_level": wrapper_opt_level,
+            },
         )
         publish(tmp, path)
     except BaseException:
