@@ -58,7 +58,7 @@ def test_same_tokens_as_checkpoint_and_transformers(built: dict[str, Any]) -> No
 def test_manifest_records_layout_groups_and_files(built: dict[str, Any]) -> None:
     out: Path = built["out"]
     m = read_manifest(out)
-    assert (m.world_size, m.tp, m.pp, m.engine) == (2, 2, 1, "inductor")
+    assert (m.world_size, m.tp, m.pp, m.engine, m.device) == (2, 2, 1, "inductor", "cpu")
     assert [(g.name, g.ranks) for g in m.groups] == [("0", [0, 1])]
     assert m.buckets == [16] and m.cache_len == 64 and m.max_batch_size == 2
     for entry in m.ranks:

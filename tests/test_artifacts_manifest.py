@@ -15,6 +15,7 @@ from torch_tensorrt_dist.artifacts.manifest import (
     Manifest,
     RankEntry,
     atomic_write_bytes,
+    check_device,
     check_layout,
     check_versions,
     pick_bucket,
@@ -178,3 +179,13 @@ def test_running_versions_and_checkpoint_hash(tmp_path: Path) -> None:
     assert h == checkpoint_hash(tmp_path)
     save_file({"w": torch.zeros(3)}, str(tmp_path / "model.safetensors"))
     assert checkpoint_hash(tmp_path) != h  # a header change is seen
+
+
+def test_device_mismatch(tmp_path: Path) -> None:
+    m = _manifest(tmp_path)
+    check_device(m, "cpu")
+    with pytest.raises(ArtifactError, match="compiled for cpu, but this rank runs on cuda"):
+        check_device(m, "cuda")
+    data = json.loads(m.to_json())
+    del data["device"]  # written before the field existed: cpu
+    assert Manifest.from_dict(data).device == "cpu"

@@ -250,6 +250,7 @@ def compile_artifacts(
             options={"lm_head": lm_head, "embedding": embedding},
             tokenizer=_copy_tokenizer(path, root),
             versions=running_versions(),
+            device=device.type,
         )
         write_manifest(root, manifest)
         logger.info("wrote %s", manifest_path)

@@ -26,6 +26,7 @@ from torch import Tensor
 from torch_tensorrt_dist.artifacts.fingerprint import running_versions
 from torch_tensorrt_dist.artifacts.manifest import (
     Manifest,
+    check_device,
     check_layout,
     check_versions,
     pick_bucket,
@@ -172,6 +173,7 @@ def load_generator(
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
         else torch.device("cpu")
     )  # fmt: skip
+    check_device(manifest, dev.type)
     from safetensors.torch import load_file  # weights only: no pickle
 
     constants: dict[str, Tensor] = load_file(str(opened.root / entry.files["weights"].path),

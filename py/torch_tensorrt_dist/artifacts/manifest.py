@@ -36,6 +36,7 @@ __all__ = [
     "Manifest",
     "RankEntry",
     "atomic_write_bytes",
+    "check_device",
     "check_layout",
     "check_versions",
     "pick_bucket",
@@ -103,6 +104,8 @@ class Manifest:
     """Sharding options the graphs were built with (``lm_head``, ``embedding``)."""
     tokenizer: dict[str, FileEntry] | None
     versions: dict[str, str | None]
+    device: str = "cpu"
+    """Device type the graphs were compiled for (``cpu`` or ``cuda``)."""
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 
@@ -277,6 +280,15 @@ def check_versions(manifest: Manifest, running: Mapping[str, str | None]) -> Non
                 f"the {manifest.engine} artifacts were compiled with {name} {built}, but this "
                 f"process has {name} {here}; install {name}=={built} or recompile here"
             )
+
+
+def check_device(manifest: Manifest, device_type: str) -> None:
+    """The graphs were compiled for this kind of device."""
+    if manifest.device != device_type:
+        raise ArtifactError(
+            f"the artifacts were compiled for {manifest.device}, but this rank runs on "
+            f"{device_type}; recompile on a {device_type} machine"
+        )
 
 
 def pick_bucket(manifest: Manifest, prompt_lens: Sequence[int], max_new_tokens: int) -> int:
