@@ -41,3 +41,12 @@ def test_default_buckets() -> None:
     assert build.default_buckets(256) == [16, 32, 64, 128]
     assert build.default_buckets(64) == [16, 32]
     assert build.default_buckets(20) == [16]
+
+
+def test_private_aoti_loader_api_is_there() -> None:
+    """inductor.Package calls torch's AOTInductor loader directly (no torch._inductor import)."""
+    import torch
+
+    loader = torch._C._aoti.AOTIModelPackageLoader
+    for name in ("get_constant_fqns", "load_constants", "boxed_run"):
+        assert hasattr(loader, name), name
