@@ -37,3 +37,7 @@ class CheckpointError(ConfigError):
 
 class VerificationError(TensorRTDistError):
     """A compiled graph's first run differs from the eager run of the same graph (``verify``)."""
+
+
+class ArtifactError(ConfigError):
+    """A compiled-artifact directory is incomplete, corrupt, or does not fit this run."""

@@ -48,6 +48,12 @@ def _moe() -> list[Figure]:
     return moe_figures()
 
 
+def _cold_start() -> list[Figure]:
+    from torch_tensorrt_dist.bench.cold_start import cold_start
+
+    return cold_start()
+
+
 def _gpu() -> list[Figure]:
     from torch_tensorrt_dist.bench.gpu import gpu
 
@@ -62,6 +68,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "memory": _memory,
     "verify": _verify,
     "moe": _moe,
+    "cold_start": _cold_start,
     "gpu": _gpu,
 }
 

@@ -136,6 +136,12 @@ def register(subparsers: Any) -> None:
         help="time the first call too (compilation lands in ttft_s)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on rank 0")
+    p.add_argument(
+        "--artifacts",
+        default=None,
+        metavar="DIR",
+        help="start from `torchtrt-dist compile` artifacts (no checkpoint read, no compile)",
+    )
     p.set_defaults(func=run)
 
 
@@ -222,6 +228,10 @@ def _rank_main(ns: argparse.Namespace) -> int:
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
     from torch_tensorrt_dist.runtime import init_distributed
 
+    if getattr(ns, "artifacts", None):
+        from torch_tensorrt_dist.cli._generate_artifacts import rank_main
+
+        return rank_main(ns)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if ns.ep > 1 and world != ns.ep * ns.tp:
         raise ConfigError(
@@ -387,6 +397,22 @@ def run(ns: argparse.Namespace) -> int:
     from torch_tensorrt_dist.runtime import is_launched, launch
 
     launched = is_launched(os.environ)
+    if getattr(ns, "artifacts", None):
+        from torch_tensorrt_dist.cli._generate_artifacts import plan_artifacts
+
+        ns.prompt = ns.prompt or ["The return statement"]
+        try:
+            plan_artifacts(ns)  # sets tp/pp from the manifest; bad requests fail here
+            if ns.tp * ns.pp == 1 or launched:
+                return _rank_main(ns)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        ns.func = None
+        result = launch(_rank_entry, ns.tp * ns.pp, [ns])
+        if not result.ok:
+            print(f"error: {result.message}", file=sys.stderr)
+        return int(result.returncode)
     if ns.tp is None:
         ranks = int(os.environ.get("WORLD_SIZE", "1"))
         ns.tp = max(1, ranks // (ns.pp * ns.ep)) if launched else 1

@@ -161,6 +161,41 @@ def _rank_env(opts: LaunchOptions, failure_dir: str) -> dict[str, str]:
     return {**opts.env, **extra}
 
 
+#: Loggers of torchrun's agent: its banners (OMP_NUM_THREADS), rendezvous notes and its own
+#: failure table are hidden; the launcher reports a failure itself, naming the rank.
+_TORCHRUN_LOGGERS = (
+    "torch.distributed.run",
+    "torch.distributed.elastic",
+    "torch.distributed.launcher",
+)
+
+
+@contextlib.contextmanager
+def _quiet_torchrun() -> Iterator[None]:
+    """Silence torchrun's agent loggers (unless this package logs at DEBUG: ``-vv``)."""
+    if logger.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    names = [n for n in logging.root.manager.loggerDict if n.startswith(_TORCHRUN_LOGGERS)]
+    loggers = [logging.getLogger(n) for n in (*_TORCHRUN_LOGGERS, *names)]
+    saved = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, saved):
+            lg.setLevel(level)
+
+
+def torchrun_env(opts: LaunchOptions, environ: Mapping[str, str]) -> dict[str, str]:
+    """What torchrun would set with a banner, set silently: ``OMP_NUM_THREADS=1`` for several
+    ranks per node when the user did not choose (pure)."""
+    if "OMP_NUM_THREADS" in environ or opts.nproc_per_node <= 1:
+        return {}
+    return {"OMP_NUM_THREADS": "1"}
+
+
 def _program(entry: str, args: Sequence[str], module: bool) -> list[str]:
     return [_ENTRY, *(["--module"] if module else []), entry, *map(str, args)]
 
@@ -186,7 +221,8 @@ def _run_torchrun(
     parsed = torchrun.get_args_parser().parse_args(argv)
     if parsed.master_port is None:
         parsed.master_port = 29500  # as torchrun does; only the static rendezvous reads it
-    with _environ(env):
+    env = {**env, **torchrun_env(opts, {**os.environ, **env})}
+    with _environ(env), _quiet_torchrun():
         config, cmd, cmd_args = torchrun.config_from_args(parsed)
         target: Callable[..., Any] | str = entry if callable(entry) else cmd
         call_args = list(args) if callable(entry) else cmd_args

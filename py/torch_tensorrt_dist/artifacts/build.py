@@ -1,0 +1,261 @@
+"""Compile once: every rank builds and writes its graphs and weight shard; rank 0 the manifest.
+
+    torchrun --nproc-per-node 2 -m torch_tensorrt_dist compile --model PATH --out DIR
+    # or, on every rank of an initialised world:
+    compile_artifacts("PATH", "DIR", max_seq_len=256, buckets=[16, 64])
+
+Order of writes: rank 0 first removes an old ``manifest.json``; every rank writes its files
+(each through a temporary name and a rename) and ``rank-R/rank.json`` (its entry); a barrier
+confirms every rank finished; only then rank 0 writes the manifest. A compile that crashes
+midway leaves no manifest, and loading refuses the directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from torch_tensorrt_dist.artifacts import inductor
+from torch_tensorrt_dist.artifacts.fingerprint import args_hash, checkpoint_hash, running_versions
+from torch_tensorrt_dist.artifacts.manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    GroupEntry,
+    Manifest,
+    RankEntry,
+    atomic_write_bytes,
+    sha256_file,
+    write_manifest,
+)
+from torch_tensorrt_dist.errors import ArtifactError, ConfigError
+from torch_tensorrt_dist.generation.buckets import MIN_BUCKET
+from torch_tensorrt_dist.models.llama import PRESETS, ModelArgs, Transformer
+from torch_tensorrt_dist.parallel.llama import Embedding, LMHead
+
+__all__ = ["CompileResult", "compile_artifacts", "default_buckets"]
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@dataclass
+class CompileResult:
+    manifest: Path
+    seconds: float
+    """Wall time of this rank's compile (load, export, compile, write)."""
+
+
+def default_buckets(cache_len: int) -> list[int]:
+    """Powers of two from MIN_BUCKET up to half the sequence length (at most 128)."""
+    out, b = [], MIN_BUCKET
+    while b <= min(128, cache_len // 2):
+        out.append(b)
+        b *= 2
+    return out or [min(MIN_BUCKET, cache_len - 1)]
+
+
+def resolve_model(model: str | Path | None) -> tuple[Path | None, str | None]:
+    """(checkpoint directory, None) or (None, preset name); None means the demo checkpoint,
+    or the ``tiny`` preset where the demo is not installed."""
+    if model is None:
+        try:
+            from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+
+            return demo_checkpoint_path(), None
+        except (ImportError, ConfigError):
+            return None, "tiny"
+    if Path(model).is_dir():
+        return Path(model), None
+    if str(model) in PRESETS:
+        return None, str(model)
+    raise ConfigError(
+        f"model {str(model)!r} is neither a checkpoint directory nor a preset "
+        f"({', '.join(sorted(PRESETS))})"
+    )
+
+
+def _entry(root: Path, path: Path) -> FileEntry:
+    return FileEntry(str(path.relative_to(root)), sha256_file(path), path.stat().st_size)
+
+
+def _save_weights(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save
+
+    cpu = {k: v.to("cpu") for k, v in tensors.items()}
+    atomic_write_bytes(path, save(cpu))
+
+
+def _copy_tokenizer(src: Path | None, root: Path) -> dict[str, FileEntry] | None:
+    if src is None or not (src / "tokenizer.json").is_file():
+        return None
+    out: dict[str, FileEntry] = {}
+    for name in (*TOKENIZER_FILES, "config.json"):
+        if (src / name).is_file():
+            dest = root / "tokenizer" / name
+            atomic_write_bytes(dest, (src / name).read_bytes())
+            out[name] = _entry(root, dest)
+    return out
+
+
+def _build_rank(
+    model: Transformer,
+    root: Path,
+    rank: int,
+    buckets: Sequence[int],
+    batch: int,
+    wrapper_opt_level: str,
+) -> RankEntry:
+    rank_dir = root / f"rank-{rank}"
+    if rank_dir.exists():
+        shutil.rmtree(rank_dir)
+    rank_dir.mkdir(parents=True)
+    files: dict[str, FileEntry] = {}
+    schedules: dict[str, list[str]] = {}
+    head_group = inductor.detach_head_group(model)
+    graphs = [(f"prefill-{b}", True, b) for b in buckets] + [("decode", False, 1)]
+    for role, prefill, length in graphs:
+        ep, schedule = inductor.export_step(
+            model, prefill=prefill, batch=batch, length=length, head_group=head_group
+        )
+        path = rank_dir / f"{role}.pt2"
+        secs = inductor.compile_graph(ep, path, wrapper_opt_level=wrapper_opt_level)
+        logger.info("rank %d: compiled %s in %.1f s", rank, role, secs)
+        files[role], schedules[role] = _entry(root, path), schedule
+    saved, state = inductor.constants_of(model)
+    _save_weights(rank_dir / "weights.safetensors", saved)
+    files["weights"] = _entry(root, rank_dir / "weights.safetensors")
+    entry = RankEntry(rank=rank, files=files, schedules=schedules, state=state)
+    atomic_write_bytes(rank_dir / "rank.json", json.dumps(asdict(entry)).encode())
+    return entry
+
+
+def _read_rank(root: Path, rank: int) -> RankEntry:
+    data = json.loads((root / f"rank-{rank}" / "rank.json").read_text())
+    return RankEntry(
+        rank=data["rank"],
+        files={k: FileEntry(**f) for k, f in data["files"].items()},
+        schedules=data["schedules"],
+        state=data["state"],
+    )
+
+
+def compile_artifacts(
+    model: str | Path | None,
+    out: str | Path,
+    *,
+    engine: str = "inductor",
+    dtype: torch.dtype = torch.float32,
+    max_seq_len: int | None = None,
+    max_batch_size: int = 1,
+    buckets: Sequence[int] | None = None,
+    lm_head: LMHead = "vocab_parallel",
+    embedding: Embedding = "vocab_parallel",
+    pp: int = 1,
+    preset_seed: int = 0,
+    wrapper_opt_level: str = "O1",
+) -> CompileResult:
+    """Compile this rank's graphs into ``out``; call on every rank (TP over the whole world).
+
+    ``model``: a checkpoint directory or a preset name (random weights from ``preset_seed``).
+    ``wrapper_opt_level``: see :func:`inductor.compile_graph` (the tests use ``O0``).
+    """
+    from torch_tensorrt_dist.models.loader import load_llama, random_llama, read_config
+
+    start = time.perf_counter()
+    if pp != 1:
+        raise ConfigError(
+            f"compile --pp {pp}: pipeline artifacts are not supported yet; compile with --tp "
+            "only (tensor parallel over every rank)"
+        )
+    if engine != "inductor":
+        raise ConfigError(
+            f"compile --engine {engine!r}: only inductor artifacts are built so far. TensorRT "
+            "artifacts need the KV caches passed to the engines as inputs (a TensorRT engine "
+            "freezes buffers), which the model does not do yet; use --engine inductor"
+        )
+    if dtype not in DTYPE_NAMES:
+        raise ConfigError(f"dtype {dtype} is not one of {', '.join(DTYPE_NAMES.values())}")
+    root = Path(out)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    group = dist.group.WORLD if world > 1 else None
+    path, preset = resolve_model(model)
+    args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
+    cache_len = min(args.max_seq_len, max_seq_len or min(args.max_seq_len, 256))
+    buckets = sorted(set(buckets or default_buckets(cache_len)))
+    bad = [b for b in buckets if not 0 < b < cache_len]
+    if bad:
+        raise ConfigError(
+            f"buckets {bad} do not fit the sequence length {cache_len}: each must be in "
+            f"[1, {cache_len - 1}]"
+        )
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / MANIFEST_NAME).unlink(missing_ok=True)  # the old set is no longer complete
+    if world > 1:
+        dist.barrier()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    if path is not None:
+        net = load_llama(
+            path,
+            group=group,
+            dtype=dtype,
+            device=device,
+            lm_head=lm_head,
+            embedding=embedding,
+            max_seq_len=args.max_seq_len,
+            progress=False,
+        )
+    else:
+        net = random_llama(
+            args, seed=preset_seed, group=group, dtype=dtype, lm_head=lm_head, embedding=embedding
+        ).to(device)
+    net.setup_caches(max_batch_size, cache_len)
+    # each rank writes its files and rank.json; rank 0 reads every entry back from disk
+    _build_rank(net, root, rank, buckets, max_batch_size, wrapper_opt_level)
+    if world > 1:
+        dist.barrier()  # every rank's files and rank.json are in place
+    manifest_path = root / MANIFEST_NAME
+    if rank == 0:
+        ranks = [_read_rank(root, r) for r in range(world)]
+        manifest = Manifest(
+            engine=engine,
+            world_size=world,
+            tp=world,
+            pp=1,
+            groups=[GroupEntry(group.group_name, list(range(world)), "tp")] if group else [],
+            ranks=ranks,
+            dtype=DTYPE_NAMES[dtype],
+            buckets=list(buckets),
+            max_batch_size=max_batch_size,
+            cache_len=cache_len,
+            model_args=asdict(args),
+            checkpoint={
+                "source": str(path.resolve()) if path is not None else f"preset:{preset}",
+                "sha256": checkpoint_hash(path)
+                if path is not None
+                else args_hash(args, preset_seed),
+            },
+            options={"lm_head": lm_head, "embedding": embedding},
+            tokenizer=_copy_tokenizer(path, root),
+            versions=running_versions(),
+            device=device.type,
+        )
+        write_manifest(root, manifest)
+        logger.info("wrote %s", manifest_path)
+    if world > 1:
+        dist.barrier()  # nobody returns before the manifest exists
+    if not manifest_path.is_file():
+        raise ArtifactError(f"rank 0 did not write {manifest_path}")
+    return CompileResult(manifest_path, time.perf_counter() - start)

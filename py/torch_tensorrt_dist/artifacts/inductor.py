@@ -1,0 +1,217 @@
+"""AOTInductor artifacts: export the sharded prefill/decode steps, compile, package, load.
+
+Each graph is a ``torch.export`` of this rank's sharded step (its collectives stay
+``_c10d_functional`` ops naming the process group) compiled by
+``torch._inductor.aoti_compile_and_package`` **without** its constants
+(``aot_inductor.package_constants_in_so=False``). At load time every package gets the same
+tensors through ``load_constants(..., user_managed=True)``: the weights read once from the
+rank's safetensors shard, and one set of KV caches that the prefill graphs write and the
+decode graph reads, in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from torch_tensorrt_dist.artifacts.fingerprint import collective_schedule
+from torch_tensorrt_dist.artifacts.manifest import publish
+from torch_tensorrt_dist.errors import ArtifactError
+from torch_tensorrt_dist.models.llama import Transformer
+
+__all__ = [
+    "STATE_SUFFIXES",
+    "Package",
+    "StepModule",
+    "compile_graph",
+    "constants_of",
+    "detach_head_group",
+    "example_inputs",
+    "export_step",
+    "load_graphs",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Constants that start as zeros and are written by the graphs (not saved with the weights).
+STATE_SUFFIXES = (".k_cache", ".v_cache")
+
+_INDUCTOR_CONFIGS = {"aot_inductor.package_constants_in_so": False}
+
+StepFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def detach_head_group(model: Transformer) -> dist.ProcessGroup | None:
+    """Take the vocabulary-parallel LM head's group off ``model`` (see :class:`StepModule`)."""
+    group, model.group = model.group, None
+    return group
+
+
+class StepModule(nn.Module):
+    """The exportable step: ``(tokens, cache_pos, pad) -> logits [B, V]`` of the last position.
+
+    With a vocabulary-parallel head (``head_group``, taken off the model by
+    :func:`detach_head_group`) the shards are assembled by an all-reduce of zero-padded logits
+    rather than an all-gather: AOTInductor runs ``all_gather_into_tensor`` through its proxy
+    executor, whose tensors reach Python, and a gloo worker freeing them then waits for the GIL
+    that the running graph holds (a hang). ``all_reduce`` has a C shim; adding zeros is exact.
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        prefill: bool,
+        head_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.prefill = prefill
+        self.head_group = head_group
+
+    def forward(self, tokens: Tensor, cache_pos: Tensor, pad: Tensor) -> Tensor:
+        logits = self.model(tokens, cache_pos, pad, last_only=self.prefill)[:, -1]  # [B, V|Vs]
+        if self.head_group is None:
+            return logits
+        tp, rank = dist.get_world_size(self.head_group), dist.get_rank(self.head_group)
+        vs = logits.shape[-1]
+        # [B, tp * Vs + 1]: this rank's shard at its offset, zeros elsewhere. The extra column
+        # makes the returned logits a view, never the reduced tensor itself: a tensor that
+        # Python holds must not be the one a gloo work frees later (that, too, needs the GIL).
+        full = F.pad(logits, (rank * vs, (tp - 1 - rank) * vs + 1))
+        full = funcol.all_reduce(full, "sum", self.head_group)
+        return full[:, : self.model.args.vocab_size]
+
+
+def example_inputs(batch: int, length: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """Inputs of a step over ``length`` tokens per row (a bucket, or 1 for decode)."""
+    return (
+        torch.zeros(batch, length, dtype=torch.long, device=device),
+        torch.arange(length, device=device),
+        torch.zeros(batch, dtype=torch.long, device=device),
+    )
+
+
+def export_step(
+    model: Transformer,
+    *,
+    prefill: bool,
+    batch: int,
+    length: int,
+    head_group: dist.ProcessGroup | None = None,
+) -> tuple[torch.export.ExportedProgram, list[str]]:
+    """Export one step at a static shape; also return its collective schedule."""
+    device = model.tok_embeddings.weight.device
+    step = StepModule(model, prefill=prefill, head_group=head_group)
+    with torch.no_grad():
+        ep = torch.export.export(step, example_inputs(batch, length, device), strict=False)
+    return ep, collective_schedule(ep.graph_module)
+
+
+def compile_graph(
+    ep: torch.export.ExportedProgram, path: Path, *, wrapper_opt_level: str = "O1"
+) -> float:
+    """AOTInductor-compile ``ep`` into the package ``path`` (atomically); return seconds.
+
+    ``wrapper_opt_level``: the C++ optimisation of the generated ``run_impl`` glue (torch's
+    default ``O1``); ``O0`` about halves the compile of a small model (its kernels keep their
+    own flags)."""
+    start = time.perf_counter()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".pt2", dir=path.parent)
+    os.close(fd)
+    try:
+        torch._inductor.aoti_compile_and_package(
+            ep,
+            package_path=tmp,
+            inductor_configs={
+                **_INDUCTOR_CONFIGS,
+                "aot_inductor.compile_wrapper_opt_level": wrapper_opt_level,
+            },
+        )
+        publish(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return time.perf_counter() - start
+
+
+def _is_state(name: str) -> bool:
+    return name.endswith(STATE_SUFFIXES)
+
+
+def constants_of(model: Transformer) -> tuple[dict[str, Tensor], dict[str, list[int]]]:
+    """The constants a step package needs, named as in the package (``model.`` prefix):
+    saved tensors (weights, RoPE tables, key slots) and the zero-initialised state's shapes."""
+    step = StepModule(model, prefill=False)
+    saved: dict[str, Tensor] = {}
+    state: dict[str, list[int]] = {}
+    for name, t in [*step.named_parameters(), *step.named_buffers()]:
+        if _is_state(name):
+            state[name] = list(t.shape)
+        else:
+            saved[name] = t.detach().contiguous()
+    return saved, state
+
+
+class Package:
+    """One loaded AOTInductor package, called as a step: ``(tokens, cache_pos, pad) -> logits``.
+
+    Uses the loader ``torch._inductor.aoti_load_package`` wraps (``torch._C._aoti``) directly:
+    importing ``torch._inductor`` costs seconds that a cold start from artifacts should not
+    pay. The step's inputs and its one output are flat tensors, so no call spec is needed.
+    """
+
+    def __init__(self, path: Path, device: torch.device) -> None:
+        index = device.index if device.type == "cuda" and device.index is not None else -1
+        self.path = path
+        self._loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, index)
+
+    def constant_names(self) -> list[str]:
+        return list(self._loader.get_constant_fqns())
+
+    def share_constants(self, constants: Mapping[str, Tensor]) -> None:
+        """Hand the package these tensors without a copy (the caller keeps them alive)."""
+        self._loader.load_constants(dict(constants), False, True, True)
+
+    def __call__(self, tokens: Tensor, cache_pos: Tensor, pad: Tensor) -> Tensor:
+        out: list[Tensor] = self._loader.boxed_run([tokens, cache_pos, pad])
+        return out[0]
+
+
+def load_graphs(
+    paths: Mapping[str, Path],
+    constants: Mapping[str, Tensor],
+    device: torch.device,
+) -> dict[str, StepFn]:
+    """Load each package and hand it the shared constants (no copy: ``user_managed``); the
+    caller keeps ``constants`` alive as long as the graphs."""
+    graphs: dict[str, StepFn] = {}
+    for role, path in paths.items():
+        try:
+            package = Package(path, device)
+        except Exception as exc:  # torch raises RuntimeError or its own errors by version
+            raise ArtifactError(
+                f"{path} ({role}) does not load with this torch ({type(exc).__name__}: {exc}); "
+                "recompile the artifacts here"
+            ) from exc
+        wanted = package.constant_names()
+        missing = sorted(set(wanted) - set(constants))
+        if missing:
+            raise ArtifactError(
+                f"{path} ({role}) needs constants the weight shard lacks: {missing[:4]}; the "
+                "files come from different compiles: recompile"
+            )
+        package.share_constants({k: constants[k] for k in wanted})
+        graphs[role] = package
+    return graphs

@@ -1,0 +1,316 @@
+"""The artifact manifest: what was compiled, for which layout, with which software (pure).
+
+``DIR/manifest.json`` describes a directory of per-rank compiled artifacts::
+
+    DIR/manifest.json
+    DIR/tokenizer/...              copied from the checkpoint (when it has one)
+    DIR/rank-R/weights.safetensors this rank's weight shard (and RoPE tables)
+    DIR/rank-R/prefill-16.pt2      one package per prefill bucket
+    DIR/rank-R/decode.pt2          one package for every decode step
+
+Every file is listed with its sha256, so a missing or corrupt file is found before loading it.
+Nothing here touches torch.distributed or a compiler: build a :class:`Manifest`, write it
+atomically, read it back, and check it against a run with :func:`check_layout`,
+:func:`check_versions` and :func:`pick_bucket`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch_tensorrt_dist.errors import ArtifactError
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "FileEntry",
+    "GroupEntry",
+    "Manifest",
+    "RankEntry",
+    "atomic_write_bytes",
+    "check_device",
+    "check_layout",
+    "check_versions",
+    "pick_bucket",
+    "publish",
+    "read_manifest",
+    "sha256_file",
+    "verify_files",
+    "write_manifest",
+]
+
+FORMAT = "torch_tensorrt_dist.artifacts"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+#: Versions that must equal the running software's for an engine's packages to load.
+PINNED_VERSIONS = {"inductor": ("torch",)}
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a rank, relative to the artifact directory."""
+
+    path: str
+    sha256: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class GroupEntry:
+    """A process group, in creation order: its c10d name (graphs refer to it) and ranks."""
+
+    name: str
+    ranks: list[int]
+    role: str
+    """``world`` or ``tp`` (``pp`` when pipeline artifacts exist)."""
+
+
+@dataclass(frozen=True)
+class RankEntry:
+    rank: int
+    files: dict[str, FileEntry]
+    """Role -> file: ``weights``, ``prefill-<bucket>``, ``decode``."""
+    schedules: dict[str, list[str]]
+    """Graph role -> its collectives in order (``op(group)``): the schedule fingerprint."""
+    state: dict[str, list[int]] = field(default_factory=dict)
+    """Zero-initialised constants (the KV caches): name -> shape."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    engine: str
+    world_size: int
+    tp: int
+    pp: int
+    groups: list[GroupEntry]
+    ranks: list[RankEntry]
+    dtype: str
+    buckets: list[int]
+    max_batch_size: int
+    cache_len: int
+    model_args: dict[str, Any]
+    checkpoint: dict[str, str]
+    """``source`` (a path or ``preset:NAME``) and ``sha256`` (see fingerprint.checkpoint_hash)."""
+    options: dict[str, str]
+    """Sharding options the graphs were built with (``lm_head``, ``embedding``)."""
+    tokenizer: dict[str, FileEntry] | None
+    versions: dict[str, str | None]
+    device: str = "cpu"
+    """Device type the graphs were compiled for (``cpu`` or ``cuda``)."""
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+
+    def rank_entry(self, rank: int) -> RankEntry:
+        for entry in self.ranks:
+            if entry.rank == rank:
+                return entry
+        raise ArtifactError(
+            f"the manifest has no entry for rank {rank} (ranks "
+            f"{[e.rank for e in self.ranks]}); recompile with --tp {self.tp} --pp {self.pp}"
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
+        """Parse a manifest; :class:`ArtifactError` for another format, version or shape."""
+        if data.get("format") != FORMAT:
+            raise ArtifactError(
+                f"not a torch_tensorrt_dist artifact manifest (format {data.get('format')!r})"
+            )
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ArtifactError(
+                f"artifact format version {version!r}, but this torch_tensorrt_dist reads "
+                f"version {FORMAT_VERSION}; recompile with `torchtrt-dist compile`"
+            )
+        try:
+            groups = [GroupEntry(**g) for g in data["groups"]]
+            ranks = [
+                RankEntry(
+                    rank=r["rank"],
+                    files={k: FileEntry(**f) for k, f in r["files"].items()},
+                    schedules={k: list(v) for k, v in r["schedules"].items()},
+                    state={k: list(v) for k, v in r.get("state", {}).items()},
+                )
+                for r in data["ranks"]
+            ]
+            tok = data.get("tokenizer")
+            fields = {k: v for k, v in data.items() if k not in ("groups", "ranks", "tokenizer")}
+            manifest = cls(
+                groups=groups,
+                ranks=ranks,
+                tokenizer=None if tok is None else {k: FileEntry(**f) for k, f in tok.items()},
+                **fields,
+            )
+        except (KeyError, TypeError) as exc:
+            raise ArtifactError(
+                f"the manifest lacks or mistypes a field ({type(exc).__name__}: {exc}); it was "
+                "not written by this version: recompile"
+            ) from exc
+        manifest.check_consistent()
+        return manifest
+
+    def check_consistent(self) -> None:
+        """The manifest agrees with itself: every rank once, equal schedules within a group."""
+        if self.world_size != self.tp * self.pp:
+            raise ArtifactError(
+                f"manifest: world_size {self.world_size} != pp {self.pp} x tp {self.tp}"
+            )
+        if sorted(e.rank for e in self.ranks) != list(range(self.world_size)):
+            raise ArtifactError(
+                f"manifest lists ranks {sorted(e.rank for e in self.ranks)}, expected "
+                f"0..{self.world_size - 1}; the compile did not finish: recompile"
+            )
+        by_rank = {e.rank: e for e in self.ranks}
+        for group in self.groups:
+            first = by_rank[group.ranks[0]].schedules
+            for r in group.ranks[1:]:
+                if by_rank[r].schedules != first:
+                    raise ArtifactError(
+                        f"ranks {group.ranks[0]} and {r} of group {group.name!r} were compiled "
+                        "with different collective schedules (they would hang); recompile"
+                    )
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def publish(tmp: str | Path, path: Path) -> None:
+    """Rename a finished temporary file to ``path`` (readable by all, as a plain file is)."""
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``path`` through a temporary file in the same directory, then rename it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        publish(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_manifest(root: Path, manifest: Manifest) -> Path:
+    manifest.check_consistent()
+    path = Path(root) / MANIFEST_NAME
+    atomic_write_bytes(path, manifest.to_json().encode())
+    return path
+
+
+def read_manifest(root: Path) -> Manifest:
+    path = Path(root) / MANIFEST_NAME
+    if not path.is_file():
+        raise ArtifactError(
+            f"{path} does not exist: {root} is not a complete artifact directory (a compile "
+            "that did not finish writes no manifest); run `torchtrt-dist compile ... --out "
+            f"{root}`"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path} is not valid JSON ({exc}); recompile") from exc
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path} holds a {type(data).__name__}, not a manifest object")
+    return Manifest.from_dict(data)
+
+
+def verify_files(root: Path, entries: Mapping[str, FileEntry]) -> None:
+    """Every file exists with its recorded size and sha256, else :class:`ArtifactError`."""
+    for role, entry in entries.items():
+        path = Path(root) / entry.path
+        if not path.is_file():
+            raise ArtifactError(
+                f"{entry.path} ({role}) is missing from {root}; copy the whole directory or "
+                "recompile"
+            )
+        size = path.stat().st_size
+        if size != entry.bytes or sha256_file(path) != entry.sha256:
+            raise ArtifactError(
+                f"{entry.path} ({role}) is corrupt: its sha256 or size ({size} bytes, "
+                f"{entry.bytes} recorded) does not match the manifest; copy it again or recompile"
+            )
+
+
+def check_layout(manifest: Manifest, *, world_size: int, tp: int | None, pp: int | None) -> None:
+    """The run's world size and layout are the compiled ones (``None``: take the manifest's)."""
+    want = (manifest.world_size, manifest.tp, manifest.pp)
+    got = (world_size, manifest.tp if tp is None else tp, manifest.pp if pp is None else pp)
+    if got != want:
+        raise ArtifactError(
+            f"the artifacts were compiled for world size {want[0]} (pp {want[2]} x tp "
+            f"{want[1]}), but this run has world size {got[0]} (pp {got[2]} x tp {got[1]}); "
+            f"start {want[0]} ranks with --tp {want[1]} --pp {want[2]}, or recompile"
+        )
+
+
+def check_versions(manifest: Manifest, running: Mapping[str, str | None]) -> None:
+    """The software that must match for this engine's packages matches."""
+    pinned = PINNED_VERSIONS.get(manifest.engine)
+    if pinned is None:
+        raise ArtifactError(
+            f"artifacts for engine {manifest.engine!r}, which this version cannot load "
+            f"(engines: {', '.join(PINNED_VERSIONS)})"
+        )
+    for name in pinned:
+        built, here = manifest.versions.get(name), running.get(name)
+        if built != here:
+            raise ArtifactError(
+                f"the {manifest.engine} artifacts were compiled with {name} {built}, but this "
+                f"process has {name} {here}; install {name}=={built} or recompile here"
+            )
+
+
+def check_device(manifest: Manifest, device_type: str) -> None:
+    """The graphs were compiled for this kind of device."""
+    if manifest.device != device_type:
+        raise ArtifactError(
+            f"the artifacts were compiled for {manifest.device}, but this rank runs on "
+            f"{device_type}; recompile on a {device_type} machine"
+        )
+
+
+def pick_bucket(manifest: Manifest, prompt_lens: Sequence[int], max_new_tokens: int) -> int:
+    """The smallest compiled prefill bucket that fits the request, else :class:`ArtifactError`."""
+    if len(prompt_lens) > manifest.max_batch_size:
+        raise ArtifactError(
+            f"{len(prompt_lens)} prompts, but the artifacts were compiled for batch "
+            f"{manifest.max_batch_size}; send at most {manifest.max_batch_size} or recompile "
+            f"with --max-batch {len(prompt_lens)}"
+        )
+    longest = max(prompt_lens)
+    for bucket in sorted(manifest.buckets):
+        if bucket >= longest and bucket + max_new_tokens <= manifest.cache_len:
+            return bucket
+    if longest + max_new_tokens > manifest.cache_len:
+        raise ArtifactError(
+            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+            f"compiled sequence length {manifest.cache_len}; ask for fewer tokens or recompile "
+            "with a larger --max-seq-len"
+        )
+    raise ArtifactError(
+        f"no compiled prefill bucket fits a {longest}-token prompt with {max_new_tokens} new "
+        f"tokens (buckets {sorted(manifest.buckets)}, sequence length {manifest.cache_len}); "
+        "shorten the prompt or recompile with --buckets including a larger length"
+    )

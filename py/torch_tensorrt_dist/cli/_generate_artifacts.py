@@ -1,0 +1,115 @@
+"""``torchtrt-dist generate --artifacts DIR``: generate from compiled artifacts.
+
+The launching process reads the manifest and checks the request (batch, lengths, buckets)
+before any rank starts; each rank then checks layout, versions, groups and its own files
+(``artifacts.load``) before any collective, loads its shard and graphs, and generates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.models.tokenizer import Tokenizer
+
+__all__ = ["plan_artifacts", "rank_main"]
+
+
+def _tokenizer(root: Path, vocab_size: int) -> Tokenizer:
+    from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+
+    tok_dir = root / "tokenizer"
+    return load_tokenizer(tok_dir if tok_dir.is_dir() else None, vocab_size=vocab_size)
+
+
+def plan_artifacts(ns: argparse.Namespace) -> list[list[int]]:
+    """Check the options against the manifest; set ``ns.tp``; return the encoded prompts."""
+    from torch_tensorrt_dist.artifacts.load import model_args
+    from torch_tensorrt_dist.artifacts.manifest import check_layout, pick_bucket, read_manifest
+    from torch_tensorrt_dist.generation import SamplingConfig
+
+    if ns.model is not None:
+        raise ConfigError("--artifacts replaces --model (the artifacts hold the weights)")
+    SamplingConfig(ns.temperature, ns.top_k, ns.top_p, ns.seed)  # validates
+    root = Path(ns.artifacts)
+    manifest = read_manifest(root)
+    world = int(os.environ.get("WORLD_SIZE", str(manifest.world_size)))
+    check_layout(manifest, world_size=world, tp=ns.tp, pp=ns.pp)
+    ns.tp, ns.pp = manifest.tp, manifest.pp
+    tok = _tokenizer(root, model_args(manifest).vocab_size)
+    prompts = [tok.encode(text) for text in ns.prompt]
+    if any(not p for p in prompts):
+        raise ConfigError("a prompt is empty; give at least one token of text")
+    pick_bucket(manifest, [len(p) for p in prompts], ns.max_new_tokens)
+    return prompts
+
+
+def rank_main(ns: argparse.Namespace) -> int:
+    """One rank: check and load the artifacts, generate, report on rank 0."""
+    import torch.distributed as dist
+
+    from torch_tensorrt_dist.artifacts import load_generator
+    from torch_tensorrt_dist.generation import SamplingConfig, TextStream
+    from torch_tensorrt_dist.runtime import init_distributed
+
+    prompts = plan_artifacts(ns)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = 0
+    if world > 1:
+        rank = init_distributed().rank
+    gen = load_generator(ns.artifacts, tp=ns.tp, pp=ns.pp)
+    tok = _tokenizer(Path(ns.artifacts), gen.args.vocab_size)
+    stop_ids = tok.eos_ids or gen.args.eos_token_ids
+    stream = TextStream(tok, len(prompts))
+    printing = rank == 0 and not ns.json and len(prompts) == 1
+
+    def on_step(step_ids: list[int]) -> None:
+        piece = stream.push(step_ids, tuple(stop_ids))[0]
+        if piece:
+            print(piece, end="", flush=True)
+
+    if printing:
+        print(ns.prompt[0], end="", flush=True)
+    result = gen.generate(
+        prompts,
+        max_new_tokens=ns.max_new_tokens,
+        sampling=SamplingConfig(ns.temperature, ns.top_k, ns.top_p, ns.seed),
+        stop_ids=stop_ids,
+        on_step=on_step if printing else None,
+    )
+    if rank == 0:
+        texts = [tok.decode([i for i in ids if i not in stop_ids]) for ids in result.tokens]
+        summary = {
+            "tokens": result.tokens,
+            "text": texts,
+            "ttft_s": result.ttft_s,
+            "tokens_per_s": result.tokens_per_s,
+            "tp": ns.tp,
+            "pp": ns.pp,
+            "engine": gen.engine,
+            "prefill_len": result.prefill_len,
+            "decode_steps": result.decode_steps,
+            "load_s": gen.load_s,
+            "dtype": gen.manifest.dtype,
+            "model": f"artifacts:{ns.artifacts}",
+        }
+        if ns.json:
+            print(json.dumps(summary), flush=True)
+        else:
+            if printing:
+                print(flush=True)
+            else:
+                for prompt, text in zip(ns.prompt, texts):
+                    print(f"{prompt}{text}\n")
+            print(
+                f"[tp={ns.tp} {gen.engine}] load {gen.load_s:.2f} s, ttft "
+                f"{result.ttft_s * 1e3:.1f} ms, decode {result.tokens_per_s:.1f} tok/s",
+                file=sys.stderr,
+            )
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
