@@ -35,7 +35,8 @@ class ExplainReport:
     graphs: list[GraphReport] = field(default_factory=list)
     rank: int | None = None
     world_size: int | None = None
-    #: the TensorRT collective implementation this process would use, and why (or why none)
+    #: the TensorRT collective implementation this process would use, and why (or why none);
+    #: the CLI prints it per requested ``--collective-impl`` after the table
     tensorrt_impl: tuple[str | None, str] = (None, "")
 
     @property
@@ -78,9 +79,6 @@ class ExplainReport:
             f"  graphs: {self.graph_count}   graph breaks: {len(self.graph_breaks)}   "
             f"collectives: {len(self.collectives)}   bytes sent: {self.total_bytes:,}",
         ]
-        if self.collectives and self.tensorrt_impl[1]:
-            impl, reason = self.tensorrt_impl
-            lines.append(f"  TensorRT collectives here: {impl or 'none'} ({reason})")
         lines += [f"  break: {reason}" for reason in self.graph_breaks]
         for g in self.graphs:
             if g.input_writes:

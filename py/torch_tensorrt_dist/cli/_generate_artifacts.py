@@ -8,9 +8,7 @@ before any rank starts; each rank then checks layout, versions, groups and its o
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 from pathlib import Path
 
 from torch_tensorrt_dist.errors import ConfigError
@@ -53,7 +51,8 @@ def rank_main(ns: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from torch_tensorrt_dist.artifacts import load_generator
-    from torch_tensorrt_dist.generation import SamplingConfig, TextStream
+    from torch_tensorrt_dist.cli._output import Output
+    from torch_tensorrt_dist.generation import SamplingConfig
     from torch_tensorrt_dist.runtime import init_distributed
 
     prompts = plan_artifacts(ns)
@@ -64,52 +63,18 @@ def rank_main(ns: argparse.Namespace) -> int:
     gen = load_generator(ns.artifacts, tp=ns.tp, pp=ns.pp)
     tok = _tokenizer(Path(ns.artifacts), gen.args.vocab_size)
     stop_ids = tok.eos_ids or gen.args.eos_token_ids
-    stream = TextStream(tok, len(prompts))
-    printing = rank == 0 and not ns.json and len(prompts) == 1
-
-    def on_step(step_ids: list[int]) -> None:
-        piece = stream.push(step_ids, tuple(stop_ids))[0]
-        if piece:
-            print(piece, end="", flush=True)
-
-    if printing:
-        print(ns.prompt[0], end="", flush=True)
+    out = Output(ns, tok, len(prompts), stop_ids, rank)
+    on_step = out.on_step()
     result = gen.generate(
         prompts,
         max_new_tokens=ns.max_new_tokens,
         sampling=SamplingConfig(ns.temperature, ns.top_k, ns.top_p, ns.seed),
         stop_ids=stop_ids,
-        on_step=on_step if printing else None,
+        on_step=on_step,
     )
-    if rank == 0:
-        texts = [tok.decode([i for i in ids if i not in stop_ids]) for ids in result.tokens]
-        summary = {
-            "tokens": result.tokens,
-            "text": texts,
-            "ttft_s": result.ttft_s,
-            "tokens_per_s": result.tokens_per_s,
-            "tp": ns.tp,
-            "pp": ns.pp,
-            "engine": gen.engine,
-            "prefill_len": result.prefill_len,
-            "decode_steps": result.decode_steps,
-            "load_s": gen.load_s,
-            "dtype": gen.manifest.dtype,
-            "model": f"artifacts:{ns.artifacts}",
-        }
-        if ns.json:
-            print(json.dumps(summary), flush=True)
-        else:
-            if printing:
-                print(flush=True)
-            else:
-                for prompt, text in zip(ns.prompt, texts):
-                    print(f"{prompt}{text}\n")
-            print(
-                f"[tp={ns.tp} {gen.engine}] load {gen.load_s:.2f} s, ttft "
-                f"{result.ttft_s * 1e3:.1f} ms, decode {result.tokens_per_s:.1f} tok/s",
-                file=sys.stderr,
-            )
+    fields = {"tp": ns.tp, "pp": ns.pp, "engine": gen.engine, "load_s": gen.load_s,
+              "dtype": gen.manifest.dtype, "model": f"artifacts:{ns.artifacts}"}  # fmt: skip
+    out.result(result, fields, f"[tp={ns.tp} {gen.engine}] load {gen.load_s:.2f} s,")
     if world > 1:
         dist.destroy_process_group()
     return 0

@@ -15,7 +15,6 @@ to the ``tiny`` preset with deterministic random weights; a preset name also wor
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 
 import torch
 
+from torch_tensorrt_dist.cli._output import Output
 from torch_tensorrt_dist.cli.generate_moe import load_moe_rank, plan_moe
 from torch_tensorrt_dist.errors import (
     ConfigError,
@@ -223,7 +223,7 @@ def _rank_main(ns: argparse.Namespace) -> int:
     """One rank: set up distributed, load the shard, generate, report on rank 0."""
     import torch.distributed as dist
 
-    from torch_tensorrt_dist.generation import Generator, SamplingConfig, TextStream
+    from torch_tensorrt_dist.generation import Generator, SamplingConfig
     from torch_tensorrt_dist.models.loader import load_llama, random_llama
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
     from torch_tensorrt_dist.runtime import init_distributed
@@ -276,16 +276,8 @@ def _rank_main(ns: argparse.Namespace) -> int:
         ).to(device)
     tok = load_tokenizer(plan.path, vocab_size=plan.args.vocab_size)
     stop_ids = tok.eos_ids or plan.args.eos_token_ids
-    stream = TextStream(tok, len(plan.prompts))
-    printing = rank == 0 and not ns.json and len(plan.prompts) == 1
-
-    def on_step(step_ids: list[int]) -> None:
-        piece = stream.push(step_ids, tuple(stop_ids))[0]
-        if piece:
-            print(piece, end="", flush=True)
-
-    if printing:
-        print(ns.prompt[0], end="", flush=True)
+    out = Output(ns, tok, len(plan.prompts), stop_ids, rank)
+    on_step = out.on_step()
     sampling = SamplingConfig(ns.temperature, ns.top_k, ns.top_p, ns.seed)
     compile_s: float | None = None
     if ns.pp > 1:
@@ -307,7 +299,7 @@ def _rank_main(ns: argparse.Namespace) -> int:
             cache_len=plan.cache_len,
             warmup=not ns.no_warmup,
             microbatches=ns.microbatches,
-            on_step=on_step if printing else None,
+            on_step=on_step,
             verify=ns.verify,
         )
     else:
@@ -327,39 +319,13 @@ def _rank_main(ns: argparse.Namespace) -> int:
             max_new_tokens=ns.max_new_tokens,
             sampling=sampling,
             stop_ids=stop_ids,
-            on_step=on_step if printing else None,
+            on_step=on_step,
         )
-    if rank == 0:
-        texts = [tok.decode([i for i in ids if i not in stop_ids]) for ids in result.tokens]
-        summary = {
-            "tokens": result.tokens,
-            "text": texts,
-            "ttft_s": result.ttft_s,
-            "tokens_per_s": result.tokens_per_s,
-            "tp": ns.tp,
-            "pp": ns.pp,
-            "ep": ns.ep,
-            "engine": ns.engine,
-            "prefill_len": result.prefill_len,
-            "decode_steps": result.decode_steps,
-            "compile_s": compile_s,
-            "dtype": ns.dtype,
-            "model": str(plan.path) if plan.path else f"preset:{plan.preset} (random weights)",
-        }
-        if ns.json:
-            print(json.dumps(summary), flush=True)
-        else:
-            if printing:
-                print(flush=True)  # end the streamed line
-            else:
-                for prompt, text in zip(ns.prompt, texts):
-                    print(f"{prompt}{text}\n")
-            print(
-                f"[pp={ns.pp} tp={ns.tp} engine={ns.engine}] ttft {result.ttft_s * 1e3:.1f} ms, "
-                f"decode {result.tokens_per_s:.1f} tok/s"
-                + (f", compile {compile_s:.1f} s" if compile_s is not None else ""),
-                file=sys.stderr,
-            )
+    model_name = str(plan.path) if plan.path else f"preset:{plan.preset} (random weights)"
+    fields = {"tp": ns.tp, "pp": ns.pp, "ep": ns.ep, "engine": ns.engine, "compile_s": compile_s,
+              "dtype": ns.dtype, "model": model_name}  # fmt: skip
+    status = f"[pp={ns.pp} tp={ns.tp} engine={ns.engine}]"
+    out.result(result, fields, status + (f" compile {compile_s:.1f} s," if compile_s else ""))
     if world > 1:
         dist.destroy_process_group()  # a normal end; after an error the launcher stops the ranks
     return 0

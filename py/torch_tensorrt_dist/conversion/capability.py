@@ -234,6 +234,31 @@ def _normalize_reduce(reduce_op: str) -> str:
     return normalize_reduce_op(reduce_op)
 
 
+def _nccl_shape_checks(
+    op: str,
+    dtype: torch.dtype,
+    n: int,
+    reduce_name: str | None,
+    dim0: int | None,
+    outs: Sequence[int] | None,
+    ins: Sequence[int] | None,
+    who: str,
+) -> str | None:
+    """Why an NCCL-backed layer (native or ours) cannot do this collective exactly, or None:
+    a reduce op NCCL lacks, avg of integers, uneven all_to_all splits, an indivisible dim 0."""
+    if reduce_name is not None and reduce_name not in NATIVE_REDUCE_OPERATION:
+        return f"{who} has no {reduce_name!r} reduce operation"
+    if reduce_name == "avg" and not dtype.is_floating_point:
+        return f"avg of {dtype_name(dtype)} would round; cast to a floating dtype first"
+    if COLLECTIVES[op].splits:
+        uneven = _uniform_splits(n, dim0, outs, ins)
+        if uneven:
+            return uneven
+    if op == "reduce_scatter" and dim0 is not None and dim0 % n:
+        return f"reduce_scatter over {n} ranks needs dim 0 ({dim0}) divisible"
+    return None
+
+
 def _native_decision(
     op: str,
     dtype: torch.dtype,
@@ -260,18 +285,9 @@ def _native_decision(
         return Decision(
             False, f"native DistCollective is used for {names} only, not {dtype_name(dtype)}"
         )
-    if reduce_name is not None and reduce_name not in NATIVE_REDUCE_OPERATION:
-        return Decision(False, f"TensorRT has no {reduce_name!r} reduce operation")
-    if reduce_name == "avg" and not dtype.is_floating_point:
-        return Decision(
-            False, f"avg of {dtype_name(dtype)} would round; cast to a floating dtype first"
-        )
-    if row.splits:
-        uneven = _uniform_splits(n, dim0, outs, ins)
-        if uneven:
-            return Decision(False, uneven)
-    if op == "reduce_scatter" and dim0 is not None and dim0 % n:
-        return Decision(False, f"reduce_scatter over {n} ranks needs dim 0 ({dim0}) divisible")
+    refused = _nccl_shape_checks(op, dtype, n, reduce_name, dim0, outs, ins, "TensorRT")
+    if refused:
+        return Decision(False, refused)
     if comm_ranks is not None and [int(r) for r in comm_ranks] != ranks:
         return Decision(
             False,
@@ -326,24 +342,14 @@ def _torch_nccl_decision(
     outs: Sequence[int] | None,
     ins: Sequence[int] | None,
 ) -> Decision:
-    row = COLLECTIVES[op]
     n = len(ranks)
     if dtype not in TORCH_NCCL_DTYPES:
         names = ", ".join(sorted(dtype_name(d) for d in TORCH_NCCL_DTYPES))
         return Decision(
             False, f"our torch_nccl plugins carry {names} only, not {dtype_name(dtype)}"
         )
-    if reduce_name is not None and reduce_name not in NATIVE_REDUCE_OPERATION:
-        return Decision(False, f"NCCL has no {reduce_name!r} reduce operation")
-    if reduce_name == "avg" and not dtype.is_floating_point:
-        return Decision(
-            False, f"avg of {dtype_name(dtype)} would round; cast to a floating dtype first"
-        )
-    if row.splits:
-        uneven = _uniform_splits(n, dim0, outs, ins)
-        if uneven:
-            return Decision(False, uneven.replace("TensorRT's ALL_TO_ALL", "the plugin"))
-    if op == "reduce_scatter" and dim0 is not None and dim0 % n:
-        return Decision(False, f"reduce_scatter over {n} ranks needs dim 0 ({dim0}) divisible")
+    refused = _nccl_shape_checks(op, dtype, n, reduce_name, dim0, outs, ins, "NCCL")
+    if refused:
+        return Decision(False, refused.replace("TensorRT's ALL_TO_ALL", "the plugin"))
     what = f"{op}/{reduce_name}" if reduce_name else op
     return Decision(True, f"torch_nccl plugin {what} on the NCCL communicator of ranks {ranks}")
