@@ -35,7 +35,7 @@ def test_pp2_tp2_greedy_tokens_equal_tp1() -> None:
         (["--pp", "5", "--tp", "1"], "pp=5"),
         (["--pp", "2", "--tp", "1", "--split", "1,2"], "split"),
         (["--pp", "2", "--split", "a,b"], "--split 'a,b' is not a comma-separated list"),
-        (["--pp", "0"], "--tp and --pp must be >= 1"),
+        (["--pp", "0"], "--tp, --pp and --ep must be >= 1"),
     ],
 )
 def test_bad_pipeline_layouts_fail_before_any_rank_starts(args: list[str], message: str) -> None:
