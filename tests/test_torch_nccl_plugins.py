@@ -175,6 +175,24 @@ def test_include_search(tmp_path: Path) -> None:
     assert len(build_commands("/src", "/b", env)) == 2  # no ctest unless asked
 
 
+def test_a_cmake_cache_of_another_checkout_or_generator_is_stale(tmp_path: Path) -> None:
+    from torch_tensorrt_dist.conversion.torch_nccl_build import stale_cmake_cache
+
+    src, other, build = tmp_path / "src", tmp_path / "other", tmp_path / "build"
+    for d in (src, other, build):
+        d.mkdir()
+    assert stale_cmake_cache(str(build), str(src), "Ninja") is None  # nothing configured yet
+    (build / "CMakeCache.txt").write_text(
+        f"# comment\nCMAKE_HOME_DIRECTORY:INTERNAL={other}\nCMAKE_GENERATOR:INTERNAL=Ninja\n"
+    )
+    assert stale_cmake_cache(str(build), str(src), "Ninja") == (
+        f"it was configured for the checkout {other}"
+    )
+    assert stale_cmake_cache(str(build), str(other), "Ninja") is None
+    reason = stale_cmake_cache(str(build), str(other), "Unix Makefiles")
+    assert reason == "it was configured with the Ninja generator"
+
+
 def test_build_plugins_cli_names_the_missing_header(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

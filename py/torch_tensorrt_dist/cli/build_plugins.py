@@ -25,8 +25,10 @@ __all__ = ["register"]
 def _run(args: argparse.Namespace) -> int:
     from torch_tensorrt_dist.conversion.torch_nccl_build import (
         build_commands,
+        default_generator,
         find_include_dirs,
         source_dir,
+        stale_cmake_cache,
     )
     from torch_tensorrt_dist.conversion.torch_nccl_plugins import LIB_NAME, default_build_dir
 
@@ -43,6 +45,11 @@ def _run(args: argparse.Namespace) -> int:
     build_dir = os.path.abspath(args.build_dir or default_build_dir())
     for var, path in sorted(dirs.items()):
         print(f"{var}={path}")
+    stale = stale_cmake_cache(build_dir, source, default_generator())
+    if stale:  # e.g. another checkout built into the same cache folder: configure afresh
+        print(f"removing the CMake cache in {build_dir}: {stale}", flush=True)
+        os.remove(os.path.join(build_dir, "CMakeCache.txt"))
+        shutil.rmtree(os.path.join(build_dir, "CMakeFiles"), ignore_errors=True)
     started = time.perf_counter()
     for command in build_commands(source, build_dir, dirs, werror=args.werror, test=args.test):
         print("+ " + " ".join(command), flush=True)

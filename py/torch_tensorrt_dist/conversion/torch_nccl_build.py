@@ -125,6 +125,31 @@ def source_dir() -> str:
     return root
 
 
+def stale_cmake_cache(build_dir: str, source: str, generator: str) -> str | None:
+    """Why the CMake cache in ``build_dir`` cannot be reused for ``source`` (it was configured
+    for another checkout, or another generator: CMake would refuse), else None."""
+    cache = os.path.join(build_dir, "CMakeCache.txt")
+    if not os.path.isfile(cache):
+        return None
+    values: dict[str, str] = {}
+    with open(cache, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            key, sep, value = line.strip().partition("=")
+            if sep and key.split(":")[0] in ("CMAKE_HOME_DIRECTORY", "CMAKE_GENERATOR"):
+                values[key.split(":")[0]] = value
+    home = values.get("CMAKE_HOME_DIRECTORY")
+    if home is not None and os.path.realpath(home) != os.path.realpath(source):
+        return f"it was configured for the checkout {home}"
+    if values.get("CMAKE_GENERATOR", generator) != generator:
+        return f"it was configured with the {values['CMAKE_GENERATOR']} generator"
+    return None
+
+
+def default_generator() -> str:
+    """Ninja where it is installed, else Makefiles."""
+    return "Ninja" if shutil.which("ninja") else "Unix Makefiles"
+
+
 def build_commands(
     source: str,
     build_dir: str,
@@ -136,7 +161,7 @@ def build_commands(
 ) -> list[list[str]]:
     """The cmake (and ctest) command lines; the library lands in ``build_dir``."""
     if generator is None:
-        generator = "Ninja" if shutil.which("ninja") else "Unix Makefiles"
+        generator = default_generator()
     configure = ["cmake", "-S", source, "-B", build_dir, "-G", generator]
     configure += [f"-D{var}={path}" for var, path in sorted(include_dirs.items())]
     if test:
