@@ -3,6 +3,8 @@
 #include "errors.h"
 #include "nccl_api.h"
 
+#include <cstdio>
+#include <mutex>
 #include <new>
 
 namespace torchtrt_dist
@@ -206,7 +208,15 @@ int32_t CollectivePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTenso
     if (mPhase == TensorRTPhase::kBUILD)
     {
         // The builder may run one rank's plugin alone to time it; a collective there would
-        // wait for peers that are not running it. Build-phase plugins never call NCCL.
+        // wait for peers that are not running it. Build-phase plugins never call NCCL. An
+        // engine must be serialized and deserialized (runtime plugins) before it runs: say so
+        // once, in case one is ever run with its build-phase plugins.
+        static std::once_flag said;
+        std::call_once(said, [] {
+            std::fprintf(stderr,
+                "torch_tensorrt_dist plugins: a build-phase plugin skipped its collective (expected "
+                "while TensorRT times layers; an engine that runs must be deserialized first)\n");
+        });
         return 0;
     }
     void* comm = findCommunicator(mConfig.group);

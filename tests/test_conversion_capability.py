@@ -393,8 +393,9 @@ def test_select_impl_auto_order_with_torch_nccl() -> None:
         ("reduce_scatter", torch.bfloat16, {"reduce_op": "product", "dim0": 6}, False, "dim 0 (6)"),
         ("all_to_all", torch.int8, {"dim0": 8}, True, "all_to_all"),
         ("all_to_all", torch.int8, {"output_split_sizes": [1, 3, 2, 2]}, False, "uneven output"),
-        ("broadcast", torch.uint8, {"src": 3}, True, "broadcast"),
-        ("broadcast", torch.uint8, {"src": 4}, False, "not a rank of a group of 4"),
+        ("broadcast", torch.int8, {"src": 3}, True, "broadcast"),
+        ("broadcast", torch.int8, {"src": 4}, False, "not a rank of a group of 4"),
+        ("broadcast", torch.uint8, {"src": 0}, False, "not uint8"),
     ],
 )
 def test_torch_nccl_decision(

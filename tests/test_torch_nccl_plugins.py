@@ -73,7 +73,7 @@ def test_spec_fields(op: str, kwargs: dict, name: str, extra: dict[str, int]) ->
         assert spec.fields[key].tolist() == [value]
 
 
-@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64])
 def test_spec_integer_dtypes(dtype: torch.dtype) -> None:
     spec = torch_nccl_plugin_spec("all_reduce", dtype, [0, 1], "min")
     assert spec.fields["type_id"].tolist() == [TRT_DATA_TYPE[dtype]]
@@ -269,3 +269,17 @@ def test_register_communicator_refuses_a_group_without_nccl() -> None:
             pass
         assert unregister_communicator(group) is False  # never registered
         assert unregister_communicator([1, 3]) is False
+
+
+def test_register_communicator_refuses_non_blocking_communicators(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch.distributed as dist
+
+    from torch_tensorrt_dist.backend.fake_world import fake_world
+    from torch_tensorrt_dist.conversion.torch_nccl_comms import register_communicator
+    from torch_tensorrt_dist.errors import DistributedSetupError
+
+    monkeypatch.setenv("TORCH_NCCL_USE_COMM_NONBLOCKING", "1")
+    with fake_world(0, 2), pytest.raises(DistributedSetupError, match="ncclInProgress"):
+        register_communicator(dist.new_group([0, 1]))

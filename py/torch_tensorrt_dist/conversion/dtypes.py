@@ -47,14 +47,14 @@ NATIVE_DTYPES: frozenset[torch.dtype] = frozenset(
 )
 
 #: dtypes our plugins (``csrc/``, collective_impl="torch_nccl") carry: each has an NCCL type
-#: (fp8 e4m3 needs NCCL >= 2.24, checked when the plugin runs).
+#: (fp8 e4m3 needs NCCL >= 2.24, checked when the plugin runs). Not uint8 (nor bool): TensorRT
+#: does not support either as a plugin output type (NvInferRuntime.h, getOutputDataTypes).
 TORCH_NCCL_DTYPES: frozenset[torch.dtype] = frozenset(
     {
         torch.float32,
         torch.float16,
         torch.bfloat16,
         torch.int8,
-        torch.uint8,
         torch.int32,
         torch.int64,
         torch.float8_e4m3fn,

@@ -88,9 +88,14 @@ def decompositions(settings: Any) -> dict[Any, Callable[..., Any]]:
     return {k: v for k, v in table.items() if "detach" not in k._name}
 
 
-def _trt_settings(settings: Any) -> tuple[Any, Any]:
+def _trt_settings(settings: Any, *, collectives: bool = False) -> tuple[Any, Any]:
     """Torch-TensorRT's ``(CompilationSettings, engine cache)`` from our settings; an unknown
-    key in ``torch_tensorrt_options`` is a ConfigError (upstream drops it silently)."""
+    key in ``torch_tensorrt_options`` is a ConfigError (upstream drops it silently).
+
+    With ``collectives`` (the graph communicates), TensorRT's auxiliary streams are off unless
+    the user sets ``max_aux_streams``: on them two independent collective layers could run at
+    once, or in another order on another rank (each rank tunes its engine alone), and NCCL
+    would hang."""
     from dataclasses import fields
 
     from torch_tensorrt.dynamo import CompilationSettings
@@ -99,7 +104,7 @@ def _trt_settings(settings: Any) -> tuple[Any, Any]:
     user = dict(getattr(settings, "torch_tensorrt_options", {}) or {})
     known = {f.name for f in fields(CompilationSettings)} | _EXTRA_OPTION_KEYS
     check_known_options(user, known, "torch_tensorrt_options key")
-    options = {**_DEFAULT_OPTIONS, **user}
+    options = {**_DEFAULT_OPTIONS, **({"max_aux_streams": 0} if collectives else {}), **user}
     trt_settings, engine_cache = parse_dynamo_kwargs({"options": options})
     trt_settings.use_distributed_mode_trace = True  # the graph is already aten (AOTAutograd)
     trt_settings.pass_through_build_failures = True  # never hand back the PyTorch graph silently
@@ -185,7 +190,7 @@ def compile_tensorrt(
         elif multi and choice.impl == "native":
             bound = engine_group(calls)
         logger.info("TensorRT collectives: %s (%s)", choice.impl, choice.reason)
-        trt_settings, engine_cache = _trt_settings(settings)
+        trt_settings, engine_cache = _trt_settings(settings, collectives=bool(multi))
         with _bound_group(bound.group_name if bound else None) as pg:
             compiled = _pretraced_backend(
                 gm, _fake_inputs(example_inputs), trt_settings, engine_cache

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -40,6 +41,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
+_TRUE = ("1", "true", "yes", "on")
 _registered: dict[tuple[int, ...], TorchNcclPlugins] = {}
 _atexit_installed: list[bool] = []
 
@@ -47,6 +49,12 @@ _atexit_installed: list[bool] = []
 def _nccl_backend(group: Any) -> Any:
     """The group's ``ProcessGroupNCCL``, or a :class:`DistributedSetupError` that says why not."""
     backend_name = dist.get_backend(group)
+    if os.environ.get("TORCH_NCCL_USE_COMM_NONBLOCKING", "").strip().lower() in _TRUE:
+        raise DistributedSetupError(
+            "TORCH_NCCL_USE_COMM_NONBLOCKING is set: torch's NCCL communicators are then "
+            "non-blocking, and our plugins treat NCCL's ncclInProgress as a failure; unset it "
+            "for collective_impl='torch_nccl', or use collective_impl='native'"
+        )
     try:
         backend = group._get_backend(torch.device("cuda"))
     except (RuntimeError, ValueError) as exc:
@@ -55,12 +63,14 @@ def _nccl_backend(group: Any) -> Any:
             f"backend (backend {backend_name!r}: {exc}); collective_impl='torch_nccl' needs "
             "groups made with backend='nccl' (init_process_group('nccl') / new_group)"
         ) from exc
+    while not hasattr(backend, "_comm_ptr") and hasattr(backend, "wrapped_pg"):
+        backend = backend.wrapped_pg  # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the backend
     if not hasattr(backend, "_comm_ptr"):
         raise DistributedSetupError(
             f"the process group of ranks {dist.get_process_group_ranks(group)} uses backend "
-            f"{backend_name!r} ({type(backend).__name__}), not NCCL; collective_impl="
-            "'torch_nccl' runs on the NCCL communicator torch owns, so create the group with "
-            "backend='nccl'"
+            f"{backend_name!r} ({type(backend).__name__}), which exposes no NCCL communicator "
+            "(_comm_ptr); collective_impl='torch_nccl' runs on the communicator of torch's "
+            "ProcessGroupNCCL, so create the group with backend='nccl' (not TORCH_DIST_USE_NCCL2)"
         )
     return backend
 
