@@ -7,7 +7,9 @@ is imported before the user's program). On a non-zero exit or an uncaught except
 ``rank-<R>.json`` (rank, exit code, wall time as a float, the error's first line) into
 ``$TORCH_TENSORRT_DIST_FAILURE_DIR``. The launcher uses those records to tell the rank that
 failed first from the ranks that failed because a peer went away. A rank killed by a signal
-writes nothing; the launcher sees its signal instead.
+writes nothing; the launcher sees its signal instead. When the program has finished, the rank
+runs Python's exit handlers, flushes its streams and exits without the interpreter's final
+teardown (see ``_end``).
 """
 
 from __future__ import annotations
@@ -83,5 +85,22 @@ def main(argv: list[str]) -> int:
     return code
 
 
+def _end(code: int) -> None:
+    """End the rank once its program has finished: Python's exit handlers run (they destroy a
+    process group left open, unregister communicators...) and the standard streams are
+    flushed, then the process exits without the interpreter's final teardown. There, torch's
+    gloo and store threads can still abort a rank whose work all succeeded ("terminate called
+    without an active exception", SIGABRT; pytorch/pytorch#179291), which the launcher would
+    report as a failed job (measured here: 1 launch in 12 of the simple example)."""
+    import atexit
+    import contextlib
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed by the program
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    _end(main(sys.argv[1:]))
