@@ -187,20 +187,40 @@ def _owning_module(fn: Any, depth: int = 0) -> torch.nn.Module | None:
     return next(iter(found.values())) if len(found) == 1 else None
 
 
-def _count_outside(run: Callable[[], Any]) -> list[EagerCollective] | None:
-    """Run once under the profiler; the collectives outside the lowered graphs (None where a
-    profiler already runs: they cannot be counted then)."""
+def _profiled(run: Callable[[], Any]) -> list[Any]:
+    """The profiler's CPU events of one run (Kineto: it pairs the events c10d ends on its
+    worker threads; on a CUDA build of torch without a GPU it logs its start on stderr)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        run()
+    return list(prof.events())
+
+
+def _count_outside(
+    run: Callable[[], Any], graphs: list[GraphReport], needed: bool
+) -> list[EagerCollective] | None:
+    """Run the counted call; the collectives that ran outside the lowered graphs.
+
+    Profiled only where code runs outside the graphs (blocks compiled one by one, breaks);
+    recounted once if the call compiled (tracing would add its own events). None where they
+    cannot be counted: a profiler already runs, or the model recompiles on every call.
+    """
+    if not needed:
+        run()
+        return []
     if torch.autograd._profiler_enabled():
         logger.warning("explain: a profiler is running; collectives outside graphs not counted")
         run()
         return None
-    # the legacy (non-Kineto) profiler: dispatcher events with parents, and no Kineto start-up
-    # messages on stderr on machines without a GPU
-    from torch.autograd.profiler_legacy import profile
-
-    with profile(record_shapes=True) as prof:
-        run()
-    return untyped(prof.function_events)
+    for _ in range(2):
+        compiled = len(graphs)
+        events = _profiled(run)
+        if len(graphs) == compiled:
+            return untyped(events)
+        logger.info("explain: the counted call compiled again; counting the next one")
+    logger.warning("explain: collectives outside graphs not counted (the model recompiles)")
+    return None
 
 
 def explain(
@@ -242,15 +262,20 @@ def explain(
         with _explained_units(units, dynamic), recording(namer) as graphs, torch.no_grad():
             target(*example_inputs, **example_kwargs)  # compiles
             first = len(graphs)
-            for g in graphs:
-                g.runs, g.units = 0, {}
-            outside = _count_outside(lambda: target(*example_inputs, **example_kwargs))
+
+            def counted_call() -> None:
+                for g in graphs:
+                    g.runs, g.units = 0, {}
+                target(*example_inputs, **example_kwargs)
+
+            n_breaks = sum(counters["graph_break"].values())
+            eager_code = bool(units) or len(graphs) != 1 or n_breaks > 0
+            outside = _count_outside(counted_call, graphs, eager_code)
     finally:
         breaks = [
             f"{reason} (x{count})" if count > 1 else reason
             for reason, count in counters["graph_break"].items()
         ]
-        n_breaks = sum(counters["graph_break"].values())
         torch._dynamo.reset()
     if len(graphs) > first:
         breaks.append(f"{len(graphs) - first} graph(s) recompiled on the second call")
