@@ -76,7 +76,7 @@ def test_torchtitan_tp_whole_and_per_block_sp_off_and_on() -> None:
 
 @pytest.mark.transformers
 def test_hf_transformers_tp_plan_auto() -> None:
-    out = _launch("hf_transformers_tp.py", "--engine", "eager", "--bench", "4", "--repeats", "1")
+    out = _launch("hf_transformers_tp.py", "--engine", "eager")
     expected_modules = sorted(
         ["model.embed_tokens", "lm_head"]
         + [f"model.layers.{i}.{m}" for i in range(2) for m in ("self_attn.o_proj", "mlp.down_proj")]
@@ -89,5 +89,3 @@ def test_hf_transformers_tp_plan_auto() -> None:
         assert compiled["per_call"] == compiled["listed"] == rank["uncompiled"]["collectives"]
         assert compiled["max_abs_err"] <= TOL
         assert compiled["modules"] == expected_modules
-        # transformers' static-cache generate with its decode step compiled by our backend
-        assert rank["bench"]["same_tokens"] is True

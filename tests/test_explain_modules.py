@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from torch_tensorrt_dist import explain
+from torch_tensorrt_dist.backend.explain import _owning_module
 from torch_tensorrt_dist.backend.explain_format import unit_pattern
 from torch_tensorrt_dist.backend.fake_world import fake_world
 from torch_tensorrt_dist.backend.module_names import (
@@ -83,6 +84,17 @@ def test_namer_names_modules_and_nothing_else() -> None:
     assert namer.name_of(model[1].wo.weight) is None  # a parameter is not a module
     assert namer.resolve("L['x'].1.wo", {"L['x']": model}) == "1.wo"
     assert namer.resolve("L['x'].9", {"L['x']": model}) is None
+
+
+def test_the_module_a_callable_works_on_names_the_modules() -> None:
+    model, other = _Owner(), _Owner()
+    assert _owning_module(model) is model
+    assert _owning_module(model.forward) is model  # bound method
+    assert _owning_module(functools.partial(_Owner.forward, model)) is model
+    assert _owning_module(lambda x: model(x) * 2) is model  # closure
+    assert _owning_module(_closure_over(model.forward)) is model  # closure over a method
+    assert _owning_module(lambda x: model(x) + other(x)) is None  # two: no one root
+    assert _owning_module(print) is None
 
 
 def test_unit_pattern() -> None:
@@ -157,9 +169,7 @@ def test_explain_names_modules_through_every_wrapper() -> None:
         model = _Wrapped()
         x = torch.randn(2, 8)
         report = explain(model, x)
-        assert [c.module for c in report.collectives] == EXPECTED
-        # a function that calls the model names them the same way
-        assert [c.module for c in explain(lambda y: model(y) * 2, x).collectives] == EXPECTED
+    assert [c.module for c in report.collectives] == EXPECTED
     assert report.graph_count == 1 and report.collectives_per_call == 4
     text = str(report)
     for name in EXPECTED:

@@ -38,6 +38,7 @@ def test_outermost_collectives_only_and_never_waits() -> None:
         _event("c10d::allreduce_", _event("aten::linear"), [[], [], []]),  # eager, in a module
         _event("_c10d_functional::all_gather_into_tensor", None, [[2, 8], [], []]),
         _event("_c10d_functional::all_gather_into_tensor", None, [[2, 8], [], []]),
+        _event("c10d::_reduce_scatter_base_", None, [[1, 8], [2, 8], [], [], []]),  # (out, in)
         _event("c10d::barrier"),
         _event("aten::mm"),
     ]
@@ -46,11 +47,13 @@ def test_outermost_collectives_only_and_never_waits() -> None:
         "c10d::allreduce_",
         "_c10d_functional::all_gather_into_tensor",
         "_c10d_functional::all_gather_into_tensor",
+        "c10d::_reduce_scatter_base_",
     ]
     outside = untyped(events)
     assert [(c.kind, c.shape, c.count) for c in outside] == [
         ("all_reduce", None, 1),
         ("all_gather", (2, 8), 2),
+        ("reduce_scatter", (2, 8), 1),  # the tensor sent, not the output
     ]
     assert not is_collective("_c10d_functional::wait_tensor") and not is_collective("aten::mm")
 

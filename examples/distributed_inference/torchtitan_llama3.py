@@ -24,6 +24,7 @@ import contextlib
 import copy
 import json
 import sys
+import tempfile
 from typing import Any
 
 import torch
@@ -43,6 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", choices=("whole", "blocks", "both"), default="both")
     p.add_argument(
         "--spmd-backend", choices=("spmd_types", "partial_dtensor"), default="spmd_types"
+    )
+    p.add_argument(
+        "--parallelize",
+        choices=("tp", "llama"),
+        default="tp",
+        help="tp: Module.parallelize (the TP of parallelize_llama); llama: parallelize_llama, "
+        "which also wraps the model in FSDP (fully_shard) even at dp 1",
     )
     p.add_argument("--explain", action="store_true", help="print rank 0's explain reports")
     return p.parse_args(argv)
@@ -77,7 +85,21 @@ def build(args: argparse.Namespace, sp: bool, world_size: int) -> tuple[Any, Any
     model = config.build()
     model.init_states(buffer_device=torch.device("cpu"))
     reference = copy.deepcopy(model)
-    model.parallelize(dims)  # torchtitan's TP: shards states, wraps each forward
+    if args.parallelize == "tp":
+        model.parallelize(dims)  # torchtitan's TP: shards states, wraps each forward
+    else:
+        from torchtitan.config import CompileConfig, TrainingConfig
+        from torchtitan.models.llama3 import parallelize_llama
+
+        model = parallelize_llama(
+            model,
+            parallel_dims=dims,
+            training=TrainingConfig(mixed_precision_param="float32"),
+            parallelism=parallelism,
+            compile_config=CompileConfig(),
+            ac_config=None,
+            dump_folder=tempfile.gettempdir(),
+        )
     return reference, model, titan_dist.get_spmd_context(parallel_dims=dims), dims
 
 

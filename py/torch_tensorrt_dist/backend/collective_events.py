@@ -44,6 +44,10 @@ _KINDS = {
 }
 
 
+#: ops whose first tensor argument is the output; the tensor a rank sends is the next one
+_SENT_ARG = {"_allgather_base_": 1, "_reduce_scatter_base_": 1, "alltoall_base_": 1}
+
+
 class ProfilerEvent(Protocol):
     """What we read of ``torch.autograd.profiler_util.FunctionEvent``."""
 
@@ -57,7 +61,8 @@ class EagerCollective:
     """Collectives that ran outside the lowered graphs, grouped by op and input shape."""
 
     op: str  #: the dispatcher op, ``c10d::allreduce_``
-    shape: tuple[int, ...] | None  #: of its first tensor input, where the profiler saw it
+    #: of the tensor it sends, where the profiler saw it (not for c10d's lists of tensors)
+    shape: tuple[int, ...] | None
     count: int
 
     @property
@@ -91,10 +96,12 @@ def outermost_collectives(events: Iterable[ProfilerEvent]) -> list[ProfilerEvent
     return [e for e in events if is_collective(e.name) and not _nested_in_collective(e)]
 
 
-def _first_shape(event: ProfilerEvent) -> tuple[int, ...] | None:
-    for shape in event.input_shapes or ():
-        if isinstance(shape, (list, tuple)) and shape and all(isinstance(s, int) for s in shape):
-            return tuple(shape)
+def _sent_shape(event: ProfilerEvent) -> tuple[int, ...] | None:
+    shapes = list(event.input_shapes or ())
+    index = _SENT_ARG.get(event.name.split("::", 1)[-1], 0)
+    shape = shapes[index] if index < len(shapes) else None
+    if isinstance(shape, (list, tuple)) and shape and all(isinstance(s, int) for s in shape):
+        return tuple(shape)
     return None
 
 
@@ -104,5 +111,5 @@ def untyped(events: Iterable[ProfilerEvent]) -> list[EagerCollective]:
     counts: Counter[tuple[str, tuple[int, ...] | None]] = Counter()
     for event in outermost_collectives(events):
         if not event.name.startswith("tensorrt_dist::"):
-            counts[(event.name, _first_shape(event))] += 1
+            counts[(event.name, _sent_shape(event))] += 1
     return [EagerCollective(op, shape, n) for (op, shape), n in counts.items()]

@@ -83,7 +83,8 @@ def format_report(report: ExplainReport) -> str:
     lines = [
         f"torch_tensorrt_dist explain{where}",
         f"  {_graphs_field(report)}   graph breaks: {len(report.graph_breaks)}   "
-        f"{_collectives_field(report)}   bytes sent per call: {report.bytes_per_call:,}",
+        f"{_collectives_field(report)}   bytes sent per call in graphs: "
+        f"{report.bytes_per_call:,}",
     ]
     lines += [f"  break: {reason}" for reason in report.graph_breaks]
     for g in report.graphs:
