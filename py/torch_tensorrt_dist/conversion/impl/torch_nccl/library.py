@@ -11,7 +11,7 @@ An explicit argument or variable that names a missing file is an error, never sk
 The library resolves NCCL itself at run time: the ``libnccl.so.2`` torch already loaded
 (``dlopen(..., RTLD_NOLOAD)``), else the ``nvidia-nccl`` wheel's copy that
 ``nccl_library.find_torch_nccl`` names, so torch, TensorRT and the plugins share one NCCL.
-Registering communicators is ``torch_nccl_comms``'s job; this module is the ctypes shell.
+Registering communicators is ``comms.py``'s job; this module is the ctypes shell.
 """
 
 from __future__ import annotations
