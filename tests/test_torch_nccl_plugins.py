@@ -16,6 +16,7 @@ import torch
 
 from torch_tensorrt_dist.cli import main as cli_main
 from torch_tensorrt_dist.conversion.dtypes import TRT_DATA_TYPE
+from torch_tensorrt_dist.conversion.impl.torch_nccl.availability import torch_nccl_missing
 from torch_tensorrt_dist.conversion.impl.torch_nccl.build import (
     build_commands,
     find_include_dirs,
@@ -28,7 +29,6 @@ from torch_tensorrt_dist.conversion.impl.torch_nccl.library import (
     default_build_dir,
     find_torch_nccl_library,
     load_torch_nccl_plugins,
-    torch_nccl_missing,
 )
 from torch_tensorrt_dist.conversion.impl.torch_nccl.spec import (
     PLUGIN_NAMES,

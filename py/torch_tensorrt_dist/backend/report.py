@@ -78,7 +78,7 @@ def _tensorrt_decisions(gm: fx.GraphModule) -> dict[fx.Node, dict[str, str | Non
     """
     from torch_tensorrt_dist.conversion.capability import node_decision
     from torch_tensorrt_dist.conversion.engine import engine_group
-    from torch_tensorrt_dist.conversion.impl import IMPLEMENTATIONS
+    from torch_tensorrt_dist.conversion.impl import implementations
     from torch_tensorrt_dist.conversion.node_args import collective_calls
 
     bound = engine_group(collective_calls(gm))
@@ -87,7 +87,7 @@ def _tensorrt_decisions(gm: fx.GraphModule) -> dict[fx.Node, dict[str, str | Non
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _OP_NAMES:
             decisions[node] = {}
-            for impl in IMPLEMENTATIONS:
+            for impl in implementations():
                 ok, reason = node_decision(node, impl.name, **impl.facts(comm))
                 decisions[node][impl.name] = None if ok else reason
     return decisions

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
-from torch_tensorrt_dist.conversion.impl import IMPLEMENTATIONS, implementation
+from torch_tensorrt_dist.conversion.impl import implementation, implementations
 from torch_tensorrt_dist.conversion.interface import CollectiveImpl, ImplChoice
 from torch_tensorrt_dist.conversion.settings import current_settings
 from torch_tensorrt_dist.errors import ConfigError
@@ -32,7 +32,7 @@ __all__ = [
 
 #: environment variable read when the settings leave ``collective_impl`` at "auto"
 ENV_COLLECTIVE_IMPL = "TORCH_TENSORRT_DIST_COLLECTIVE_IMPL"
-REQUESTABLE_IMPLS: tuple[str, ...] = ("auto", *(impl.name for impl in IMPLEMENTATIONS))
+REQUESTABLE_IMPLS: tuple[str, ...] = ("auto", *(impl.name for impl in implementations()))
 #: the reason of an implementation nobody asked about (it is left out of the reasons)
 NOT_CHECKED = "not checked"
 
@@ -46,7 +46,7 @@ def requested_impl(setting: str | None = None, env: Mapping[str, str] | None = N
         value = env[ENV_COLLECTIVE_IMPL].strip().lower()
         source = ENV_COLLECTIVE_IMPL
     if value not in REQUESTABLE_IMPLS:
-        each = ", ".join(f"{impl.name!r} ({impl.description})" for impl in IMPLEMENTATIONS)
+        each = ", ".join(f"{impl.name!r} ({impl.description})" for impl in implementations())
         raise ConfigError(
             f"{source}={value!r} is not one of {', '.join(REQUESTABLE_IMPLS)}; "
             f"set it to {each} or 'auto'"
@@ -79,9 +79,9 @@ def choose(
             found[impl.name] = missing(impl)
         return found[impl.name] is None
 
-    first = min(IMPLEMENTATIONS, key=lambda impl: impl.auto_rank(one_group=True))
+    first = min(implementations(), key=lambda impl: impl.auto_rank(one_group=True))
     usable(first)
-    for impl in sorted(IMPLEMENTATIONS, key=lambda impl: impl.auto_rank(one_group=one_group)):
+    for impl in sorted(implementations(), key=lambda impl: impl.auto_rank(one_group=one_group)):
         if not usable(impl):
             continue
         if impl is first:
@@ -90,7 +90,7 @@ def choose(
         return ImplChoice(impl.name, f"{impl.description} (auto; {first.label}: {why})")
     reasons = "; ".join(
         f"{impl.label}: {found[impl.name]}"
-        for impl in IMPLEMENTATIONS
+        for impl in implementations()
         if found.get(impl.name, NOT_CHECKED) != NOT_CHECKED
     )
     return ImplChoice(None, f"no TensorRT collective implementation is usable: {reasons}")
@@ -102,7 +102,7 @@ def select_impl(
     """:func:`choose` from given reasons (pure): ``<name>_missing=`` for each implementation
     (None: usable; else why not; left out: not checked). ``native_takes_all`` is False when
     the engine's collectives use more than one group."""
-    names = {f"{impl.name}_missing" for impl in IMPLEMENTATIONS}
+    names = {f"{impl.name}_missing" for impl in implementations()}
     unknown = sorted(set(missing) - names)
     if unknown:
         raise TypeError(f"select_impl() got {unknown}; it takes {sorted(names)}")

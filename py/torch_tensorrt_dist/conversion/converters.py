@@ -23,7 +23,7 @@ from torch_tensorrt_dist.conversion.capability import node_decision
 from torch_tensorrt_dist.conversion.choice import current_impl
 from torch_tensorrt_dist.conversion.dtypes import TRT_DATA_TYPE
 from torch_tensorrt_dist.conversion.engine_binding import bound_communicator_ranks
-from torch_tensorrt_dist.conversion.impl import IMPLEMENTATIONS, implementation
+from torch_tensorrt_dist.conversion.impl import implementation, implementations
 from torch_tensorrt_dist.conversion.interface import CollectiveImpl
 from torch_tensorrt_dist.conversion.node_args import bind_collective, row_of
 from torch_tensorrt_dist.errors import DistributedSetupError, UnsupportedCollectiveError
@@ -50,7 +50,7 @@ def _registered(impl: str) -> CollectiveImpl:
 def _identity_impl() -> str:
     """The implementation whose converter takes a group of one (the identity): the first that
     does not mark the engine multi-device."""
-    return next(i.name for i in IMPLEMENTATIONS if not i.one_communicator_per_engine)
+    return next(i.name for i in implementations() if not i.one_communicator_per_engine)
 
 
 def make_validator(impl: str) -> Callable[..., bool]:
@@ -146,7 +146,7 @@ def register_converters() -> None:
             supports_dynamic_shapes=layer.supports_dynamic_shapes,
         )(layer.convert)
     for overload in COLLECTIVE_OPS.values():
-        for impl in IMPLEMENTATIONS:
+        for impl in implementations():
             dynamo_tensorrt_converter(
                 overload,
                 capability_validator=make_validator(impl.name),

@@ -117,11 +117,11 @@ def register_with_torch_tensorrt(strict: bool = False) -> bool:
             import torch_tensorrt  # noqa: F401
 
             from torch_tensorrt_dist.conversion.converters import register_converters
-            from torch_tensorrt_dist.conversion.impl import IMPLEMENTATIONS
+            from torch_tensorrt_dist.conversion.impl import implementations
 
             _register_pass()
             register_converters()
-            for impl in IMPLEMENTATIONS:
+            for impl in implementations():
                 impl.install()  # e.g. the TensorRT-LLM plugins' IS_BUILDING during builds
         except Exception as exc:  # torch_tensorrt raises a bare Exception without libnvinfer
             message = (

@@ -16,11 +16,16 @@ from torch_tensorrt_dist.conversion.impl.torch_nccl import TORCH_NCCL
 from torch_tensorrt_dist.conversion.impl.trtllm import TRTLLM
 from torch_tensorrt_dist.conversion.interface import CollectiveImpl
 
-__all__ = ["IMPLEMENTATIONS", "implementation"]
+__all__ = ["IMPLEMENTATIONS", "implementation", "implementations"]
 
 IMPLEMENTATIONS: tuple[CollectiveImpl, ...] = (NATIVE, TRTLLM, TORCH_NCCL)
 
 
+def implementations() -> tuple[CollectiveImpl, ...]:
+    """The registered implementations, in order (the core reads them here, at each call)."""
+    return IMPLEMENTATIONS
+
+
 def implementation(name: str) -> CollectiveImpl | None:
     """The registered implementation called ``name`` (its ``collective_impl`` value), or None."""
-    return next((impl for impl in IMPLEMENTATIONS if impl.name == name), None)
+    return next((impl for impl in implementations() if impl.name == name), None)

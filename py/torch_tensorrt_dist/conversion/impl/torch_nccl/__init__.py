@@ -2,12 +2,13 @@
 collectives on the communicators torch.distributed already owns, any number of groups per
 engine, under torchrun or mpirun.
 
-    rules.py      TORCH_NCCL_DTYPES, REDUCE_OP_NUMBER; torch_nccl_decision
-    spec.py       torch_nccl_plugin_spec: the plugin fields (pure)
-    library.py    find and load the plugin library (ctypes); torch_nccl_missing
-    comms.py      register a ProcessGroupNCCL's communicator with the plugins
-    emitter.py    prepare_torch_nccl, torch_nccl_layer: add_plugin_v3 (TensorRT)
-    build.py      header search and CMake commands of ``torchtrt-dist build-plugins``
+    rules.py          TORCH_NCCL_DTYPES, REDUCE_OP_NUMBER; torch_nccl_decision
+    spec.py           torch_nccl_plugin_spec: the plugin fields (pure)
+    availability.py   torch_nccl_missing (loads the library)
+    emitter.py        prepare_torch_nccl, torch_nccl_layer: add_plugin_v3 (TensorRT)
+    library.py        find and load the plugin library (ctypes): its registry, its NCCL
+    comms.py          register a ProcessGroupNCCL's communicator with the plugins
+    build.py          header search and CMake commands of ``torchtrt-dist build-plugins``
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from typing import Any
 
 import torch
 
+from torch_tensorrt_dist.conversion.impl.torch_nccl.availability import torch_nccl_missing
 from torch_tensorrt_dist.conversion.impl.torch_nccl.emitter import (
     prepare_torch_nccl,
     torch_nccl_layer,
 )
-from torch_tensorrt_dist.conversion.impl.torch_nccl.library import torch_nccl_missing
 from torch_tensorrt_dist.conversion.impl.torch_nccl.rules import torch_nccl_decision
 from torch_tensorrt_dist.conversion.impl.torch_nccl.spec import torch_nccl_plugin_spec
 from torch_tensorrt_dist.conversion.interface import CollectiveQuery, Decision, PluginSpec
