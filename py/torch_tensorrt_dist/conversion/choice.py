@@ -1,14 +1,14 @@
 """Which implementation the converters use: the request (settings, else environment), then
-``auto``'s order over what is usable here. Names no implementation: it asks each registered
-one (``impl/__init__.py``) through the interface.
+``auto``'s order over what is usable here. The code names no implementation: it asks each
+registered one (``impl/__init__.py``) through the interface.
 
     requested_impl("auto", env={ENV_COLLECTIVE_IMPL: "plugin"})       # "plugin"
     current_impl()        # ImplChoice(impl=None, reason="no TensorRT collective ...")
 
-``auto`` takes the usable implementation of lowest ``auto_rank``: native DistCollective where
-the engine's collectives use one group, then our torch_nccl plugins, then native for the group
-it binds, then the TensorRT-LLM plugins. An explicit request is never swapped for another
-implementation.
+``auto`` takes the usable implementation of lowest ``auto_rank``; with the three registered
+now: native DistCollective where the engine's collectives use one group, then our torch_nccl
+plugins, then native for the group it binds, then the TensorRT-LLM plugins. An explicit
+request is never swapped for another implementation.
 """
 
 from __future__ import annotations
