@@ -150,10 +150,11 @@ def compile_tensorrt(
 
     Reads ``settings.collective_impl`` ("auto" or a registered implementation's name),
     ``settings.plugin_path`` (str | None) and ``settings.torch_tensorrt_options`` (a mapping
-    passed to Torch-TensorRT). With an implementation that binds one communicator per engine
+    passed to Torch-TensorRT). The chosen implementation prepares first (``prepare``: load its
+    library, register communicators...). With one that binds one communicator per engine
     (native layers), the engines of this graph (only) are pinned to the group they were built
     for, and the first call creates that group's communicator and checks every engine is bound
-    to it (``engine_binding.py``). Any other implementation prepares itself (``prepare``).
+    to it (``engine_binding.py``).
     """
     _require_torch_tensorrt()
     from torch._functorch.aot_autograd import make_boxed_func
