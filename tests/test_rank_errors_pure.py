@@ -87,20 +87,25 @@ def test_function_rank_records_and_exits(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_script_rank_traceback_starts_at_the_program(tmp_path: Path) -> None:
-    script = tmp_path / "app.py"
-    script.write_text("def main():\n    raise KeyError('k')\n\nmain()\n")
-    env = {**os.environ, _rank_entry.FAILURE_DIR_ENV: str(tmp_path / "f"), "RANK": "0"}
     import subprocess
 
-    out = subprocess.run(
-        [sys.executable, _rank_entry.__file__, str(script)],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    script = tmp_path / "app.py"
+    script.write_text("def main():\n    raise KeyError('k')\n\nmain()\n")
+    folder = tmp_path / "f"
+    folder.mkdir()
+    env = {**os.environ, _rank_entry.FAILURE_DIR_ENV: str(folder), "RANK": "0"}
+    cmd = [sys.executable, _rank_entry.__file__, str(script)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and out.stderr == ""  # recorded, not printed
-    rec = read_failure_records(str(tmp_path / "f"))[0]
-    assert rec["error"] == "KeyError: 'k'"
+    rec = read_failure_records(str(folder))[0]
+    assert rec["error"] == "KeyError: 'k'" and rec["refusal"] is False
     frames = [ln for ln in rec["traceback"].splitlines() if ln.strip().startswith("File ")]
     assert len(frames) == 2 and all(str(script) in f for f in frames), rec["traceback"]
+    # no folder here (a rank on another node than the launcher): the rank prints it itself
+    env[_rank_entry.FAILURE_DIR_ENV] = str(tmp_path / "elsewhere")
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.strip().endswith("KeyError: 'k'")
+    assert not (tmp_path / "elsewhere").exists()
 
 
 def test_cause_is_the_earliest_rank_failing_on_its_own_account() -> None:

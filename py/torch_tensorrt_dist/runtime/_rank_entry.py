@@ -92,9 +92,11 @@ def describe(exc: BaseException) -> dict[str, Any]:
 
 
 def write_record(code: int, exc: BaseException | None, *, when: float | None = None) -> bool:
-    """Write this rank's record; False where there is no folder to write it to."""
+    """Write this rank's record; False where there is no folder to write it to. The folder must
+    exist already: the launcher makes it on its node, and a rank on another node (mpirun over
+    several nodes), where it does not, prints its error itself instead."""
     folder = os.environ.get(FAILURE_DIR_ENV)
-    if not folder:
+    if not folder or not os.path.isdir(folder):
         return False
     data: dict[str, Any] = {
         "rank": _rank(),
@@ -110,12 +112,11 @@ def write_record(code: int, exc: BaseException | None, *, when: float | None = N
     if exc is not None:
         data.update(describe(exc))
     try:
-        os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"rank-{data['rank']}.json")
         with open(path + ".tmp", "w") as fh:
             json.dump(data, fh)
         os.replace(path + ".tmp", path)
-    except OSError:  # another node's folder, or no space: the exit code still tells
+    except OSError:  # no space, or removed: the rank prints its error instead
         return False
     return True
 
