@@ -1,4 +1,4 @@
-"""Which rank failed first, and the one line a launcher prints about it (torchrun and mpirun)."""
+"""Which rank failed first, and the lines a launcher prints about it (torchrun and mpirun)."""
 
 from __future__ import annotations
 

@@ -6,9 +6,11 @@
     if not result.ok: print(result.message)                        # names the failed rank
 
 Both modes give every rank the NCCL library environment (:mod:`.nccl_env`) and, when
-``timeout`` is given, ``TORCH_TENSORRT_DIST_TIMEOUT``. When a rank fails, the others are stopped
-(torchelastic within its 0.1 s monitor interval, mpirun when it sees the exit) and the result
-names the rank that failed first.
+``timeout`` is given, ``TORCH_TENSORRT_DIST_TIMEOUT``. Every rank runs through
+:mod:`._rank_entry`, which records a failure (its error in one line, traceback, time) in a
+folder made for the launch. When a rank fails, the others are stopped (torchelastic within its
+0.1 s monitor interval, mpirun when it sees the exit) and the result names the rank that failed
+first (:func:`.failures.pick_first_failure`) with its own error and exit status.
 """
 
 from __future__ import annotations
@@ -337,8 +339,9 @@ def launch(
         options: the other :class:`LaunchOptions` fields (``nnodes``, ``master_addr``,
             ``hostfile``, ``timeout``, ``env``...).
 
-    Returns a :class:`LaunchResult`; on failure its ``message`` names the rank that failed
-    first and how, and ``returncode`` is that rank's exit status.
+    Returns a :class:`LaunchResult`; on failure its ``message`` gives the error of the rank that
+    failed first (one line, when it left one) and a line naming that rank and how it ended, and
+    ``returncode`` is that rank's exit status.
     """
     opts = (
         nproc
