@@ -6,10 +6,11 @@
     torchrun --nproc-per-node 2 -m torch_tensorrt_dist generate --model PATH --prompt "Hello"
 
 Without a launcher (no ``RANK`` in the environment) and ``--tp`` > 1 it starts its own ranks
-(torchrun's elastic agent on a free port; when one rank fails the others are stopped). Under
-torchrun or mpirun it uses the environment. Rank 0 streams the text (or prints one JSON object
-with ``--json``). ``--model`` defaults to the shipped demo checkpoint, or, where that is absent,
-to the ``tiny`` preset with deterministic random weights; a preset name also works.
+(torchrun's elastic agent on a free port; when one rank fails the others are stopped, and
+that rank's error is printed). Under torchrun or mpirun it uses the environment. Rank 0
+streams the text (or prints one JSON object with ``--json``). ``--model`` defaults to the
+shipped demo checkpoint, or, where that is absent, to the ``tiny`` preset with deterministic
+random weights; a preset name also works.
 """
 
 from __future__ import annotations
