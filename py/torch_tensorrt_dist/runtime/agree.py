@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from torch_tensorrt_dist.errors import DistributedSetupError, RankFailedError
 from torch_tensorrt_dist.runtime._rank_entry import one_line
-from torch_tensorrt_dist.runtime.timeouts import resolve_timeout
+from torch_tensorrt_dist.runtime.timeouts import configured_timeout, resolve_timeout
 
 __all__ = ["agree", "agreed"]
 
@@ -59,8 +59,6 @@ def _next_key(step: str, rank: int) -> str:
 
 
 def _timeout() -> timedelta:
-    from torch_tensorrt_dist.runtime.distributed import configured_timeout
-
     return configured_timeout() or resolve_timeout(None, os.environ)
 
 
