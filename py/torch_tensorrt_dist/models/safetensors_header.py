@@ -71,18 +71,26 @@ def _utf8(text: str) -> bool:
     return True
 
 
+def _short(value: Any) -> str:
+    """``value`` as JSON, cut to 60 characters (a hostile header can hold huge lists)."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _uints(value: Any) -> bool:
-    """A JSON list of integers >= 0 (not booleans, not floats such as 8.0)."""
+    """A JSON list of integers in [0, 2**64) (not booleans, not floats such as 8.0), as the
+    format's ``usize`` fields."""
     return isinstance(value, list) and all(
-        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value
+        isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**64 for x in value
     )
 
 
 def _entry(where: str, name: str, meta: Any, data_start: int, data_len: int) -> TensorInfo:
     """One tensor's entry, checked on its own (the tiling is checked by the caller)."""
-    at = f"{where}: tensor {name!r}"
+    shown = repr(name) if len(name) <= 200 else f"{name[:200]!r}..."
+    at = f"{where}: tensor {shown}"
     if not _utf8(name):
-        raise CheckpointError(f"{where}: a tensor name is not valid UTF-8 ({name!r}); {_FIX}")
+        raise CheckpointError(f"{where}: a tensor name is not valid UTF-8 ({shown}); {_FIX}")
     if not isinstance(meta, dict):
         raise CheckpointError(f"{at}: its entry is {_kind(meta)}, not an object; {_FIX}")
     for key in ("dtype", "shape", "data_offsets"):
@@ -91,29 +99,32 @@ def _entry(where: str, name: str, meta: Any, data_start: int, data_len: int) -> 
     dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise CheckpointError(
-            f"{at} has dtype {json.dumps(dtype)}, which this reader does not know "
+            f"{at} has dtype {_short(dtype)}, which this reader does not know "
             f"(known: {', '.join(DTYPES)})"
         )
     if not _uints(shape):
-        raise CheckpointError(f"{at}: shape {json.dumps(shape)} is not a list of integers >= 0")
+        raise CheckpointError(
+            f"{at}: shape {_short(shape)} is not a list of integers in [0, 2**64)"
+        )
     if not _uints(offsets) or len(offsets) != 2:
         raise CheckpointError(
-            f"{at}: data_offsets {json.dumps(offsets)} is not [begin, end] with integers >= 0; "
-            f"{_FIX}"
+            f"{at}: data_offsets {_short(offsets)} is not [begin, end] with integers in "
+            f"[0, 2**64); {_FIX}"
         )
     begin, end = offsets
     if begin > end:
         raise CheckpointError(f"{at}: data_offsets [{begin}, {end}] end before they begin; {_FIX}")
     if end > data_len:
         raise CheckpointError(
-            f"{where} is truncated: tensor {name!r} ends at byte {data_start + end}, the file has "
+            f"{where} is truncated: tensor {shown} ends at byte {data_start + end}, the file has "
             f"{data_start + data_len}; download the file again"
         )
     need = math.prod(shape) * DTYPES[dtype].itemsize
     if end - begin != need:
+        size = str(need) if need <= 2**64 else "more than 2**64"  # str() of 4300+ digits fails
         raise CheckpointError(
-            f"{at}: a {dtype} tensor of shape {shape} needs {need} bytes, but its data_offsets "
-            f"[{begin}, {end}] span {end - begin}; {_FIX}"
+            f"{at}: a {dtype} tensor of shape {_short(shape)} needs {size} bytes, but its "
+            f"data_offsets [{begin}, {end}] span {end - begin}; {_FIX}"
         )
     return TensorInfo(DTYPES[dtype], tuple(shape), data_start + begin, data_start + end)
 
@@ -155,7 +166,7 @@ def parse_header(
         isinstance(v, str) and _utf8(v) and _utf8(k) for k, v in metadata.items()
     ):
         raise CheckpointError(
-            f"{where}: __metadata__ must map strings to strings, got {json.dumps(metadata)[:80]}"
+            f"{where}: __metadata__ must map strings to strings, got {_short(metadata)}"
         )
     tensors = {
         name: _entry(where, name, meta, data_start, data_len) for name, meta in header.items()
