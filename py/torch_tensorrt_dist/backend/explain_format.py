@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
-from torch_tensorrt_dist.backend.report import GraphReport, format_table
+from torch_tensorrt_dist.backend.collective_events import EagerCollective
+from torch_tensorrt_dist.backend.report import CollectiveInfo, GraphReport, format_table
 
-if TYPE_CHECKING:
-    from torch_tensorrt_dist.backend.explain import ExplainReport
+__all__ = ["ExplainedCall", "format_report", "unit_pattern"]
 
-__all__ = ["format_report", "unit_pattern"]
+
+class ExplainedCall(Protocol):
+    """What the text form reads of ``explain``'s report (``backend/explain.py``)."""
+
+    rank: int | None
+    world_size: int | None
+    graph_count: int
+    graph_breaks: list[str]
+    collectives: list[CollectiveInfo]
+    graphs: list[GraphReport]
+    compile_units: list[str]
+    outside_graphs: list[EagerCollective] | None
+
+    @property
+    def unfused(self) -> Sequence[tuple[str, str]]: ...
+    @property
+    def in_graphs_per_call(self) -> int: ...
+    @property
+    def collectives_per_call(self) -> int: ...
+    @property
+    def bytes_per_call(self) -> int: ...
+    @property
+    def reused_graphs(self) -> list[GraphReport]: ...
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -51,7 +74,7 @@ def _module(name: str, graph: GraphReport) -> str:
     return name or "(top)"
 
 
-def _graphs_field(report: ExplainReport) -> str:
+def _graphs_field(report: ExplainedCall) -> str:
     text = f"graphs: {report.graph_count}"
     if report.compile_units:
         text += f" for {len(report.compile_units)} blocks compiled one by one"
@@ -63,7 +86,7 @@ def _graphs_field(report: ExplainReport) -> str:
     return text + (f" ({'; '.join(reused)})" if reused else "")
 
 
-def _collectives_field(report: ExplainReport) -> str:
+def _collectives_field(report: ExplainedCall) -> str:
     listed = len(report.collectives)
     outside = report.outside_graphs
     if outside is None:
@@ -78,7 +101,7 @@ def _collectives_field(report: ExplainReport) -> str:
     )
 
 
-def format_report(report: ExplainReport) -> str:
+def format_report(report: ExplainedCall) -> str:
     where = f" (rank {report.rank} of {report.world_size})" if report.rank is not None else ""
     lines = [
         f"torch_tensorrt_dist explain{where}",
