@@ -142,3 +142,25 @@ def test_compile_blocks_errors_name_the_fix() -> None:
         compile_blocks(model, options={"engin": "eager"})
     assert model.layers[0]._compiled_call_impl is None  # nothing compiled on an error
     assert torch_tensorrt_dist.compile_blocks is compile_blocks
+
+
+class _Counting(torch.nn.Module):
+    """Its output depends on a Python int it increments: Dynamo specialises on the int, so
+    every call compiles a new graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.step += 1
+        return funcol.all_reduce(x * self.step, "sum", dist.group.WORLD)
+
+
+def test_a_graph_compiled_again_on_the_counted_call_is_said_and_counted() -> None:
+    with fake_world(0, 2):
+        report = explain(_Counting(), torch.randn(2, 8))
+    assert report.graph_count == 2
+    assert [g.runs for g in report.graphs] == [0, 1]  # the counted call ran the new graph
+    assert report.graph_breaks == ["1 graph(s) recompiled on the second call"]
+    assert report.collectives_per_call == 1

@@ -279,7 +279,7 @@ def explain(
         torch._dynamo.reset()
     if len(graphs) > first:
         breaks.append(f"{len(graphs) - first} graph(s) recompiled on the second call")
-    frames = len(graphs) - max(len(units), 1) - n_breaks
+    frames = first - 1 - n_breaks  # graphs of the first call a break does not explain
     if frames > 0 and not units:
         breaks.append(
             f"{frames} more graph(s) from code Dynamo compiled as separate frames "
