@@ -164,3 +164,43 @@ def test_a_graph_compiled_again_on_the_counted_call_is_said_and_counted() -> Non
     assert [g.runs for g in report.graphs] == [0, 1]  # the counted call ran the new graph
     assert report.graph_breaks == ["1 graph(s) recompiled on the second call"]
     assert report.collectives_per_call == 1
+
+
+class _HandWritten(torch.nn.Module):
+    """The ways hand-written TP code issues a collective."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.linear, self.form = torch.nn.Linear(8, 8), form
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        if self.form == "ranks":  # a group given as its list of ranks
+            return funcol.all_reduce(y, "sum", [0, 1, 2, 3])
+        if self.form == "gather":
+            return funcol.all_gather_tensor(y, 0, dist.group.WORLD)
+        if self.form == "in_place":  # Dynamo rewrites it to the functional form
+            dist.all_reduce(y)
+            return y
+        work = dist.all_reduce(y, async_op=True)  # a Work object: Dynamo breaks the graph
+        assert work is not None
+        work.wait()
+        return y
+
+
+def test_hand_written_collectives_in_the_graph_and_an_async_one_outside() -> None:
+    with fake_world(1, 4):
+        x = torch.randn(2, 8)
+        reports = {f: explain(_HandWritten(f), x) for f in ("ranks", "gather", "in_place", "async")}
+    for form in ("ranks", "gather", "in_place"):
+        report = reports[form]
+        assert (report.graph_count, report.graph_breaks, report.outside_graphs) == (1, [], [])
+        (c,) = report.collectives
+        assert c.op == ("all_gather" if form == "gather" else "all_reduce")
+        assert c.group_ranks == (0, 1, 2, 3)
+    async_ = reports["async"]
+    assert async_.collectives == [] and len(async_.graph_breaks) == 2
+    assert async_.outside_graphs is not None
+    assert [(c.op, c.count) for c in async_.outside_graphs] == [("c10d::allreduce_", 1)]
+    assert async_.collectives_per_call == 1
+    assert "outside graphs: all_reduce x1 per call (c10d::allreduce_)" in str(async_)
