@@ -39,6 +39,7 @@ from torch_tensorrt_dist.errors import ArtifactError, ConfigError
 from torch_tensorrt_dist.generation.buckets import MIN_BUCKET
 from torch_tensorrt_dist.models.llama import PRESETS, ModelArgs, Transformer
 from torch_tensorrt_dist.parallel.llama import Embedding, LMHead
+from torch_tensorrt_dist.quantization import QuantConfig, check_group_slices, quantize_model
 
 __all__ = ["CompileResult", "compile_artifacts", "default_buckets"]
 
@@ -163,10 +164,13 @@ def compile_artifacts(
     pp: int = 1,
     preset_seed: int = 0,
     wrapper_opt_level: str = "O1",
+    quantize: QuantConfig | None = None,
 ) -> CompileResult:
     """Compile this rank's graphs into ``out``; call on every rank (TP over the whole world).
 
     ``model``: a checkpoint directory or a preset name (random weights from ``preset_seed``).
+    ``quantize``: weight-only quantization of this rank's shard before export (the codes and
+    scales are what ``weights.safetensors`` holds; the manifest records the scheme).
     ``wrapper_opt_level``: see :func:`inductor.compile_graph` (the tests use ``O0``).
     """
     from torch_tensorrt_dist.models.loader import load_llama, random_llama, read_config
@@ -191,6 +195,7 @@ def compile_artifacts(
     group = dist.group.WORLD if world > 1 else None
     path, preset = resolve_model(model)
     args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
+    check_group_slices(args, tp=world, config=quantize)
     cache_len = min(args.max_seq_len, max_seq_len or min(args.max_seq_len, 256))
     buckets = sorted(set(buckets or default_buckets(cache_len)))
     bad = [b for b in buckets if not 0 < b < cache_len]
@@ -221,6 +226,8 @@ def compile_artifacts(
         net = random_llama(
             args, seed=preset_seed, group=group, dtype=dtype, lm_head=lm_head, embedding=embedding
         ).to(device)
+    if quantize is not None:
+        quantize_model(net, quantize, engine="inductor")
     net.setup_caches(max_batch_size, cache_len)
     # each rank writes its files and rank.json; rank 0 reads every entry back from disk
     _build_rank(net, root, rank, buckets, max_batch_size, wrapper_opt_level)
@@ -251,6 +258,7 @@ def compile_artifacts(
             tokenizer=_copy_tokenizer(path, root),
             versions=running_versions(),
             device=device.type,
+            quantization=None if quantize is None else quantize.to_dict(),
         )
         write_manifest(root, manifest)
         logger.info("wrote %s", manifest_path)

@@ -27,7 +27,13 @@ def _tokenizer(root: Path, vocab_size: int) -> Tokenizer:
 def plan_artifacts(ns: argparse.Namespace) -> list[list[int]]:
     """Check the options against the manifest; set ``ns.tp``; return the encoded prompts."""
     from torch_tensorrt_dist.artifacts.load import model_args
-    from torch_tensorrt_dist.artifacts.manifest import check_layout, pick_bucket, read_manifest
+    from torch_tensorrt_dist.artifacts.manifest import (
+        check_layout,
+        check_quantization,
+        pick_bucket,
+        read_manifest,
+    )
+    from torch_tensorrt_dist.cli._quantize import requested
     from torch_tensorrt_dist.generation import SamplingConfig
 
     if ns.model is not None:
@@ -37,6 +43,8 @@ def plan_artifacts(ns: argparse.Namespace) -> list[list[int]]:
     manifest = read_manifest(root)
     world = int(os.environ.get("WORLD_SIZE", str(manifest.world_size)))
     check_layout(manifest, world_size=world, tp=ns.tp, pp=ns.pp)
+    quant = requested(ns)
+    check_quantization(manifest, None if quant is None else quant.to_dict())
     ns.tp, ns.pp = manifest.tp, manifest.pp
     tok = _tokenizer(root, model_args(manifest).vocab_size)
     prompts = [tok.encode(text) for text in ns.prompt]
@@ -73,7 +81,8 @@ def rank_main(ns: argparse.Namespace) -> int:
         on_step=on_step,
     )
     fields = {"tp": ns.tp, "pp": ns.pp, "engine": gen.engine, "load_s": gen.load_s,
-              "dtype": gen.manifest.dtype, "model": f"artifacts:{ns.artifacts}"}  # fmt: skip
+              "dtype": gen.manifest.dtype, "model": f"artifacts:{ns.artifacts}",
+              "quantize": gen.manifest.quantization}  # fmt: skip
     out.result(result, fields, f"[tp={ns.tp} {gen.engine}] load {gen.load_s:.2f} s,")
     if world > 1:
         dist.destroy_process_group()

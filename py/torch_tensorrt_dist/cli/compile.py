@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Any
 
+from torch_tensorrt_dist.cli._quantize import add_quantize_args, requested
 from torch_tensorrt_dist.errors import ConfigError
 
 __all__ = ["register"]
@@ -58,6 +59,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--embedding", choices=("vocab_parallel", "replicated"), default="vocab_parallel"
     )
+    add_quantize_args(p)
     p.add_argument("--out", required=True, help="artifact directory to write")
     p.add_argument("--json", action="store_true", help="print one JSON object on rank 0")
     p.set_defaults(func=run)
@@ -90,6 +92,7 @@ def _rank_main(ns: argparse.Namespace) -> int:
         lm_head=ns.lm_head,
         embedding=ns.embedding,
         pp=ns.pp,
+        quantize=requested(ns),
     )
     if int(os.environ.get("RANK", "0")) == 0:
         summary = {"manifest": str(result.manifest), "compile_s": result.seconds, "tp": ns.tp}
@@ -102,6 +105,15 @@ def _rank_main(ns: argparse.Namespace) -> int:
 
         dist.destroy_process_group()
     return 0
+
+
+def _check_quantize(ns: argparse.Namespace, path: Any, preset: str | None) -> None:
+    from torch_tensorrt_dist.cli._quantize import check_quantize
+    from torch_tensorrt_dist.models.llama import ModelArgs
+    from torch_tensorrt_dist.models.loader import read_config
+
+    args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
+    check_quantize(ns, args, tp=ns.tp)
 
 
 def _rank_entry(ns: argparse.Namespace) -> None:
@@ -137,7 +149,8 @@ def run(ns: argparse.Namespace) -> int:
             )
         from torch_tensorrt_dist.artifacts.build import resolve_model
 
-        resolve_model(ns.model)  # a wrong --model fails here, before any rank starts
+        path, preset = resolve_model(ns.model)  # a wrong --model fails here, before any rank
+        _check_quantize(ns, path, preset)
         if ns.tp == 1 or launched:
             return _rank_main(ns)
     except ConfigError as exc:

@@ -95,14 +95,15 @@ def _targets(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
 
 
 def _check_shape(path: str, linear: nn.Linear, config: QuantConfig, kind: str) -> None:
-    if config.scheme == "int4" and linear.in_features % config.group:
+    rows, cols = linear.weight.shape  # this rank's slice
+    if config.scheme == "int4" and cols % config.group:
         raise ConfigError(
-            f"int4 group size {config.group} does not divide {path}'s {linear.in_features} "
-            "input columns on this rank; use a group size that divides it, or --quantize int8"
+            f"int4 group size {config.group} does not divide {path}'s {cols} input columns on "
+            "this rank; use a group size that divides it, or --quantize int8"
         )
-    if kind == "int4_cpu" and linear.out_features % _CPU_INT4_ROWS:
+    if kind == "int4_cpu" and rows % _CPU_INT4_ROWS:
         raise ConfigError(
-            f"{path} has {linear.out_features} output rows on this rank; torch's CPU int4 "
+            f"{path} has {rows} output rows on this rank; torch's CPU int4 "
             f"kernel needs a multiple of {_CPU_INT4_ROWS}: use --quantize int8 or a smaller --tp"
         )
 

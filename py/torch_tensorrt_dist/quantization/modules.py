@@ -84,10 +84,8 @@ class WeightOnlyLinear(nn.Module):
         w = linear.weight.detach()
         q, s = quantize_matrix(w, config, kind, compute_dtype(w.device.type, w.dtype))
         bias = None if linear.bias is None else linear.bias.detach()
-        return cls(
-            linear.in_features, linear.out_features, q, s, kind=kind, group_size=config.group,
-            bias=bias,
-        )  # fmt: skip
+        n, k = w.shape  # this rank's slice (a sharded nn.Linear keeps its full-size fields)
+        return cls(k, n, q, s, kind=kind, group_size=config.group, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [..., K] (model dtype) -> [..., N]; the matmul runs in the scales' dtype
