@@ -41,7 +41,7 @@ from torch_tensorrt_dist.models.llama import PRESETS, ModelArgs, Transformer
 from torch_tensorrt_dist.parallel.llama import Embedding, LMHead
 from torch_tensorrt_dist.quantization import QuantConfig, check_group_slices, quantize_model
 
-__all__ = ["CompileResult", "compile_artifacts", "default_buckets"]
+__all__ = ["CompileResult", "check_artifact_quantization", "compile_artifacts", "default_buckets"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,16 @@ def resolve_model(model: str | Path | None) -> tuple[Path | None, str | None]:
         f"model {str(model)!r} is neither a checkpoint directory nor a preset "
         f"({', '.join(sorted(PRESETS))})"
     )
+
+
+def check_artifact_quantization(quantize: QuantConfig | None) -> None:
+    """Artifacts take int8 weights; int4 is refused with the reason."""
+    if quantize is not None and quantize.scheme == "int4":
+        raise ConfigError(
+            "compile --quantize int4: AOTInductor gives every CPU int4 matmul a constant of its "
+            "own (the group size), which packages built without their constants cannot load; "
+            "compile with --quantize int8, or run generate --quantize int4 from the checkpoint"
+        )
 
 
 def _entry(root: Path, path: Path) -> FileEntry:
@@ -187,6 +197,7 @@ def compile_artifacts(
             "artifacts need the KV caches passed to the engines as inputs (a TensorRT engine "
             "freezes buffers), which the model does not do yet; use --engine inductor"
         )
+    check_artifact_quantization(quantize)
     if dtype not in DTYPE_NAMES:
         raise ConfigError(f"dtype {dtype} is not one of {', '.join(DTYPE_NAMES.values())}")
     root = Path(out)
