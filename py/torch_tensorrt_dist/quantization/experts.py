@@ -19,6 +19,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torch_tensorrt_dist.lowering.freeze_constants import mark_frozen
 from torch_tensorrt_dist.models.moe import QKNormLinear, SparseMoE, route
 from torch_tensorrt_dist.quantization.kernels import compute_dtype
 from torch_tensorrt_dist.quantization.modules import (
@@ -90,6 +91,7 @@ class QuantizedSparseMoE(nn.Module):
             q, s = _stack(getattr(moe, name).detach(), config, kind, dtype)
             self.register_buffer(name, q)
             self.register_buffer(f"{name}_scales", s)
+            mark_frozen(q, s)
 
     def _mm(self, x: Tensor, name: str, e: int) -> Tensor:
         w, s = getattr(self, name)[e], getattr(self, f"{name}_scales")[e]

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torch_tensorrt_dist.lowering.freeze_constants import mark_frozen
 from torch_tensorrt_dist.models.llama import embed_tokens
 from torch_tensorrt_dist.quantization.kernels import KERNEL_ROWS, compute_dtype, weight_only_mm
 from torch_tensorrt_dist.quantization.scheme import QuantConfig
@@ -77,6 +78,7 @@ class WeightOnlyLinear(nn.Module):
         self.kind, self.group_size = kind, group_size
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
+        mark_frozen(weight, scales)  # constants of a TensorRT engine
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     @classmethod
@@ -114,6 +116,7 @@ class QuantizedEmbedding(nn.Module):
         self.num_embeddings, self.embedding_dim = weight.shape
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
+        mark_frozen(weight, scales)
         self.group: dist.ProcessGroup | None = None
         self.start = 0
 
