@@ -84,13 +84,15 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def _targets(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+def _targets(model: nn.Module) -> list[tuple[str, str]]:
+    """(parent path, child name) of every linear to quantize; names, not modules, so that each
+    float weight can be freed as soon as it is replaced."""
     out = []
     for name, module in model.named_modules():
         for child_name, child in module.named_children():
             path = f"{name}.{child_name}" if name else child_name
             if isinstance(child, nn.Linear) and path.endswith(QUANTIZED_SUFFIXES):
-                out.append((module, child_name, child))
+                out.append((name, child_name))
     return out
 
 
@@ -118,16 +120,19 @@ def quantize_model(
     device = next(model.parameters()).device
     kind = layer_kind(config, engine=engine, device_type=device.type)
     targets = _targets(model)
-    names = {id(lin): n for n, lin in model.named_modules()}
-    for _, _, linear in targets:
-        _check_shape(names[id(linear)], linear, config, kind)
+    for parent, child_name in targets:
+        linear = getattr(model.get_submodule(parent), child_name)
+        _check_shape(f"{parent}.{child_name}", linear, config, kind)
     before = after = 0
     with torch.no_grad():
-        for parent, child_name, linear in targets:
+        for parent, child_name in targets:
+            owner = model.get_submodule(parent)
+            linear = getattr(owner, child_name)
             before += linear.weight.numel() * linear.weight.element_size()
             quantized = _quantized_linear(linear, config, kind)
             after += sum(b.nbytes for b in quantized.buffers())
-            setattr(parent, child_name, quantized)  # the float weight is freed here
+            setattr(owner, child_name, quantized)
+            del linear  # the last reference: its float weight is freed here
         moved = quantize_experts(model, config, kind)
         before, after = before + moved[0], after + moved[1]
         if config.embeddings:
