@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
+from torch_tensorrt_dist.cli._failures import print_launch_failure, refuse, world_size
 from torch_tensorrt_dist.cli._quantize import add_quantize_args, check_quantize, quantize_rank
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError, VerificationError
+from torch_tensorrt_dist.quantization.scheme import QuantConfig
 
 __all__ = ["register"]
 
@@ -51,9 +52,7 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
     p.add_argument("--window", type=int, default=256, help="tokens per window (default 256)")
-    p.add_argument(
-        "--stride", type=int, default=128, help="tokens a window advances (default 128)"
-    )
+    p.add_argument("--stride", type=int, default=128, help="tokens a window advances (default 128)")
     p.add_argument("--lm-head", choices=("vocab_parallel", "replicated"), default="vocab_parallel")
     p.add_argument(
         "--embedding", choices=("vocab_parallel", "replicated"), default="vocab_parallel"
@@ -103,29 +102,14 @@ def _plan(ns: argparse.Namespace) -> tuple[Path | None, Any]:
     return path, args
 
 
-def _rank_main(ns: argparse.Namespace) -> int:
-    import torch
-    import torch.distributed as dist
-
+def _load(
+    ns: argparse.Namespace, path: Path | None, args: Any, world: int, group: Any, device: Any
+) -> tuple[Any, QuantConfig | None]:
+    """This rank's shard (dense or MoE, checkpoint or preset), quantized when asked."""
     from torch_tensorrt_dist.cli.generate import DTYPES
     from torch_tensorrt_dist.cli.generate_moe import load_moe_rank, plan_moe
-    from torch_tensorrt_dist.generation.perplexity import document_ids, perplexity
     from torch_tensorrt_dist.models.loader import load_llama, random_llama
-    from torch_tensorrt_dist.models.tokenizer import load_tokenizer
-    from torch_tensorrt_dist.runtime import init_distributed
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != ns.tp * ns.ep:
-        raise ConfigError(
-            f"--ep {ns.ep} x --tp {ns.tp} needs {ns.ep * ns.tp} ranks, but the launcher started "
-            f"{world}; start {ns.ep * ns.tp} or change --ep/--tp"
-        )
-    path, args = _plan(ns)
-    device: Any = "cuda" if torch.cuda.is_available() else "cpu"
-    group, rank = None, 0
-    if world > 1:
-        info = init_distributed()
-        group, rank, device = dist.group.WORLD, info.rank, info.device
     dtype = DTYPES[ns.dtype]
     if path is not None and plan_moe(ns, path) is not None:
         model = load_moe_rank(
@@ -140,7 +124,33 @@ def _rank_main(ns: argparse.Namespace) -> int:
         model = random_llama(
             args, seed=0, group=group, dtype=dtype, lm_head=ns.lm_head, embedding=ns.embedding
         ).to(device)
-    quant = quantize_rank(model, ns, engine=ns.engine)
+    return model, quantize_rank(model, ns, engine=ns.engine)
+
+
+def _rank_main(ns: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from torch_tensorrt_dist.generation.perplexity import document_ids, perplexity
+    from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+    from torch_tensorrt_dist.runtime import init_distributed
+    from torch_tensorrt_dist.runtime.agree import agreed
+
+    world = world_size()
+    if world != ns.tp * ns.ep:
+        raise ConfigError(
+            f"--ep {ns.ep} x --tp {ns.tp} needs {ns.ep * ns.tp} ranks, but the launcher started "
+            f"{world}; start {ns.ep * ns.tp} or change --ep/--tp"
+        )
+    path, args = _plan(ns)
+    device: Any = "cuda" if torch.cuda.is_available() else "cpu"
+    group, rank = None, 0
+    if world > 1:
+        info = init_distributed()
+        group, rank, device = dist.group.WORLD, info.rank, info.device
+    # every rank loads and quantizes its shard; none runs a window (collectives) until all have
+    with agreed("loading the checkpoint"):
+        model, quant = _load(ns, path, args, world, group, device)
     tok = load_tokenizer(path, vocab_size=args.vocab_size)
     ids = document_ids(_text_file(ns.perplexity).read_text(encoding="utf-8"), tok)
     result = perplexity(model, ids, window=ns.window, stride=ns.stride, engine=ns.engine)
@@ -167,11 +177,13 @@ def _rank_main(ns: argparse.Namespace) -> int:
 
 
 def _rank_entry(ns: argparse.Namespace) -> None:
+    """Entry of a rank our launcher started: the error travels to the launcher, which stops
+    the others and prints the first failed rank's line (``cli/_failures.py``)."""
     try:
         code = _rank_main(ns)
-    except ConfigError as exc:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"error: {exc}", file=sys.stderr)
+    except VerificationError as exc:
+        raise SystemExit(1) from exc
+    except TensorRTDistError as exc:
         raise SystemExit(2) from exc
     if code:
         raise SystemExit(code)
@@ -188,13 +200,10 @@ def run(ns: argparse.Namespace) -> int:
         if ns.tp * ns.ep == 1 or launched:
             return _rank_main(ns)
     except VerificationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return refuse(exc, 1)
     except TensorRTDistError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return refuse(exc, 2)
     ns.func = None
     result = launch(_rank_entry, ns.tp * ns.ep, [ns])
-    if not result.ok:
-        print(f"error: {result.message}", file=sys.stderr)
+    print_launch_failure(result, verbose=getattr(ns, "verbose", 0))
     return int(result.returncode)
