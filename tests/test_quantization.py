@@ -229,7 +229,7 @@ def test_quantized_embeddings_and_head_are_int8_rows() -> None:
 
 def _decode_graph_use(model: nn.Module) -> object:
     from torch_tensorrt_dist.generation.generate import compile_step, decode_example, decode_step
-    from torch_tensorrt_dist.quantization.inspect import post_grad_graphs, weight_only_use
+    from torch_tensorrt_dist.quantization.kernel_use import post_grad_graphs, weight_only_use
 
     torch._dynamo.reset()
     with post_grad_graphs() as graphs, torch.no_grad():
@@ -265,7 +265,7 @@ def test_the_check_sees_gpt_fast_form_dequantize_in_float32() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return F.linear(x, self.weight.to(x.dtype)) * self.scales
 
-    from torch_tensorrt_dist.quantization.inspect import post_grad_graphs, weight_only_use
+    from torch_tensorrt_dist.quantization.kernel_use import post_grad_graphs, weight_only_use
 
     torch._dynamo.reset()
     fn = torch.compile(GptFastInt8(), backend="torch_tensorrt_dist", options={"engine": "inductor"})
