@@ -124,3 +124,16 @@ def test_bad_input_is_one_line_naming_the_fix(
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_heldout_text_is_help_text_the_demo_never_saw() -> None:
+    from torch_tensorrt_dist.models.demo import corpus_sha256, demo_checkpoint_path, demo_corpus
+    from torch_tensorrt_dist.models.demo_heldout import heldout_paragraphs
+
+    corpus = demo_corpus()
+    shipped = heldout_path().read_text().strip().split("\n\n")
+    assert len(shipped) == len(set(shipped)) == 450
+    assert not set(shipped) & set(corpus)  # no training paragraph
+    info = json.loads((demo_checkpoint_path() / "train_info.json").read_text())
+    if corpus_sha256(corpus) == info["corpus_sha256"]:  # this Python's help text is the one
+        assert heldout_paragraphs(corpus) == shipped  # the demo was trained on: regenerates
