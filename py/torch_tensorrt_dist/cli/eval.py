@@ -23,6 +23,7 @@ from torch_tensorrt_dist.cli._failures import print_launch_failure, refuse, worl
 from torch_tensorrt_dist.cli._quantize import add_quantize_args, check_quantize, quantize_rank
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError, VerificationError
 from torch_tensorrt_dist.quantization.scheme import QuantConfig
+from torch_tensorrt_dist.validation import check_int
 
 __all__ = ["register"]
 
@@ -73,6 +74,16 @@ def _text_file(value: str) -> Path:
     return path
 
 
+def _read_text(value: str) -> str:
+    path = _text_file(value)
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"--perplexity {value}: cannot read it as UTF-8 text ({exc}); give a text file"
+        ) from None
+
+
 def _plan(ns: argparse.Namespace) -> tuple[Path | None, Any]:
     """Validate everything before any rank starts; return (checkpoint path, model args)."""
     from torch_tensorrt_dist.cli.generate import _resolve_model
@@ -82,10 +93,11 @@ def _plan(ns: argparse.Namespace) -> tuple[Path | None, Any]:
     from torch_tensorrt_dist.models.loader import read_config
     from torch_tensorrt_dist.parallel.llama import tp_layout
 
-    if ns.tp < 1 or ns.ep < 1:
-        raise ConfigError(f"--tp and --ep must be >= 1, got tp={ns.tp} ep={ns.ep}")
-    _text_file(ns.perplexity)
-    windows(2, ns.window, ns.stride)  # validates window / stride
+    for option in ("tp", "ep", "stride"):
+        check_int(getattr(ns, option), name=f"--{option}", low=1)
+    check_int(ns.window, name="--window", low=2)
+    _read_text(ns.perplexity)
+    windows(2, ns.window, ns.stride)  # stride <= window
     path, preset = _resolve_model(ns.model)
     moe = plan_moe(ns, path)
     if moe is not None:
@@ -152,7 +164,7 @@ def _rank_main(ns: argparse.Namespace) -> int:
     with agreed("loading the checkpoint"):
         model, quant = _load(ns, path, args, world, group, device)
     tok = load_tokenizer(path, vocab_size=args.vocab_size)
-    ids = document_ids(_text_file(ns.perplexity).read_text(encoding="utf-8"), tok)
+    ids = document_ids(_read_text(ns.perplexity), tok)
     result = perplexity(model, ids, window=ns.window, stride=ns.stride, engine=ns.engine)
     if rank == 0:
         summary = {
