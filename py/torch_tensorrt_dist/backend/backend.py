@@ -31,6 +31,7 @@ from torch_tensorrt_dist.backend.settings import CompileSettings
 from torch_tensorrt_dist.backend.verify import reference_graph, with_verification
 from torch_tensorrt_dist.errors import UnsupportedCollectiveError
 from torch_tensorrt_dist.lowering import fuse_collectives, fusion_report
+from torch_tensorrt_dist.lowering.freeze_constants import drop_frozen, freeze_inputs
 from torch_tensorrt_dist.lowering.input_writes import input_writes, reinplace_input_writes
 
 __all__ = [
@@ -153,8 +154,13 @@ def torch_tensorrt_dist_backend(
     settings = CompileSettings.from_options(options)
     resolve = _resolver(gm)
     recorded = bool(_recorders)
+    trt_freeze = settings.engine == "tensorrt"
 
     def fw_compiler(aten_gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., Any]:
+        # TensorRT dequantizes constant weights only: quantized codes and scales become
+        # constants of the graph, and the callable drops those inputs (lowering/freeze_constants)
+        keep = freeze_inputs(aten_gm, inputs, example_inputs) if trt_freeze else None
+        inputs = inputs if keep is None else [inputs[i] for i in keep]
         report = lower_graph(aten_gm, settings, resolve)
         logger.info(
             "graph %d: %d nodes, %d collectives, %d unfused",
@@ -181,6 +187,7 @@ def torch_tensorrt_dist_backend(
             # ranks that disagree on verify are then a schedule mismatch, not a hang
             issued = report.collectives * (2 if reference is not None else 1)
             engine = with_schedule_check(engine, issued, settings.schedule_timeout_s)
+        engine = engine if keep is None else drop_frozen(engine, keep)
         return _counting(engine, report) if recorded else engine
 
     compiler = aot_autograd(

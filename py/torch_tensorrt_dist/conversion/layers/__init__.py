@@ -1,8 +1,10 @@
 """TensorRT converters of the ops that are not collectives, one module each, one row each in
 :data:`LAYERS` (registered at high priority by ``converters.register_converters``).
 
-    kv_cache.py   aten.index_copy (a decode step's KV-cache write) -> IKVCacheUpdateLayer,
-                  in place, for any batch
+    kv_cache.py     aten.index_copy (a decode step's KV-cache write) -> IKVCacheUpdateLayer,
+                    in place, for any batch
+    weight_only.py  aten._weight_int8pack_mm / tensorrt_dist.int4_weight_only_mm (quantized
+                    linears) -> IDequantizeLayer on constant INT8 / INT4 weights -> matmul
 
 A new one (a quantized linear, a grouped matmul, ...) is a module here with a pure
 ``<what>_decision(node) -> Decision`` (FX metadata only, tested on CPU), the validator and the
@@ -20,6 +22,12 @@ import torch
 from torch_tensorrt_dist.conversion.layers.kv_cache import (
     convert_kv_cache_write,
     kv_cache_write_validator,
+)
+from torch_tensorrt_dist.conversion.layers.weight_only import (
+    INT4_OP,
+    INT8_OP,
+    convert_weight_only,
+    weight_only_validator,
 )
 
 __all__ = ["LAYERS", "LayerConverter"]
@@ -44,4 +52,7 @@ LAYERS: tuple[LayerConverter, ...] = (
         convert_kv_cache_write,
         supports_dynamic_shapes=False,
     ),
+    # weight-only quantized linears (quantization/): dequantize constant codes into the matmul
+    LayerConverter(INT8_OP, weight_only_validator, convert_weight_only, False),
+    LayerConverter(INT4_OP, weight_only_validator, convert_weight_only, False),
 )
