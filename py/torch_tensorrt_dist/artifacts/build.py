@@ -122,6 +122,7 @@ def _build_rank(
     files: dict[str, FileEntry] = {}
     schedules: dict[str, list[str]] = {}
     head_group = inductor.detach_head_group(model)
+    # a prefill writes one prompt into its own cache row; decode runs every row
     graphs = [(f"prefill-{b}", True, b) for b in buckets] + [("decode", False, 1)]
     for role, prefill, length in graphs:
         ep, schedule = inductor.export_step(
