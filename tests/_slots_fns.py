@@ -3,8 +3,12 @@ in one process and in spawned gloo ranks by ``test_slots.py``."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
@@ -12,6 +16,18 @@ from torch_tensorrt_dist.generation.slots import Request
 
 ROWS = 3
 CACHE_LEN = 64
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """One torch thread while references run in the test process (on a busy 2-core machine
+    two threads spin-wait: 20x slower), as the launched ranks run."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 @dataclass

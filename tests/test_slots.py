@@ -5,6 +5,7 @@ warm-up."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 from torch_tensorrt_dist.testing import run_on_ranks
 
 from . import _llama_ckpt
-from ._slots_fns import CACHE_LEN, ROWS, Job, alone, rank_schedules, run_schedule
+from ._slots_fns import CACHE_LEN, ROWS, Job, alone, one_thread, rank_schedules, run_schedule
 
 SAMPLED = {"temperature": 0.8, "top_p": 0.9, "seed": 5}
 
@@ -74,13 +75,16 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
         if name != "demo":
             _llama_ckpt.save_checkpoint(name, path)
         single = Generator(load_llama(path, progress=False), max_batch_size=1, cache_len=CACHE_LEN)
-        out[name] = {
-            "path": str(path),
-            "jobs": jobs,
-            "stop_ids": stops,
-            "alone": [alone(single, job, stops) for job in jobs],
-        }
+        with one_thread():
+            refs = [alone(single, job, stops) for job in jobs]
+        out[name] = {"path": str(path), "jobs": jobs, "stop_ids": stops, "alone": refs}
     return out
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    with one_thread():
+        yield
 
 
 def _check(case: dict[str, Any], result: dict[str, Any]) -> None:

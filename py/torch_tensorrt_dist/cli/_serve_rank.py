@@ -111,8 +111,10 @@ def _serve(ns: argparse.Namespace) -> ServeResult:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != ns.tp * ns.ep:
-        raise ConfigError(f"--ep {ns.ep} x --tp {ns.tp} needs {ns.tp * ns.ep} ranks, but the "
-                          f"launcher started {world}; start {ns.tp * ns.ep} or change --tp/--ep")
+        raise ConfigError(
+            f"--ep {ns.ep} x --tp {ns.tp} needs {ns.tp * ns.ep} ranks, but the "
+            f"launcher started {world}; start {ns.tp * ns.ep} or change --tp/--ep"
+        )
     device: torch.device | str = "cuda" if torch.cuda.is_available() else "cpu"
     rank = 0
     if world > 1:

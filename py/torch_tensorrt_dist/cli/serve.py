@@ -40,37 +40,82 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default=None,
-                   help="HF checkpoint directory or preset name (default: the demo checkpoint)")
-    p.add_argument("--tp", type=int, default=None,
-                   help="tensor-parallel ranks (default: WORLD_SIZE / ep under a launcher, else 1)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="HF checkpoint directory or preset name (default: the demo checkpoint)",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        help="tensor-parallel ranks (default: WORLD_SIZE / ep under a launcher, else 1)",
+    )
     p.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (MoE checkpoints)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages: only 1 is served yet")
-    p.add_argument("--engine", choices=ENGINE_CHOICES, default="eager",
-                   help="tensorrt | inductor | eager (default) | none (plain PyTorch)")
-    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
-                   help="check each graph's first call against eager (default: tensorrt only)")
+    p.add_argument(
+        "--engine",
+        choices=ENGINE_CHOICES,
+        default="eager",
+        help="tensorrt | inductor | eager (default) | none (plain PyTorch)",
+    )
+    p.add_argument(
+        "--verify",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="check each graph's first call against eager (default: tensorrt only)",
+    )
     p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
-    p.add_argument("--max-batch-size", type=int, default=None,
-                   help="KV-cache rows: requests decoded together (default 8, or the artifacts')")
-    p.add_argument("--max-seq-len", type=int, default=None,
-                   help="KV-cache length per row: prompt + generated tokens (default: the "
-                   "model's, at most 2048)")
-    p.add_argument("--max-queue", type=int, default=64,
-                   help="requests that may wait for a free row; more get 429 (default 64)")
-    p.add_argument("--drain-timeout", type=float, default=20.0,
-                   help=f"seconds SIGTERM lets running requests finish (<= {MAX_DRAIN_S:g})")
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=None,
+        help="KV-cache rows: requests decoded together (default 8, or the artifacts')",
+    )
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="KV-cache length per row: prompt + generated tokens (default: the "
+        "model's, at most 2048)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="requests that may wait for a free row; more get 429 (default 64)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=20.0,
+        help=f"seconds SIGTERM lets running requests finish (<= {MAX_DRAIN_S:g})",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one)")
-    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
-    p.add_argument("--served-model-name", default=None,
-                   help="the model name clients send (default: the checkpoint folder's name)")
-    p.add_argument("--artifacts", default=None, metavar="DIR",
-                   help="serve `torchtrt-dist compile` artifacts (no checkpoint, no compile)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name clients send (default: the checkpoint folder's name)",
+    )
+    p.add_argument(
+        "--artifacts",
+        default=None,
+        metavar="DIR",
+        help="serve `torchtrt-dist compile` artifacts (no checkpoint, no compile)",
+    )
     for part in ("lm-head", "embedding"):
-        p.add_argument(f"--{part}", choices=("vocab_parallel", "replicated"),
-                       default="vocab_parallel", help=f"TP sharding of the {part}")
+        p.add_argument(
+            f"--{part}",
+            choices=("vocab_parallel", "replicated"),
+            default="vocab_parallel",
+            help=f"TP sharding of the {part}",
+        )
     p.set_defaults(func=run)
 
 

@@ -82,6 +82,8 @@ class StopText:
         return piece, False
 
     def flush(self) -> str:
-        """The held-back text, at the end of a request that did not stop on a stop string."""
+        """The held-back text, at the end of a request that did not stop on a stop string
+        (bytes that never completed a character show as U+FFFD, as ``decode`` gives them)."""
+        self._text = self._tok.decode(self._ids) if self._ids else self._text
         piece, self._sent = self._text[self._sent :], len(self._text)
         return piece
