@@ -144,7 +144,7 @@ def register(sub: Any) -> None:
 
 def impl_summary(collectives: list[Any], requested: str, choice: Any) -> str:
     """One line: which implementation the converters would use and how many collectives it
-    takes (``choice``: ``availability.current_impl()`` in this process)."""
+    takes (``choice``: ``choice.current_impl()`` in this process)."""
     impl = requested if requested != "auto" else choice.impl
     if impl is None:
         return f"TensorRT collectives (collective_impl={requested}): none usable: {choice.reason}"
@@ -157,8 +157,8 @@ def impl_summary(collectives: list[Any], requested: str, choice: Any) -> str:
 
 
 def _summary(collectives: list[Any], setting: str | None) -> str:
-    from torch_tensorrt_dist.conversion.availability import collective_settings, current_impl
-    from torch_tensorrt_dist.conversion.capability import requested_impl
+    from torch_tensorrt_dist.conversion.choice import current_impl, requested_impl
+    from torch_tensorrt_dist.conversion.settings import collective_settings
 
     requested = requested_impl(setting)
     groups = {c.group_ranks for c in collectives if len(c.group_ranks) > 1}
