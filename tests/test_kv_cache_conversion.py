@@ -9,8 +9,11 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 from torch_tensorrt_dist.conversion.layers.kv_cache import kv_cache_write_decision
-from torch_tensorrt_dist.generation.generate import decode_example, decode_step, prefill_step
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+
+from ._shared_steps import shared_decode_example as decode_example
+from ._shared_steps import shared_decode_step as decode_step
+from ._shared_steps import shared_prefill_step as prefill_step
 
 ARGS = ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=64)
 

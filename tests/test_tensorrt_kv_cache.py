@@ -7,8 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_tensorrt_dist.generation.generate import compile_step, decode_example, decode_step
+from torch_tensorrt_dist.generation.generate import compile_step
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+
+from ._shared_steps import shared_decode_example as decode_example
+from ._shared_steps import shared_decode_step as decode_step
 
 ARGS = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, max_seq_len=64)
 
