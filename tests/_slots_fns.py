@@ -92,7 +92,14 @@ def rank_schedules(rank: int, world: int, spec: list[dict[str, Any]]) -> list[di
 
     results = []
     for case in spec:
-        model = load_llama(case["path"], group=dist.group.WORLD, progress=False)
+        if case.get("ep"):  # a MoE checkpoint on an (ep, tp) mesh of the world
+            from torch_tensorrt_dist.models.moe_loader import load_moe
+            from torch_tensorrt_dist.parallel.moe import make_moe_mesh, moe_groups
+
+            groups = moe_groups(make_moe_mesh(case["ep"], world // case["ep"]))
+            model = load_moe(case["path"], groups=groups, progress=False)
+        else:
+            model = load_llama(case["path"], group=dist.group.WORLD, progress=False)
         gen = Generator(model, max_batch_size=ROWS, cache_len=CACHE_LEN)
         jobs = [Job(**j) for j in case["jobs"]]
         results.append(run_schedule(gen, jobs, tuple(case["stop_ids"])))

@@ -1,7 +1,7 @@
 """The generation core (slots, per-row decode): requests that join and leave at different steps
 get exactly the tokens each prompt gets alone through ``generate``, at TP 1 and TP 2 (gloo), on
-the demo model and a second Llama-family checkpoint; a compiled core never recompiles after
-warm-up."""
+the demo model and Llama / Mistral checkpoints, and at EP 2 x TP 1 on a Mixtral checkpoint; a
+compiled core never recompiles after warm-up."""
 
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ from torch_tensorrt_dist.generation import Generator, SamplingConfig
 from torch_tensorrt_dist.generation.slots import Request
 from torch_tensorrt_dist.models.demo import demo_checkpoint_path
 from torch_tensorrt_dist.models.loader import load_llama
+from torch_tensorrt_dist.models.moe_loader import load_moe
 from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 from torch_tensorrt_dist.testing import run_on_ranks
 
-from . import _llama_ckpt
+from . import _llama_ckpt, _moe_ckpt
 from ._slots_fns import CACHE_LEN, ROWS, Job, alone, one_thread, rank_schedules, run_schedule
 
 SAMPLED = {"temperature": 0.8, "top_p": 0.9, "seed": 5}
@@ -70,11 +71,14 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
         "demo": (demo_checkpoint_path(), _demo_jobs(), (1,)),
         "llama_gqa": (root / "llama_gqa", _gqa_jobs(), ()),
         "mistral_window": (root / "mistral_window", _gqa_jobs()[:4], ()),  # sliding window 6
+        "mixtral": (root / "mixtral", _gqa_jobs()[:5], ()),  # 4 experts, top 2 (vocab 130)
     }
     for name, (path, jobs, stops) in specs.items():
-        if name != "demo":
+        if name == "mixtral":
+            _moe_ckpt.save_checkpoint(name, path)
+        elif name != "demo":
             _llama_ckpt.save_checkpoint(name, path)
-        single = Generator(load_llama(path, progress=False), max_batch_size=1, cache_len=CACHE_LEN)
+        single = Generator(_load(name, path), max_batch_size=1, cache_len=CACHE_LEN)
         with one_thread():
             refs = [alone(single, job, stops) for job in jobs]
         out[name] = {"path": str(path), "jobs": jobs, "stop_ids": stops, "alone": refs}
@@ -87,6 +91,10 @@ def _one_thread() -> Iterator[None]:
         yield
 
 
+def _load(name: str, path: Any) -> Any:
+    return load_moe(path, progress=False) if name == "mixtral" else load_llama(path, progress=False)
+
+
 def _check(case: dict[str, Any], result: dict[str, Any]) -> None:
     for job, got, ref in zip(case["jobs"], result["tokens"], case["alone"], strict=True):
         if job.cancel_at is None:
@@ -96,19 +104,19 @@ def _check(case: dict[str, Any], result: dict[str, Any]) -> None:
     assert len(set(result["slots"].values())) < len(case["jobs"])  # slots were reused
 
 
-@pytest.mark.parametrize("name", ["demo", "llama_gqa", "mistral_window"])
+@pytest.mark.parametrize("name", ["demo", "llama_gqa", "mistral_window", "mixtral"])
 def test_schedule_equals_each_prompt_alone_tp1(cases: dict[str, Any], name: str) -> None:
     case = cases[name]
-    gen = Generator(load_llama(case["path"], progress=False), max_batch_size=ROWS,
-                    cache_len=CACHE_LEN)  # fmt: skip
+    gen = Generator(_load(name, case["path"]), max_batch_size=ROWS, cache_len=CACHE_LEN)
     _check(case, run_schedule(gen, case["jobs"], case["stop_ids"]))
 
 
-def test_schedule_equals_each_prompt_alone_tp2(cases: dict[str, Any]) -> None:
-    names = ("demo", "llama_gqa")
+def test_schedule_equals_each_prompt_alone_tp2_and_ep2(cases: dict[str, Any]) -> None:
+    """TP 2 on the Llama checkpoints, EP 2 x TP 1 on the Mixtral one: one spawn of 2 ranks."""
+    names = ("demo", "llama_gqa", "mixtral")
     spec = [
         {"path": cases[n]["path"], "jobs": [asdict(j) for j in cases[n]["jobs"]],
-         "stop_ids": cases[n]["stop_ids"]}
+         "stop_ids": cases[n]["stop_ids"], "ep": 2 if n == "mixtral" else 0}
         for n in names
     ]  # fmt: skip
     results = run_on_ranks(rank_schedules, 2, spec, timeout=240)

@@ -44,7 +44,12 @@ __all__ = ["CompileResult", "compile_artifacts", "default_buckets"]
 
 logger = logging.getLogger(__name__)
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "chat_template.jinja",  # the chat template, where transformers saved it apart
+)
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 

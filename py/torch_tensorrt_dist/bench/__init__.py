@@ -54,6 +54,12 @@ def _cold_start() -> list[Figure]:
     return cold_start()
 
 
+def _serve() -> list[Figure]:
+    from torch_tensorrt_dist.bench.serve import serve_figures
+
+    return serve_figures()
+
+
 def _gpu() -> list[Figure]:
     from torch_tensorrt_dist.bench.gpu import gpu
 
@@ -69,6 +75,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "verify": _verify,
     "moe": _moe,
     "cold_start": _cold_start,
+    "serve": _serve,
     "gpu": _gpu,
 }
 

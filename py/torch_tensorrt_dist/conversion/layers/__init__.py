@@ -1,8 +1,10 @@
 """TensorRT converters of the ops that are not collectives, one module each, one row each in
 :data:`LAYERS` (registered at high priority by ``converters.register_converters``).
 
-    kv_cache.py   aten.index_copy (a decode step's KV-cache write) -> IKVCacheUpdateLayer,
-                  in place, for any batch
+    kv_cache.py       aten.index_copy (a shared-position KV-cache write) -> IKVCacheUpdateLayer,
+                      in place, for any batch
+    kv_cache_rows.py  aten.index_put (the generation core's writes: every row at its own
+                      position, or one row's prompt) -> IKVCacheUpdateLayer, in place
 
 A new one (a quantized linear, a grouped matmul, ...) is a module here with a pure
 ``<what>_decision(node) -> Decision`` (FX metadata only, tested on CPU), the validator and the
@@ -20,6 +22,10 @@ import torch
 from torch_tensorrt_dist.conversion.layers.kv_cache import (
     convert_kv_cache_write,
     kv_cache_write_validator,
+)
+from torch_tensorrt_dist.conversion.layers.kv_cache_rows import (
+    convert_kv_cache_put,
+    kv_cache_put_validator,
 )
 
 __all__ = ["LAYERS", "LayerConverter"]
@@ -42,6 +48,13 @@ LAYERS: tuple[LayerConverter, ...] = (
         torch.ops.aten.index_copy.default,
         kv_cache_write_validator,
         convert_kv_cache_write,
+        supports_dynamic_shapes=False,
+    ),
+    # before Torch-TensorRT's own index_put converter (a scatter that rebuilds the cache)
+    LayerConverter(
+        torch.ops.aten.index_put.default,
+        kv_cache_put_validator,
+        convert_kv_cache_put,
         supports_dynamic_shapes=False,
     ),
 )
