@@ -14,6 +14,8 @@ from torch_tensorrt_dist.artifacts import compile_artifacts, load_generator
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.models.loader import load_llama
 
+from ._slots_fns import Job, run_schedule
+
 MAX_SEQ = 64
 
 
@@ -56,6 +58,11 @@ def compile_and_generate(
     model = load_llama(ckpt, group=dist.group.WORLD, progress=False)
     reference = Generator(model, max_batch_size=2, cache_len=MAX_SEQ)
     from_ckpt = reference.generate(prompts, max_new_tokens=max_new).tokens
+    # the serving core over the loaded graphs: requests join and leave at different steps
+    jobs = [Job(0, prompts[0], max_new), Job(1, prompts[1], 4), Job(2, [6, 6], 7, cancel_at=5),
+            Job(3, [1], 5)]  # fmt: skip
+    served = run_schedule(gen, jobs, ())["tokens"]
+    served_ckpt = run_schedule(reference, jobs, ())["tokens"]
 
     errors: dict[str, str] = {}
     if rank == 0:
@@ -74,6 +81,8 @@ def compile_and_generate(
         "artifacts": from_artifacts,
         "single": single,
         "checkpoint": from_ckpt,
+        "served": served,
+        "served_checkpoint": served_ckpt,
         "errors": errors,
     }
 

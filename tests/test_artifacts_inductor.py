@@ -53,6 +53,8 @@ def test_same_tokens_as_checkpoint_and_transformers(built: dict[str, Any]) -> No
     for r in built["ranks"]:
         assert r["artifacts"] == r["checkpoint"] == built["hf"]
         assert r["single"] == built["hf"][:1]  # one row through the 2-row graphs
+        # the serving core (joins, leaves, a cancel, slot reuse) over the loaded graphs
+        assert r["served"] == r["served_checkpoint"] and r["served"][0] == built["hf"][0]
 
 
 def test_manifest_records_layout_groups_and_files(built: dict[str, Any]) -> None:

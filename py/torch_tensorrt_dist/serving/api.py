@@ -92,12 +92,11 @@ class _Handler:
 
     def prompt_ids(self, params: Params) -> list[int]:
         tok = self.model.tokenizer
-        if params.chat:
+        if params.messages is not None:  # a chat request
             if self.model.chat is None:
                 raise RequestError(400, f"model {self.model.name!r} has no chat template (no "
                                    "chat_template in its tokenizer_config.json); use "
                                    "/v1/completions", param="messages")  # fmt: skip
-            assert params.messages is not None  # set by parse_request for chat
             text = self.model.chat.render(params.messages)
             return tok.encode(text, add_special_tokens=False)
         if isinstance(params.prompt, list):
@@ -106,8 +105,7 @@ class _Handler:
                 raise RequestError(400, f"prompt holds token ids {bad[:4]} outside [0, "
                                    f"{self.model.vocab_size})", param="prompt")  # fmt: skip
             return params.prompt
-        assert params.prompt is not None
-        return tok.encode(params.prompt)
+        return tok.encode(params.prompt or "")
 
     async def submit(self, request: Request, *, chat: bool) -> Response:
         self.authorize(request)

@@ -147,7 +147,8 @@ class Leader:
                 return
 
     def fail_all(self, status: int, message: str) -> None:
-        """Answer every waiting and running request (a rank failed, or the drain ran out)."""
+        """Answer every request queued, waiting or running (a rank failed)."""
+        self.waiting.extend(i for i in self.inbox.take(0.0) if isinstance(i, Submission))
         for sub in [*self.waiting, *self.running.values()]:
             sub.sink.put(Failed(status, message))
         self.inbox.left(len(self.waiting))
