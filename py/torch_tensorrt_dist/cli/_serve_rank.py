@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError, VerificationError
+from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError, VerificationError
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs
@@ -105,11 +105,12 @@ def rank_main(ns: argparse.Namespace) -> int:
 def _serve(ns: argparse.Namespace) -> ServeResult:
     import torch.distributed as dist
 
-    from torch_tensorrt_dist.runtime import init_distributed
+    from torch_tensorrt_dist.cli._failures import world_size
+    from torch_tensorrt_dist.runtime import agreed, init_distributed
     from torch_tensorrt_dist.serving.chat import load_chat_template
     from torch_tensorrt_dist.serving.server import ServeConfig, serve_rank
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world_size()
     if world != ns.tp * ns.ep:
         raise ConfigError(
             f"--ep {ns.ep} x --tp {ns.tp} needs {ns.tp * ns.ep} ranks, but the "
@@ -126,8 +127,11 @@ def _serve(ns: argparse.Namespace) -> ServeResult:
         if not isinstance(group, dist.ProcessGroup):
             raise ConfigError(f"rank {rank} is not in the world group; relaunch every rank")
         control = group
-    p = plan(ns)
-    gen, tok, source = _load(ns, p, world, device)
+    # every rank plans and loads its own shard; none goes on to a collective until all have
+    # (runtime.agree: one rank's error stops every rank, naming it)
+    with agreed("loading the checkpoint" if not ns.artifacts else "loading the artifacts"):
+        p = plan(ns)
+        gen, tok, source = _load(ns, p, world, device)
     stop_ids = tuple(tok.eos_ids or p.args.eos_token_ids)
     config = ServeConfig(host=ns.host, port=ns.port, api_key=ns.api_key, max_queue=ns.max_queue,
                          drain_timeout_s=ns.drain_timeout, model_name=p.name)  # fmt: skip
@@ -182,18 +186,16 @@ def _load(
 
 
 def rank_entry(ns: argparse.Namespace) -> None:
-    """Entry of a launched rank: exit non-zero on error so the launcher stops the others."""
+    """Entry of a rank our launcher started: exit non-zero on error (the error travels to the
+    launcher, which stops the others and prints the first failed rank's line)."""
     try:
         result = _serve(ns)
-    except (ConfigError, EngineUnavailableError) as exc:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
-    except VerificationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except VerificationError as exc:  # a wrong engine, not bad input
         raise SystemExit(1) from exc
+    except TensorRTDistError as exc:  # a refusal, here or (RankFailedError) on another rank
+        raise SystemExit(2) from exc
     if result.code:
-        raise SystemExit(result.code)
+        raise SystemExit(result.code) from result.error
     if result.signal is not None:
         # The launcher forwarded a SIGTERM (or SIGINT) and now waits for this process to end:
         # the drain has finished, so end by that signal, as asked (returning would leave the

@@ -18,7 +18,6 @@ import argparse
 import os
 import shutil
 import signal
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -149,6 +148,7 @@ def check_options(ns: argparse.Namespace) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     from torch_tensorrt_dist.cli import _serve_rank
+    from torch_tensorrt_dist.cli._failures import print_launch_failure, refuse
     from torch_tensorrt_dist.runtime import is_launched, launch
 
     launched = is_launched(os.environ)
@@ -164,8 +164,7 @@ def run(ns: argparse.Namespace) -> int:
         if ns.tp * ns.ep == 1 or launched:
             return _serve_rank.rank_main(ns)
     except TensorRTDistError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return refuse(exc, 2)
     world = ns.tp * ns.ep
     ns.func = None  # the ranks get a plain, picklable namespace
     ns.drain_dir = tempfile.mkdtemp(prefix="torchtrt-serve-")
@@ -177,5 +176,5 @@ def run(ns: argparse.Namespace) -> int:
     stopped = result.failure is None or result.failure.signal in (signal.SIGTERM, signal.SIGINT)
     if result.ok or (drained and stopped):
         return 0  # a signal to the launcher, forwarded to the ranks, drained them cleanly
-    print(f"error: {result.message}", file=sys.stderr)
+    print_launch_failure(result, verbose=getattr(ns, "verbose", 0))
     return int(result.returncode)

@@ -61,6 +61,8 @@ class ServeResult:
     code: int
     summary: str
     signal: int | None = None
+    error: BaseException | None = None
+    """What made the server fail (code != 0)."""
 
 
 class _Signals:
@@ -151,7 +153,7 @@ def _lead(
         leader.fail_all(503, f"a rank of the server failed ({reason})")
         time.sleep(1.0)  # let the HTTP thread send the 503s
         http.stop()
-        return ServeResult(1, f"rank 0: failed: {reason}", signals.first)
+        return ServeResult(1, f"rank 0: failed: {reason}", signals.first, exc)
     http.stop()
     return ServeResult(0, loop.stats.summary(0, loop.channel.payload_steps), signals.first)
 
