@@ -121,17 +121,19 @@ def _serve(ns: argparse.Namespace) -> ServeResult:
     if world > 1:
         info = init_distributed()
         rank, device = info.rank, info.device
-    control: dist.ProcessGroup | None = None
-    if world > 1:  # the control channel's own gloo group: every rank, in the same order
-        group = dist.new_group(backend="gloo")
-        if not isinstance(group, dist.ProcessGroup):
-            raise ConfigError(f"rank {rank} is not in the world group; relaunch every rank")
-        control = group
     # every rank plans and loads its own shard; none goes on to a collective until all have
     # (runtime.agree: one rank's error stops every rank, naming it)
     with agreed("loading the checkpoint" if not ns.artifacts else "loading the artifacts"):
         p = plan(ns)
         gen, tok, source = _load(ns, p, world, device)
+    control: dist.ProcessGroup | None = None
+    if world > 1:
+        # the control channel's own gloo group, on every rank in the same order, after the
+        # model's groups (artifacts find theirs by name, and names follow creation order)
+        group = dist.new_group(backend="gloo")
+        if not isinstance(group, dist.ProcessGroup):
+            raise ConfigError(f"rank {rank} is not in the world group; relaunch every rank")
+        control = group
     stop_ids = tuple(tok.eos_ids or p.args.eos_token_ids)
     config = ServeConfig(host=ns.host, port=ns.port, api_key=ns.api_key, max_queue=ns.max_queue,
                          drain_timeout_s=ns.drain_timeout, model_name=p.name)  # fmt: skip

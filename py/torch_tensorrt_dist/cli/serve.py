@@ -168,6 +168,12 @@ def run(ns: argparse.Namespace) -> int:
     world = ns.tp * ns.ep
     ns.func = None  # the ranks get a plain, picklable namespace
     ns.drain_dir = tempfile.mkdtemp(prefix="torchtrt-serve-")
+    # drained ranks end by the signal the launcher forwarded (rank_entry); the launcher's
+    # multiprocessing resource tracker would then warn about the queues' semaphores they held
+    warnings = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(
+        filter(None, [warnings, "ignore:resource_tracker:UserWarning"])
+    )
     try:
         result = launch(_serve_rank.rank_entry, world, [ns])
         drained = all((Path(ns.drain_dir) / f"rank-{r}.drained").is_file() for r in range(world))
