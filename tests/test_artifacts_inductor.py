@@ -139,6 +139,39 @@ def test_cli_generate_from_artifacts(
     assert "exceeds the compiled sequence length 64" in capfd.readouterr().err
 
 
+def test_serve_from_artifacts(built: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """``serve --artifacts``: no compile; concurrent requests get the checkpoint's tokens; the
+    compiled shapes bound what it accepts."""
+    pytest.importorskip("fastapi")
+    import concurrent.futures as cf
+
+    import httpx
+
+    from ._serve import start_server
+
+    out = str(built["out"])
+    assert main(["serve", "--artifacts", out, "--max-batch-size", "3"]) == 2
+    assert "compiled for 2 rows; leave it unset" in capsys.readouterr().err
+    srv = start_server(["--artifacts", out])
+    try:
+        assert "engine artifacts:inductor, 2 rows x 64 tokens" in srv.output()
+
+        def ask(prompt: list[int]) -> Any:
+            body = {"prompt": prompt, "max_tokens": MAX_NEW, "temperature": 0}
+            return httpx.post(f"{srv.url}/v1/completions", json=body, timeout=120)
+
+        with cf.ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(ask, PROMPTS))
+        for res, ref in zip(results, built["hf"]):
+            assert res.json()["usage"]["completion_tokens"] == len(ref)
+            assert res.json()["choices"][0]["text"] == bytes(ref).decode(errors="replace")
+        too_long = ask(list(range(1, 20)))  # 19 tokens: no compiled bucket (16) holds them
+        assert too_long.status_code == 400 and "buckets [16]" in too_long.text
+        assert srv.stop() == 0
+    finally:
+        srv.kill()
+
+
 TEXT = "\x03\x05\x07\x09\x0b"  # byte tokens 3 5 7 9 11 (no tokenizer.json)
 
 

@@ -87,10 +87,10 @@ def _plan_artifacts(ns: argparse.Namespace) -> ServePlan:
     return ServePlan(None, None, model_args(manifest), manifest.cache_len, name)
 
 
-def _ready(ns: argparse.Namespace, plan_: ServePlan, url: str, warm_s: float) -> None:
+def _ready(ns: argparse.Namespace, plan_: ServePlan, engine: str, url: str, warm_s: float) -> None:
     body = json.dumps({"model": plan_.name, "prompt": "The return statement", "max_tokens": 32})
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if ns.api_key else ""
-    print(f"serving {plan_.name} at {url}/v1 (tp={ns.tp} ep={ns.ep}, engine {ns.engine}, "
+    print(f"serving {plan_.name} at {url}/v1 (tp={ns.tp} ep={ns.ep}, engine {engine}, "
           f"{ns.max_batch_size} rows x {plan_.cache_len} tokens, warm-up {warm_s:.1f} s)",
           flush=True)  # fmt: skip
     print(f"curl {url}/v1/completions -H 'Content-Type: application/json'{auth} -d '{body}'",
@@ -139,7 +139,7 @@ def _serve(ns: argparse.Namespace) -> ServeResult:
                          drain_timeout_s=ns.drain_timeout, model_name=p.name)  # fmt: skip
     result = serve_rank(gen, tokenizer=tok, chat=load_chat_template(source), stop_ids=stop_ids,
                         config=config, control=control,
-                        on_ready=lambda url, s: _ready(ns, p, url, s))  # fmt: skip
+                        on_ready=lambda url, s: _ready(ns, p, gen.engine, url, s))  # fmt: skip
     print(result.summary, file=sys.stderr, flush=True)
     if result.code == 0:
         drain_dir = getattr(ns, "drain_dir", None)
