@@ -170,8 +170,8 @@ def _post(server: Server, body: Any, *, key: str | None = KEY, path: str = "comp
     ("body", "status", "message"),
     [
         ({"prompt": "x", "n": 2}, 400, "one choice per request"),
-        ({"prompt": "x", "temperature": -1}, 400, r"temperature must be in \[0, 2\]"),
-        ({"prompt": "x", "top_p": 0}, 400, r"top_p must be in \(0, 1\]"),
+        ({"prompt": "x", "temperature": -1}, 400, r"temperature must be a finite number in \[0, 2"),
+        ({"prompt": "x", "top_p": 0}, 400, r"top_p must be a finite number in \(0, 1\]"),
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
         ({"prompt": "x", "max_tokens": 200}, 400, r"exceeds the KV cache length 128"),
         ({"prompt": "x", "logprobs": 2}, 400, "logprobs is not supported"),

@@ -46,10 +46,11 @@ def test_request_defaults_and_checks() -> None:
     assert c.stop == ("x",) and c.include_usage
     assert protocol.parse_request({"prompt": [[1, 2]]}, chat=False).prompt == [1, 2]
     bad = [
-        ({"prompt": "x", "seed": 2**63}, "seed must be in"),
-        ({"prompt": "x", "max_tokens": 0}, "max_tokens must be >= 1"),
+        ({"prompt": "x", "seed": 2**64}, r"seed must be an integer in \[0, 2\*\*64\)"),
+        ({"prompt": "x", "temperature": 0.0001}, r"temperature must be 0 \(greedy\) or in"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens must be an integer >= 1, got 0"),
         ({"prompt": "x", "max_tokens": True}, "max_tokens must be an integer"),
-        ({"prompt": "x", "temperature": float("nan")}, "temperature must be a number"),
+        ({"prompt": "x", "temperature": float("nan")}, "temperature must be a finite number"),
         ({"prompt": ""}, "non-empty string"),
         ({"prompt": "x", "stream": "yes"}, "stream must be true or false"),
         ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty is not supported"),

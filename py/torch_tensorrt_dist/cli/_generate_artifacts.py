@@ -13,6 +13,7 @@ from pathlib import Path
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
+from torch_tensorrt_dist.validation import check_text
 
 __all__ = ["plan_artifacts", "rank_main"]
 
@@ -39,6 +40,8 @@ def plan_artifacts(ns: argparse.Namespace) -> list[list[int]]:
     if ns.model is not None:
         raise ConfigError("--artifacts replaces --model (the artifacts hold the weights)")
     SamplingConfig(ns.temperature, ns.top_k, ns.top_p, ns.seed)  # validates
+    for text in ns.prompt:
+        check_text(text, name="--prompt")  # before the tokenizer sees it
     root = Path(ns.artifacts)
     manifest = read_manifest(root)  # checked against its own digest
     if is_launched(os.environ):

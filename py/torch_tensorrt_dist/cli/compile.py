@@ -18,6 +18,7 @@ from typing import Any
 
 from torch_tensorrt_dist.cli._failures import print_launch_failure, refuse, world_size
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError
+from torch_tensorrt_dist.validation import check_int
 
 __all__ = ["register"]
 
@@ -123,6 +124,9 @@ def run(ns: argparse.Namespace) -> int:
     try:
         if ns.tp < 1:
             raise ConfigError(f"--tp must be >= 1, got {ns.tp}")
+        check_int(ns.max_batch, name="--max-batch", low=1)
+        if ns.max_seq_len is not None:  # 0 is refused, not read as "the default"
+            check_int(ns.max_seq_len, name="--max-seq-len", low=1)
         if ns.pp != 1:
             raise ConfigError(
                 f"--pp {ns.pp}: pipeline artifacts are not supported yet; compile with --tp "

@@ -179,18 +179,22 @@ def _resolve_model(model: str | None) -> tuple[Path | None, str | None]:
 
 
 def _plan(ns: argparse.Namespace) -> _Plan:
-    from torch_tensorrt_dist.generation import SamplingConfig, check_lengths, prefill_bucket
+    from torch_tensorrt_dist.cli._generate_checks import check_options, check_request_fits
+    from torch_tensorrt_dist.generation import check_lengths, prefill_bucket
     from torch_tensorrt_dist.models.loader import read_config
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+    from torch_tensorrt_dist.models.weights_check import check_checkpoint
     from torch_tensorrt_dist.parallel.llama import tp_layout
 
-    SamplingConfig(ns.temperature, ns.top_k, ns.top_p, ns.seed)  # validates
+    check_options(ns)
     path, preset = _resolve_model(ns.model)
     moe = plan_moe(ns, path)  # (args, MoEArgs) of a MoE checkpoint, checked for --ep x --tp
     if moe is not None:
         args = moe[0]
     else:
         args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
+    if path is not None:  # config.json against the headers, before anything is allocated
+        check_checkpoint(path, args, None if moe is None else moe[1])
     tp_layout(args, 0, ns.tp, ns.lm_head, ns.embedding)  # heads / MLP divisible by tp
     if ns.pp > 1 or ns.split:
         from torch_tensorrt_dist.parallel.pipeline import check_mesh, split_layers
@@ -199,6 +203,9 @@ def _plan(ns: argparse.Namespace) -> _Plan:
         split_layers(args.n_layers, ns.pp, _split(ns))
     tok = load_tokenizer(path, vocab_size=args.vocab_size)
     prompts = [tok.encode(text) for text in ns.prompt]
+    check_request_fits(
+        prompts, vocab_size=args.vocab_size, max_seq_len=ns.max_seq_len, model_max=args.max_seq_len
+    )
     limit = min(args.max_seq_len, ns.max_seq_len or args.max_seq_len)
     for ids in prompts:
         check_lengths(len(ids), ns.max_new_tokens, limit)
@@ -389,12 +396,6 @@ def run(ns: argparse.Namespace) -> int:
         ns.tp = max(1, ranks // (ns.pp * ns.ep)) if launched else 1
     ns.prompt = ns.prompt or ["The return statement"]
     try:
-        if ns.tp < 1 or ns.pp < 1 or ns.ep < 1:
-            raise ConfigError(
-                f"--tp, --pp and --ep must be >= 1, got tp={ns.tp} pp={ns.pp} ep={ns.ep}"
-            )
-        if ns.verify and ns.engine == "none":
-            raise ConfigError("--verify checks a compiled engine; --engine none compiles nothing")
         _plan(ns)  # bad input fails here, before any rank starts
         single = ns.tp * ns.pp * ns.ep == 1 or launched
         _check_engine(ns.engine, isolated=not single)

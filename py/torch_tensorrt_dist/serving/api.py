@@ -124,10 +124,10 @@ class _Handler:
             limit = self.model.cache_len - len(ids)
             max_new = params.max_tokens if params.max_tokens is not None else max(limit, 1)
             self.model.check(len(ids), max_new)
+            top_p = params.top_p if params.top_p < 1.0 else None
+            sampling = SamplingConfig(temperature=params.temperature, top_p=top_p)
         except ConfigError as exc:  # the prompt, max_tokens, or both: the message says which
             raise RequestError(400, str(exc)) from exc
-        top_p = params.top_p if params.top_p < 1.0 else None
-        sampling = SamplingConfig(temperature=params.temperature, top_p=top_p)
         sink = Sink(asyncio.get_running_loop())
         sub = Submission(tuple(ids), max_new, sampling, params.seed, params.stop, sink)
         try:

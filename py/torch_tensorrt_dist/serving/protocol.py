@@ -12,9 +12,13 @@ default; others (``user``, ``metadata``...) are ignored.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.generation.sampling import TEMPERATURE_RANGE
+from torch_tensorrt_dist.validation import check_float, check_int, check_seed
 
 __all__ = [
     "Params",
@@ -49,7 +53,6 @@ _UNSUPPORTED: dict[str, Any] = {
     "response_format": (None, {"type": "text"}),
 }
 _ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_SEED = 2**63
 
 
 class RequestError(Exception):
@@ -92,29 +95,43 @@ def _bad(message: str, param: str) -> RequestError:
     return RequestError(400, message, param=param)
 
 
+def _checked(name: str, check: Callable[[], Any]) -> Any:
+    """A shared validator's value (``validation.py``), its ConfigError as a 400 naming the field."""
+    try:
+        return check()
+    except ConfigError as exc:
+        raise _bad(str(exc), name) from None
+
+
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float,
             *, open_low: bool = False) -> float:  # fmt: skip
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _bad(f"{name} must be a number, got {value!r}", name)
-    if value < low or value > high or (open_low and value == low):
-        lo = "(" if open_low else "["
-        raise _bad(f"{name} must be in {lo}{low:g}, {high:g}], got {value!r}", name)
-    return float(value)
+    return float(_checked(name, lambda: check_float(value, name=name, low=low, high=high,
+                                                    low_open=open_low)))  # fmt: skip
 
 
-def _int(body: dict[str, Any], name: str, low: int, high: int | None = None) -> int | None:
+def _int(body: dict[str, Any], name: str, low: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"{name} must be an integer, got {value!r}", name)
-    if value < low or (high is not None and value >= high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high})"
-        raise _bad(f"{name} must be {bound}, got {value}", name)
-    return value
+    return int(_checked(name, lambda: check_int(value, name=name, low=low)))
+
+
+def _temperature(body: dict[str, Any]) -> float:
+    """OpenAI's range [0, 2], without the sliver above 0 that sampling refuses
+    (``TEMPERATURE_RANGE``: logits / temperature would overflow)."""
+    t = _number(body, "temperature", 1.0, 0.0, 2.0)
+    if 0 < t < TEMPERATURE_RANGE[0]:
+        raise _bad(f"temperature must be 0 (greedy) or in [{TEMPERATURE_RANGE[0]:g}, 2], got {t}",
+                   "temperature")  # fmt: skip
+    return t
+
+
+def _seed(body: dict[str, Any]) -> int | None:
+    value = body.get("seed")
+    return None if value is None else int(_checked("seed", lambda: check_seed(value)))
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
@@ -203,9 +220,9 @@ def parse_request(body: Any, *, chat: bool) -> Params:
         prompt=None if chat else _prompt(body),
         messages=_messages(body) if chat else None,
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        temperature=_temperature(body),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
-        seed=_int(body, "seed", 0, MAX_SEED),
+        seed=_seed(body),
         stop=_stop(body),
         stream=stream,
         include_usage=stream and bool(options.get("include_usage", False)),
