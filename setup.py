@@ -10,7 +10,18 @@ _HERE = Path(__file__).parent
 _version: dict[str, str] = {}
 exec((_HERE / "py" / "torch_tensorrt_dist" / "_version.py").read_text(), _version)
 
+#: ``torchtrt-dist serve``: the HTTP API, its metrics and chat templates
+SERVE = [
+    "fastapi>=0.110",
+    "uvicorn>=0.29",
+    "prometheus-client>=0.20",
+    "jinja2>=3.1.6",
+]
+
 DEV = [
+    *SERVE,
+    "openai>=1.30",  # the serve tests talk to the server with the official client
+    "httpx>=0.27",
     "pytest>=8",
     "pytest-timeout>=2.3",
     "hypothesis>=6.100",
@@ -41,6 +52,7 @@ setup(
     extras_require={
         "tensorrt": ["torch-tensorrt>=2.14,<2.15"],
         "mpi": ["mpi4py>=3.1"],
+        "serve": SERVE,
         # what torchtitan's model and parallelize modules import; torchtitan itself goes in
         # with --no-deps (its own requirements are for training): docs/clients.md
         "torchtitan": ["tyro>=0.9", "spmd_types==0.2.3"],

@@ -15,6 +15,8 @@ from torch_tensorrt_dist.artifacts.manifest import manifest_digest
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.models.loader import load_llama
 
+from ._slots_fns import Job, run_schedule
+
 MAX_SEQ = 64
 
 
@@ -48,7 +50,7 @@ def _variant(src: Path, dest: Path, edit: str) -> None:
     elif edit == "groups":
         manifest["groups"][0]["ranks"] = [1, 0]
     elif edit == "format":
-        manifest["format_version"] = 3
+        manifest["format_version"] = 99
     elif edit == "manifest":
         manifest["cache_len"] += 1
     if edit != "manifest":
@@ -75,6 +77,11 @@ def compile_and_generate(
     model = load_llama(ckpt, group=dist.group.WORLD, progress=False)
     reference = Generator(model, max_batch_size=2, cache_len=MAX_SEQ)
     from_ckpt = reference.generate(prompts, max_new_tokens=max_new).tokens
+    # the serving core over the loaded graphs: requests join and leave at different steps
+    jobs = [Job(0, prompts[0], max_new), Job(1, prompts[1], 4), Job(2, [6, 6], 7, cancel_at=5),
+            Job(3, [1], 5)]  # fmt: skip
+    served = run_schedule(gen, jobs, ())["tokens"]
+    served_ckpt = run_schedule(reference, jobs, ())["tokens"]
 
     errors: dict[str, str] = {}
     if rank == 0:
@@ -93,6 +100,8 @@ def compile_and_generate(
         "artifacts": from_artifacts,
         "single": single,
         "checkpoint": from_ckpt,
+        "served": served,
+        "served_checkpoint": served_ckpt,
         "errors": errors,
     }
 

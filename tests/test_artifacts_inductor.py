@@ -61,6 +61,8 @@ def test_same_tokens_as_checkpoint_and_transformers(built: dict[str, Any]) -> No
     for r in built["ranks"]:
         assert r["artifacts"] == r["checkpoint"] == built["hf"]
         assert r["single"] == built["hf"][:1]  # one row through the 2-row graphs
+        # the serving core (joins, leaves, a cancel, slot reuse) over the loaded graphs
+        assert r["served"] == r["served_checkpoint"] and r["served"][0] == built["hf"][0]
 
 
 def test_manifest_records_layout_groups_and_files(built: dict[str, Any]) -> None:
@@ -99,7 +101,7 @@ def test_refusals_by_name(built: dict[str, Any]) -> None:
         assert "compiled with torch 2.0.0" in ranks_errors["version"]
         assert "process group '0' (tp) of the artifacts" in ranks_errors["groups"]
         assert "ranks [1, 0]" in ranks_errors["groups"]
-        assert "manifest.json: artifact format version 3" in ranks_errors["format"]
+        assert "manifest.json: artifact format version 99" in ranks_errors["format"]
         assert "manifest.json does not match its digest" in ranks_errors["manifest"]
     assert "this run has world size 2 (pp 2 x tp 1)" in errors["layout"]
     assert "3 prompts, but the artifacts were compiled for batch 2" in errors["batch"]
@@ -135,6 +137,39 @@ def test_cli_generate_from_artifacts(
     )
     assert main([*args, "--max-new-tokens", "60"]) == 2
     assert "exceeds the compiled sequence length 64" in capfd.readouterr().err
+
+
+def test_serve_from_artifacts(built: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """``serve --artifacts``: no compile; concurrent requests get the checkpoint's tokens; the
+    compiled shapes bound what it accepts."""
+    pytest.importorskip("fastapi")
+    import concurrent.futures as cf
+
+    import httpx
+
+    from ._serve import start_server
+
+    out = str(built["out"])
+    assert main(["serve", "--artifacts", out, "--max-batch-size", "3"]) == 2
+    assert "compiled for 2 rows; leave it unset" in capsys.readouterr().err
+    srv = start_server(["--artifacts", out])
+    try:
+        assert "engine artifacts:inductor, 2 rows x 64 tokens" in srv.output()
+
+        def ask(prompt: list[int]) -> Any:
+            body = {"prompt": prompt, "max_tokens": MAX_NEW, "temperature": 0}
+            return httpx.post(f"{srv.url}/v1/completions", json=body, timeout=120)
+
+        with cf.ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(ask, PROMPTS))
+        for res, ref in zip(results, built["hf"]):
+            assert res.json()["usage"]["completion_tokens"] == len(ref)
+            assert res.json()["choices"][0]["text"] == bytes(ref).decode(errors="replace")
+        too_long = ask(list(range(1, 20)))  # 19 tokens: no compiled bucket (16) holds them
+        assert too_long.status_code == 400 and "buckets [16]" in too_long.text
+        assert srv.stop() == 0
+    finally:
+        srv.kill()
 
 
 TEXT = "\x03\x05\x07\x09\x0b"  # byte tokens 3 5 7 9 11 (no tokenizer.json)

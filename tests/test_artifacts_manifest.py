@@ -10,6 +10,7 @@ import pytest
 
 from torch_tensorrt_dist.artifacts.fingerprint import checkpoint_hash, running_versions
 from torch_tensorrt_dist.artifacts.manifest import (
+    FORMAT_VERSION,
     FileEntry,
     GroupEntry,
     Manifest,
@@ -95,7 +96,8 @@ def test_incompatible_format_version(tmp_path: Path) -> None:
     data["format_version"] = 99
     (tmp_path / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(
-        ArtifactError, match=r"manifest.json: artifact format version 99.*reads version 2"
+        ArtifactError,
+        match=rf"manifest.json: artifact format version 99.*reads version {FORMAT_VERSION}",
     ):
         read_manifest(tmp_path)
     data["format"] = "something else"
@@ -200,8 +202,9 @@ def test_request_beyond_compiled_shapes(tmp_path: Path) -> None:
         pick_bucket(m, [3, 3, 3], 4)
     with pytest.raises(ArtifactError, match=r"exceeds the compiled sequence length 64"):
         pick_bucket(m, [30], 40)
+    assert pick_bucket(m, [17], 40) == 32  # the prompt's padding is overwritten by decode
     with pytest.raises(ArtifactError, match=r"no compiled prefill bucket.*buckets \[16, 32\]"):
-        pick_bucket(m, [17], 40)  # fits the cache, but bucket 32 + 40 does not
+        pick_bucket(m, [33], 10)  # fits the cache, but no bucket holds 33 tokens
 
 
 def test_running_versions_and_checkpoint_hash(tmp_path: Path) -> None:
@@ -209,7 +212,7 @@ def test_running_versions_and_checkpoint_hash(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
     v = running_versions()
-    assert v["torch"] == torch.__version__ and v["format"] == "2"
+    assert v["torch"] == torch.__version__ and v["format"] == str(FORMAT_VERSION)
     (tmp_path / "config.json").write_text('{"a": 1}')
     save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
     h = checkpoint_hash(tmp_path)

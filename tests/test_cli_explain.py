@@ -87,6 +87,21 @@ def test_llama_decode_step_has_two_all_reduces_per_layer() -> None:
     assert "TensorRT is not installed" in report["tensorrt_impl"]["reason"]
 
 
+def test_llama_prefill_graph_writes_its_row_in_place(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--graph prefill``: the serving prefill of one bucket into one row (in one process)."""
+    from torch_tensorrt_dist.cli import main
+
+    args = ["explain", "--model", "llama", "--graph", "prefill", "--seq", "16", "--layers", "1",
+            "--dim", "32", "--json"]  # fmt: skip
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    [writes] = report["input_writes"]
+    # k and v of the layer: [16 positions, 8 heads / tp 2, head_dim 4] fp32 each, in place
+    assert (writes["in_place"], writes["copied_back"]) == (2, 0)
+    assert writes["in_place_bytes"] == 2 * 16 * 4 * 4 * 4
+    assert report["collectives"][0]["shape"] == [1, 16, 32]  # the embedding's all_reduce
+
+
 def test_llama_replicated_embedding_and_head_have_only_the_layers_all_reduces() -> None:
     proc = _run(
         "explain", "--model", "llama", "--layers", "2", "--tp", "2", "--embedding", "replicated",

@@ -12,9 +12,13 @@ import torch
 
 import torch_tensorrt_dist
 from torch_tensorrt_dist.backend import recording
-from torch_tensorrt_dist.generation.generate import compile_step, decode_example, decode_step
+from torch_tensorrt_dist.generation import generate
+from torch_tensorrt_dist.generation.generate import compile_step
 from torch_tensorrt_dist.lowering.input_writes import input_writes, reinplace_input_writes
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+
+from ._shared_steps import shared_decode_example as decode_example
+from ._shared_steps import shared_decode_step as decode_step
 
 ARGS = ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=64)
 CACHE_LEN = 16
@@ -42,6 +46,23 @@ def test_full_batch_decode_writes_only_the_new_slot() -> None:
     assert [w.bytes for w in graph.input_writes] == [2 * 2 * 1 * 8 * 4] * 4
     assert graph.copied_back == []
     assert "4 in place (512 B per call), 0 copied back" in str(report)
+
+
+def test_serving_graphs_write_only_their_slots_in_place() -> None:
+    """The generation core's decode (every row at its own position) and prefill (one prompt
+    into its row): explain shows 0 bytes copied back for both."""
+    model = _model(rows=3)
+    decode = torch_tensorrt_dist.explain(
+        generate.decode_step(model), *generate.decode_example(3, slot=5)
+    )
+    prefill = torch_tensorrt_dist.explain(
+        generate.prefill_step(model), *generate.prefill_example(16, slot=1)
+    )
+    # per layer, k and v: [3 rows, H_kv=2, D=8] fp32 for decode, [16 slots, 2, 8] for prefill
+    for report, size in ((decode, 3 * 2 * 8 * 4), (prefill, 16 * 2 * 8 * 4)):
+        [graph] = report.graphs
+        assert [(w.in_place, w.bytes) for w in graph.input_writes] == [(True, size)] * 4
+        assert f"4 in place ({4 * size:,} B per call), 0 copied back whole (0 B" in str(report)
 
 
 def test_fewer_rows_than_the_cache_copy_the_whole_cache_back() -> None:

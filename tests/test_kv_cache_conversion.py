@@ -9,8 +9,13 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 from torch_tensorrt_dist.conversion.layers.kv_cache import kv_cache_write_decision
-from torch_tensorrt_dist.generation.generate import decode_example, decode_step, prefill_step
+from torch_tensorrt_dist.conversion.layers.kv_cache_rows import KVPut, kv_cache_put_form
+from torch_tensorrt_dist.generation import generate
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+
+from ._shared_steps import shared_decode_example as decode_example
+from ._shared_steps import shared_decode_step as decode_step
+from ._shared_steps import shared_prefill_step as prefill_step
 
 ARGS = ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=64)
 
@@ -82,3 +87,74 @@ def test_a_cache_with_another_reader_is_not_written_in_place() -> None:
         node.meta["val"] = val
     decision = kv_cache_write_decision(write)
     assert not decision.convertible and "other readers" in decision.reason
+
+
+def _puts(fn: Any, *inputs: torch.Tensor) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """The index_put nodes of the aten graph Torch-TensorRT would see."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm: torch.fx.GraphModule, _inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(fn, backend=aot_autograd(fw_compiler=capture), fullgraph=True)(*inputs)
+    torch._dynamo.reset()
+    [gm] = graphs
+    return gm, [n for n in gm.graph.nodes if n.target is torch.ops.aten.index_put.default]
+
+
+def _fold_aranges(gm: torch.fx.GraphModule) -> int:
+    """Replace each in-graph arange by a constant, as Torch-TensorRT's constant folding does."""
+    folded = 0
+    for node in list(gm.graph.nodes):
+        if node.target is torch.ops.aten.arange.default:
+            gm.register_buffer(f"_folded_{folded}", torch.arange(node.args[0]))
+            with gm.graph.inserting_before(node):
+                const = gm.graph.get_attr(f"_folded_{folded}")
+            const.meta["val"] = node.meta["val"]
+            node.replace_all_uses_with(const)
+            gm.graph.erase_node(node)
+            folded += 1
+    gm.recompile()
+    return folded
+
+
+def test_the_generation_cores_writes_are_taken_in_both_forms() -> None:
+    """Decode writes every row at its own position; prefill writes one row from position 0."""
+    model = _model(rows=3)
+    _, decode = _puts(generate.decode_step(model), *generate.decode_example(3, slot=5))
+    assert len(decode) == 4  # k and v of 2 layers
+    assert {kv_cache_put_form(n) for n in decode} == {
+        KVPut("rows", "in-place KV-cache update of every row (3) at its own position")
+    }
+    gm, prefill = _puts(generate.prefill_step(model), *generate.prefill_example(8, slot=1))
+    assert [kv_cache_put_form(n).form for n in prefill] == ["slot"] * 4
+    assert "one row of 3, positions [0, 8) (packed update)" in kv_cache_put_form(prefill[0]).reason
+    assert _fold_aranges(gm) > 0  # the folded constants are still recognised
+    assert [kv_cache_put_form(n).form for n in prefill] == ["slot"] * 4
+
+
+def test_index_puts_that_are_not_cache_writes_are_left_to_torch_tensorrt() -> None:
+    def put(cache: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, v: torch.Tensor,
+            accumulate: bool = False) -> torch.Tensor:  # fmt: skip
+        return torch.ops.aten.index_put.default(cache, [rows, None, pos], v, accumulate)
+
+    cache, v = torch.zeros(2, 2, 8, 4), torch.ones(2, 2, 4)
+    _, [accumulating] = _puts(lambda c, p: put(c, torch.arange(2), p, v, True), cache,
+                              torch.tensor([1, 2]))  # fmt: skip
+    assert "accumulating" in kv_cache_put_form(accumulating).reason
+    _, [some_rows] = _puts(lambda c, r, p: put(c, r, p, v), cache, torch.tensor([1, 0]),
+                           torch.tensor([1, 2]))  # fmt: skip
+    assert kv_cache_put_form(some_rows).form is None  # rows given by an input, not arange
+    _, [scattered] = _puts(lambda c, s: put(c, s.expand(3), torch.tensor([0, 2, 5]),
+                                            torch.ones(3, 2, 4)), cache, torch.tensor([1]))
+    assert "neither every row" in kv_cache_put_form(scattered).reason  # not positions [0, S)
+
+    def read_too(c: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        old = c.sum()
+        return put(c, torch.arange(2), p, v) + old
+
+    _, [shared] = _puts(read_too, cache, torch.tensor([1, 2]))
+    assert "other readers" in kv_cache_put_form(shared).reason

@@ -7,8 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_tensorrt_dist.generation.generate import compile_step, decode_example, decode_step
+from torch_tensorrt_dist.generation.generate import compile_step
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+
+from ._shared_steps import shared_decode_example as decode_example
+from ._shared_steps import shared_decode_step as decode_step
 
 ARGS = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, max_seq_len=64)
 
@@ -30,6 +33,39 @@ def test_decode_on_tensorrt_writes_the_cache_in_place_at_batch_two() -> None:
             tokens.fill_(slot)
             torch.testing.assert_close(step(tokens, pos, pad), plain(tokens, pos, pad),
                                        atol=2e-3, rtol=2e-3)  # fmt: skip
+    for got, want in zip(engine_model.blocks, reference.blocks):
+        a, b = got.attention.kv_cache, want.attention.kv_cache
+        assert a is not None and b is not None
+        torch.testing.assert_close(a.k_cache, b.k_cache, atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(a.v_cache, b.v_cache, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+def test_generation_core_on_tensorrt_writes_rows_and_slots_in_place() -> None:
+    """Requests joining at different steps (slot prefill, per-row decode) on TensorRT engines
+    get the tokens and leave the caches of the PyTorch core: every write lands, in place."""
+    from torch_tensorrt_dist.generation import Generator
+    from torch_tensorrt_dist.generation.slots import Request
+
+    torch.manual_seed(0)
+    reference = Transformer(ARGS).cuda().eval()
+    engine_model = Transformer(ARGS).cuda().eval()
+    engine_model.load_state_dict(reference.state_dict())
+    gens = [Generator(m, engine=e, max_batch_size=3, cache_len=32)
+            for m, e in ((reference, "none"), (engine_model, "tensorrt"))]  # fmt: skip
+    outs = []
+    for gen in gens:
+        slots, out = gen.slots(), {}
+        prompts = {0: [3, 5, 7], 1: list(range(1, 20)), 2: [9, 9]}
+        for step in range(8):
+            if step in prompts:  # joins at steps 0, 1, 2, each into its own row
+                e = slots.join(Request(step, tuple(prompts[step]), 6), slot=2 - step)
+                out[step] = e.tokens
+            for e in slots.decode():
+                out[e.rid] = out[e.rid] + e.tokens
+        outs.append(out)
+    assert outs[0] == outs[1]
     for got, want in zip(engine_model.blocks, reference.blocks):
         a, b = got.attention.kv_cache, want.attention.kv_cache
         assert a is not None and b is not None

@@ -59,7 +59,12 @@ logger = logging.getLogger(__name__)
 
 #: The role under which a rank's ``rank.json`` is listed in the manifest.
 ENTRY_ROLE = "entry"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "chat_template.jinja",  # the chat template, where transformers saved it apart
+)
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -184,6 +189,7 @@ def _build_rank(
     files: dict[str, FileEntry] = {}
     schedules: dict[str, list[str]] = {}
     head_group = inductor.detach_head_group(model)
+    # a prefill writes one prompt into its own cache row; decode runs every row
     graphs = [(f"prefill-{b}", True, b) for b in buckets] + [("decode", False, 1)]
     for role, prefill, length in graphs:
         ep, schedule = inductor.export_step(

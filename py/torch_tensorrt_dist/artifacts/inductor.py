@@ -48,7 +48,7 @@ STATE_SUFFIXES = (".k_cache", ".v_cache")
 
 _INDUCTOR_CONFIGS = {"aot_inductor.package_constants_in_so": False}
 
-StepFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+StepFn = Callable[..., Tensor]
 
 
 def detach_head_group(model: Transformer) -> dist.ProcessGroup | None:
@@ -58,7 +58,8 @@ def detach_head_group(model: Transformer) -> dist.ProcessGroup | None:
 
 
 class StepModule(nn.Module):
-    """The exportable step: ``(tokens, cache_pos, pad) -> logits [B, V]`` of the last position.
+    """An exportable step of the generation core: ``prefill`` ``(tokens [1, S], slot [1],
+    last [1])`` or ``decode`` ``(tokens [B, 1], pos [B])`` -> logits [B, V].
 
     With a vocabulary-parallel head (``head_group``, taken off the model by
     :func:`detach_head_group`) the shards are assembled by an all-reduce of zero-padded logits
@@ -79,8 +80,13 @@ class StepModule(nn.Module):
         self.prefill = prefill
         self.head_group = head_group
 
-    def forward(self, tokens: Tensor, cache_pos: Tensor, pad: Tensor) -> Tensor:
-        logits = self.model(tokens, cache_pos, pad, last_only=self.prefill)[:, -1]  # [B, V|Vs]
+    def forward(self, tokens: Tensor, where: Tensor, last: Tensor | None = None) -> Tensor:
+        if self.prefill:
+            if last is None:
+                raise ArtifactError("a prefill step needs the index of the prompt's last token")
+            logits = self.model.prefill_slot(tokens, where, last)  # [1, V|Vs]
+        else:
+            logits = self.model.decode_rows(tokens, where)  # [B, V|Vs]
         if self.head_group is None:
             return logits
         tp, rank = dist.get_world_size(self.head_group), dist.get_rank(self.head_group)
@@ -93,11 +99,18 @@ class StepModule(nn.Module):
         return full[:, : self.model.args.vocab_size]
 
 
-def example_inputs(batch: int, length: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """Inputs of a step over ``length`` tokens per row (a bucket, or 1 for decode)."""
+def example_inputs(
+    batch: int, length: int, device: torch.device, *, prefill: bool
+) -> tuple[Tensor, ...]:
+    """Inputs of a prefill of bucket ``length`` (one row) or a decode step of ``batch`` rows."""
+    if prefill:
+        return (
+            torch.zeros(1, length, dtype=torch.long, device=device),
+            torch.zeros(1, dtype=torch.long, device=device),
+            torch.tensor([length - 1], device=device),
+        )
     return (
-        torch.zeros(batch, length, dtype=torch.long, device=device),
-        torch.arange(length, device=device),
+        torch.zeros(batch, 1, dtype=torch.long, device=device),
         torch.zeros(batch, dtype=torch.long, device=device),
     )
 
@@ -114,7 +127,8 @@ def export_step(
     device = model.tok_embeddings.weight.device
     step = StepModule(model, prefill=prefill, head_group=head_group)
     with torch.no_grad():
-        ep = torch.export.export(step, example_inputs(batch, length, device), strict=False)
+        inputs = example_inputs(batch, length, device, prefill=prefill)
+        ep = torch.export.export(step, inputs, strict=False)
     return ep, collective_schedule(ep.graph_module)
 
 
@@ -165,7 +179,7 @@ def constants_of(model: Transformer) -> tuple[dict[str, Tensor], dict[str, list[
 
 
 class Package:
-    """One loaded AOTInductor package, called as a step: ``(tokens, cache_pos, pad) -> logits``.
+    """One loaded AOTInductor package, called as a step: ``(*inputs) -> logits``.
 
     Uses the loader ``torch._inductor.aoti_load_package`` wraps (``torch._C._aoti``) directly:
     importing ``torch._inductor`` costs seconds that a cold start from artifacts should not
@@ -184,8 +198,8 @@ class Package:
         """Hand the package these tensors without a copy (the caller keeps them alive)."""
         self._loader.load_constants(dict(constants), False, True, True)
 
-    def __call__(self, tokens: Tensor, cache_pos: Tensor, pad: Tensor) -> Tensor:
-        out: list[Tensor] = self._loader.boxed_run([tokens, cache_pos, pad])
+    def __call__(self, *inputs: Tensor) -> Tensor:
+        out: list[Tensor] = self._loader.boxed_run(list(inputs))
         return out[0]
 
 

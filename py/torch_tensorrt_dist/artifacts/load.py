@@ -107,10 +107,10 @@ def open_artifacts(root: str | Path, *, tp: int | None = None, pp: int | None = 
 
 
 class ArtifactGenerator(Generator):
-    """:class:`Generator`'s loop over loaded graphs: one per compiled bucket, one decode.
+    """:class:`Generator` over loaded graphs: one prefill per compiled bucket, one decode.
 
     Requests are checked against the compiled shapes; a prompt takes the smallest compiled
-    bucket that holds it and leaves room for the new tokens.
+    bucket that holds it.
     """
 
     def __init__(
@@ -131,14 +131,19 @@ class ArtifactGenerator(Generator):
         self.cache_len = manifest.cache_len
         self.device = device
         self.load_s = load_s
-        # the loop pads every request to max_batch_size rows (the compiled batch)
         graphs = dict(prefill)
 
-        def prefill_any(tokens: Tensor, cache_pos: Tensor, pad: Tensor) -> Tensor:
-            return graphs[tokens.shape[1]](tokens, cache_pos, pad)
+        def prefill_any(tokens: Tensor, slot: Tensor, last: Tensor) -> Tensor:
+            return graphs[tokens.shape[1]](tokens, slot, last)
 
         self._prefill = prefill_any
         self._decode = decode
+
+    def bucket(self, prompt_len: int) -> int:
+        return pick_bucket(self.manifest, [prompt_len], 1)
+
+    def buckets(self) -> list[int]:
+        return sorted(self.manifest.buckets)
 
     def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
         if not prompts or any(len(p) == 0 for p in prompts):

@@ -54,8 +54,10 @@ __all__ = [
 ]
 
 FORMAT = "torch_tensorrt_dist.artifacts"
-FORMAT_VERSION = 2
-"""2: the manifest carries its own ``digest``, and each rank lists its ``rank.json``."""
+FORMAT_VERSION = 3
+"""3: the graphs of the generation core (a prefill writes one slot, decode runs every row at its
+own position); 2: the manifest carries its own ``digest``, and each rank lists its
+``rank.json``. Older directories are refused: recompile."""
 MANIFEST_NAME = "manifest.json"
 DIGEST_FIELD = "digest"
 #: Digits of a sha256 shown in a message (enough to tell two files apart at a glance).
@@ -379,17 +381,17 @@ def pick_bucket(manifest: Manifest, prompt_lens: Sequence[int], max_new_tokens: 
             f"with --max-batch {len(prompt_lens)}"
         )
     longest = max(prompt_lens)
-    for bucket in sorted(manifest.buckets):
-        if bucket >= longest and bucket + max_new_tokens <= manifest.cache_len:
-            return bucket
     if longest + max_new_tokens > manifest.cache_len:
         raise ArtifactError(
             f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
             f"compiled sequence length {manifest.cache_len}; ask for fewer tokens or recompile "
             "with a larger --max-seq-len"
         )
+    for bucket in sorted(manifest.buckets):
+        if bucket >= longest and bucket <= manifest.cache_len:
+            return bucket  # a prompt fills its slot from 0: padding is overwritten by decode
     raise ArtifactError(
-        f"no compiled prefill bucket fits a {longest}-token prompt with {max_new_tokens} new "
-        f"tokens (buckets {sorted(manifest.buckets)}, sequence length {manifest.cache_len}); "
+        f"no compiled prefill bucket fits a {longest}-token prompt (buckets "
+        f"{sorted(manifest.buckets)}, sequence length {manifest.cache_len}); "
         "shorten the prompt or recompile with --buckets including a larger length"
     )

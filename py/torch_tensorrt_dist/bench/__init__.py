@@ -60,6 +60,12 @@ def _quantize() -> list[Figure]:
     return quantize_figures()
 
 
+def _serve() -> list[Figure]:
+    from torch_tensorrt_dist.bench.serve import serve_figures
+
+    return serve_figures()
+
+
 def _gpu() -> list[Figure]:
     from torch_tensorrt_dist.bench.gpu import gpu
 
@@ -76,6 +82,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "moe": _moe,
     "cold_start": _cold_start,
     "quantize": _quantize,
+    "serve": _serve,
     "gpu": _gpu,
 }
 

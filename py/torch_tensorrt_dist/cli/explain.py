@@ -76,16 +76,20 @@ def _llama_args(args: argparse.Namespace) -> Any:
 
 
 def _llama(mesh: Any, args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
-    """The decode step (one token per row, KV cache of 64) of the Llama TP plan."""
-    from torch_tensorrt_dist.generation.generate import decode_example, decode_step
+    """The decode step (every row at its own position, KV cache of 64) of the Llama TP plan,
+    or with ``--graph prefill`` the prefill of one ``--seq``-token bucket into one row."""
+    from torch_tensorrt_dist.generation import generate
     from torch_tensorrt_dist.models.loader import random_llama
 
     model = random_llama(
         _llama_args(args), group=mesh.get_group(), lm_head=args.lm_head, embedding=args.embedding
     )
     model.setup_caches(args.batch, 64)
-
-    return decode_step(model), decode_example(args.batch)
+    if getattr(args, "graph", "decode") == "prefill":
+        if not 1 <= args.seq <= 64:
+            raise ConfigError(f"--seq {args.seq}: a prefill bucket must be in [1, 64]")
+        return generate.prefill_step(model), generate.prefill_example(args.seq)
+    return generate.decode_step(model), generate.decode_example(args.batch)
 
 
 _MOE_HELP = "MoE decode step at --ep x --tp (a --checkpoint's config, or 8 experts, top 2)"
@@ -130,7 +134,18 @@ def register(sub: Any) -> None:
             help=f"llama: the {part.replace('-', ' ')}'s TP sharding (default vocab_parallel)",
         )
     p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seq", type=int, default=16, help="sequence length (mlp-sp)")
+    p.add_argument(
+        "--seq",
+        type=int,
+        default=16,
+        help="sequence length (mlp-sp; llama --graph prefill: the bucket)",
+    )
+    p.add_argument(
+        "--graph",
+        choices=("decode", "prefill"),
+        default="decode",
+        help="llama: the serving graph to explain (default decode)",
+    )
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(

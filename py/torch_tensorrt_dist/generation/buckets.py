@@ -8,7 +8,15 @@ import torch
 
 from torch_tensorrt_dist.errors import ConfigError
 
-__all__ = ["MIN_BUCKET", "check_lengths", "check_request", "left_pad", "prefill_bucket"]
+__all__ = [
+    "MIN_BUCKET",
+    "check_lengths",
+    "check_request",
+    "left_pad",
+    "prefill_bucket",
+    "slot_bucket",
+    "slot_buckets",
+]
 
 MIN_BUCKET = 16
 
@@ -43,6 +51,30 @@ def prefill_bucket(prompt_len: int, max_new_tokens: int, cache_len: int) -> int:
     while bucket < prompt_len:
         bucket *= 2
     return min(bucket, cache_len - max_new_tokens)
+
+
+def slot_bucket(prompt_len: int, cache_len: int) -> int:
+    """Prefill length of a prompt written into its own slot from position 0 (right-padded).
+
+    The smallest power of two >= prompt_len (at least MIN_BUCKET), capped at ``cache_len``:
+    decode overwrites the padding slot by slot, so no room for new tokens is needed.
+    """
+    if not 1 <= prompt_len <= cache_len:
+        raise ConfigError(f"a {prompt_len}-token prompt does not fit a KV cache of {cache_len}")
+    bucket = MIN_BUCKET
+    while bucket < prompt_len:
+        bucket *= 2
+    return min(bucket, cache_len)
+
+
+def slot_buckets(cache_len: int) -> list[int]:
+    """Every prefill length :func:`slot_bucket` returns for a prompt that leaves room for one
+    new token (warm-up compiles one graph each; then nothing recompiles)."""
+    lengths, bucket = [cache_len - 1], MIN_BUCKET
+    while bucket < cache_len - 1:
+        lengths.append(bucket)
+        bucket *= 2
+    return sorted({slot_bucket(n, cache_len) for n in lengths if n >= 1})
 
 
 def check_request(

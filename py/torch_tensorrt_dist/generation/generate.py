@@ -1,13 +1,15 @@
-"""The generation loop: a compiled prefill graph per bucket, one compiled decode graph.
+"""``Generator``: the compiled prefill and decode graphs of a model, and ``generate``.
 
     gen = Generator(model, engine="inductor", max_batch_size=2)
     result = gen.generate([[1, 5, 7], [1, 9]], max_new_tokens=32, stop_ids=(2,))
 
-Prompts are left-padded to a bucket length (``buckets.py``): all rows then end at the same KV
-slot, one prefill graph serves every prompt length of the bucket, and decode writes slot
-``bucket + step`` for every row. Slots, pads and positions are tensors, so decode never
-recompiles. Every rank runs the same loop on the same logits with the same seeded generator:
-the ranks agree on every token without a broadcast.
+Two kinds of graph per rank: a prefill per bucket (a prompt right-padded to a power of two,
+written into its own KV-cache row from position 0) and one decode graph that runs every row at
+its own position. Slots, positions and pads are tensors, so neither recompiles. ``generate`` is
+the case of the generation core (``slots.py``) where every prompt joins at once; the server
+(``serving/``) puts a request queue in front of the same core. Every rank runs the same loop on
+the same logits with the same seeded generators: the ranks agree on every token without a
+broadcast.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.buckets import check_request, left_pad
-from torch_tensorrt_dist.generation.sampling import SamplingConfig, make_generator, sample
+from torch_tensorrt_dist.generation.buckets import check_request, slot_bucket, slot_buckets
+from torch_tensorrt_dist.generation.sampling import SamplingConfig
+from torch_tensorrt_dist.generation.slots import DecodeFn, PrefillFn, Request, Slots
 from torch_tensorrt_dist.models.llama import Transformer
+from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
 __all__ = [
     "ENGINES",
@@ -32,6 +37,7 @@ __all__ = [
     "compile_step",
     "decode_example",
     "decode_step",
+    "prefill_example",
     "prefill_step",
 ]
 
@@ -41,37 +47,46 @@ logger = logging.getLogger(__name__)
 #: ``torch_tensorrt_dist`` Dynamo backend with that engine.
 ENGINES = ("tensorrt", "inductor", "eager", "none")
 
-StepFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+StepFn = Callable[..., Tensor]
+F = TypeVar("F", bound=StepFn)
 
 
-def prefill_step(model: Transformer) -> StepFn:
-    """``(tokens [B, S_bucket], cache_pos [S], pad [B]) -> last-position logits [B, V]``."""
+def prefill_step(model: Transformer) -> PrefillFn:
+    """``(tokens [1, S_bucket], slot [1], last [1]) -> logits [1, V]``: one prompt into its
+    KV-cache row (one graph per bucket)."""
 
-    def prefill(tokens: Tensor, cache_pos: Tensor, pad: Tensor) -> Tensor:
-        return model(tokens, cache_pos, pad, last_only=True)[:, -1]
+    def prefill(tokens: Tensor, slot: Tensor, last: Tensor) -> Tensor:
+        return model.prefill_slot(tokens, slot, last)
 
     return prefill
 
 
-def decode_step(model: Transformer) -> StepFn:
-    """``(tokens [B, 1], cache_pos [1], pad [B]) -> logits [B, V]``: one graph for every step."""
+def decode_step(model: Transformer) -> DecodeFn:
+    """``(tokens [B, 1], pos [B]) -> logits [B, V]``: every row at its own position; one graph
+    for every step."""
 
-    def decode(tokens: Tensor, cache_pos: Tensor, pad: Tensor) -> Tensor:
-        return model(tokens, cache_pos, pad)[:, -1]
+    def decode(tokens: Tensor, pos: Tensor) -> Tensor:
+        return model.decode_rows(tokens, pos)
 
     return decode
 
 
-def decode_example(batch: int, slot: int = 8) -> tuple[Tensor, Tensor, Tensor]:
-    """Example inputs of a decode step writing KV slot ``slot`` (for explain and benchmarks)."""
+def decode_example(batch: int, slot: int = 8) -> tuple[Tensor, Tensor]:
+    """Example inputs of a decode step writing KV slot ``slot`` of every row (for explain and
+    benchmarks)."""
+    return torch.zeros(batch, 1, dtype=torch.long), torch.full((batch,), slot, dtype=torch.long)
+
+
+def prefill_example(length: int, slot: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """Example inputs of a prefill of bucket ``length`` into row ``slot``."""
     return (
-        torch.zeros(batch, 1, dtype=torch.long),
+        torch.zeros(1, length, dtype=torch.long),
         torch.tensor([slot]),
-        torch.zeros(batch, dtype=torch.long),
+        torch.tensor([length - 1]),
     )
 
 
-def compile_step(fn: StepFn, engine: str, *, verify: bool | None = None) -> StepFn:
+def compile_step(fn: F, engine: str, *, verify: bool | None = None) -> F:
     """``fn`` compiled as one static-shape graph per rank by the given engine.
 
     ``verify``: check the first call of each graph against its eager reference (the
@@ -83,14 +98,14 @@ def compile_step(fn: StepFn, engine: str, *, verify: bool | None = None) -> Step
         return fn
     import torch_tensorrt_dist.backend  # noqa: F401  (registers the backend)
 
-    compiled: StepFn = torch.compile(
+    compiled = torch.compile(
         fn,
         backend="torch_tensorrt_dist",
         options={"engine": engine} if verify is None else {"engine": engine, "verify": verify},
         fullgraph=True,
         dynamic=False,
     )
-    return compiled
+    return cast(F, compiled)
 
 
 @dataclass
@@ -99,11 +114,11 @@ class GenerationResult:
 
     tokens: list[list[int]]
     ttft_s: float
-    """Prompt in to first token out (prefill + first sample)."""
+    """Prompts in to first tokens out (the prefills + first samples)."""
     decode_s: float
     decode_steps: int
     prefill_len: int
-    """The bucket the prompts were padded to."""
+    """The longest prefill bucket of the prompts."""
     stopped: list[bool] = field(default_factory=list)
 
     @property
@@ -113,7 +128,7 @@ class GenerationResult:
 
 
 class Generator:
-    """Runs prefill and decode for a model whose caches it sets up."""
+    """Compiles a model's prefill and decode graphs over caches it sets up, and generates."""
 
     def __init__(
         self,
@@ -125,23 +140,49 @@ class Generator:
         verify: bool | None = None,
     ) -> None:
         self.model = model
+        self.args = model.args
         self.engine = engine
         self.max_batch_size = max_batch_size
         self.cache_len = cache_len or model.args.max_seq_len
         model.setup_caches(max_batch_size, self.cache_len)
         self.device = model.tok_embeddings.weight.device
 
-        self._prefill = compile_step(prefill_step(model), engine, verify=verify)
-        self._decode = compile_step(decode_step(model), engine, verify=verify)
+        if engine != "none":  # one prefill graph per bucket: let Dynamo keep them all
+            limit = torch._dynamo.config.recompile_limit
+            torch._dynamo.config.recompile_limit = max(limit, len(self.buckets()) + 1)
+        self._prefill: PrefillFn = compile_step(prefill_step(model), engine, verify=verify)
+        self._decode: DecodeFn = compile_step(decode_step(model), engine, verify=verify)
+
+    def bucket(self, prompt_len: int) -> int:
+        """The prefill length of a ``prompt_len``-token prompt."""
+        return slot_bucket(prompt_len, self.cache_len)
+
+    def buckets(self) -> list[int]:
+        """Every prefill length this generator may run (one graph each)."""
+        return slot_buckets(self.cache_len)
 
     def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
-        """Validate a request; return its prefill bucket (the same on every rank)."""
-        return check_request(
+        """Validate a request; return its longest prefill bucket (the same on every rank)."""
+        check_request(
             prompts,
             max_new_tokens,
             max_batch_size=self.max_batch_size,
-            vocab_size=self.model.args.vocab_size,
+            vocab_size=self.args.vocab_size,
             cache_len=self.cache_len,
+        )
+        return max(self.bucket(len(p)) for p in prompts)
+
+    def slots(self, *, tokenizer: Tokenizer | None = None, text: bool = False) -> Slots:
+        """The generation core over this generator's graphs and KV cache (all rows free)."""
+        return Slots(
+            self._prefill,
+            self._decode,
+            rows=self.max_batch_size,
+            cache_len=self.cache_len,
+            bucket=self.bucket,
+            device=self.device,
+            tokenizer=tokenizer,
+            text=text,
         )
 
     def generate(
@@ -153,13 +194,17 @@ class Generator:
         stop_ids: Sequence[int] = (),
         on_step: Callable[[list[int]], None] | None = None,
     ) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` per prompt; ``on_step`` gets each step's tokens."""
+        """Generate up to ``max_new_tokens`` per prompt; ``on_step`` gets each step's tokens
+        (one per prompt; a finished prompt repeats its last id).
+
+        Each prompt samples from its own generator seeded with ``sampling.seed``: a prompt
+        gets the same tokens alone or in a batch.
+        """
         bucket = self.check(prompts, max_new_tokens)
         return self._run(
             prompts, bucket, max_new_tokens, sampling or SamplingConfig(), stop_ids, on_step
         )
 
-    @torch.no_grad()
     def _run(
         self,
         prompts: Sequence[Sequence[int]],
@@ -169,38 +214,25 @@ class Generator:
         stop_ids: Sequence[int],
         on_step: Callable[[list[int]], None] | None,
     ) -> GenerationResult:
-        # every cache row is filled (padding rows past the prompts): the KV write is then
-        # index_copy into the whole cache buffer, done in place by every engine
-        tokens, pad = left_pad(prompts, bucket, self.device, rows=self.max_batch_size)
-        n = len(prompts)
-        filler = torch.zeros(self.max_batch_size - n, dtype=torch.long, device=self.device)
-        gen = make_generator(sampling)
-        stops = set(stop_ids)
+        slots = self.slots()
         out: list[list[int]] = [[] for _ in prompts]
-        done = [False] * len(prompts)
-
         start = time.perf_counter()
-        logits = self._prefill(tokens, torch.arange(bucket, device=self.device), pad)
-        nxt = sample(logits[:n], sampling, gen)  # [n]
-        step_ids = nxt.tolist()
+        for i, ids in enumerate(prompts):
+            req = Request(i, tuple(ids), max_new_tokens, sampling, tuple(stop_ids))
+            out[i] += slots.join(req, slot=i).tokens
         ttft = time.perf_counter() - start
+        if on_step is not None:
+            on_step([row[-1] for row in out])
         steps = 0
         decode_start = time.perf_counter()
-        while True:
-            for row, tok in enumerate(step_ids):
-                if not done[row]:
-                    out[row].append(tok)
-                    done[row] = tok in stops or len(out[row]) >= max_new_tokens
-            if on_step is not None:
-                on_step(step_ids)
-            if all(done):
-                break
-            slot = torch.tensor([bucket + steps], dtype=torch.long, device=self.device)
-            logits = self._decode(torch.cat([nxt, filler])[:, None], slot, pad)
-            nxt = sample(logits[:n], sampling, gen)
-            step_ids = nxt.tolist()  # also waits for the device
+        while slots.active:
+            for e in slots.decode():
+                out[e.rid] += e.tokens
             steps += 1
+            if on_step is not None:
+                on_step([row[-1] for row in out])
         decode_s = time.perf_counter() - decode_start
+        stops = set(stop_ids)
         return GenerationResult(
             tokens=out,
             ttft_s=ttft,
@@ -216,4 +248,13 @@ class Generator:
         prompts = [[0] * prompt_len] * batch_size
         bucket = self.check(prompts, max_new_tokens)
         self._run(prompts, bucket, min(2, max_new_tokens), SamplingConfig(), (), None)
+        return time.perf_counter() - start
+
+    def warmup_all(self) -> float:
+        """Compile every prefill bucket and the decode graph (a server's warm-up); return s."""
+        start = time.perf_counter()
+        for bucket in self.buckets():
+            n = min(bucket, self.cache_len - 1)
+            self._run([[0] * n], self.bucket(n), 1, SamplingConfig(), (), None)
+        self._run([[0]], self.bucket(1), 2, SamplingConfig(), (), None)
         return time.perf_counter() - start

@@ -5,8 +5,8 @@
 
 Each rank runs its stage's layers as compiled graphs (TP all-reduces on its stage's TP group
 inside them) and moves activations with explicit ``dist.send``/``dist.recv`` between the
-graphs (``pipeline_transfers.py``). The last stage samples with the shared seeded generator and
-returns the token to the first stage's matching TP rank.
+graphs (``pipeline_transfers.py``). The last stage samples each prompt from its own seeded
+generator (as ``generate`` does) and returns the token to the first stage's matching TP rank.
 
 A batch of B rows runs as ``microbatches`` equal microbatches (default: pp when it divides B):
 while stage s + 1 runs microbatch m, stage s runs m + 1, so in steady state every stage is busy
@@ -35,7 +35,7 @@ from torch_tensorrt_dist.generation.pipeline_transfers import (
     HEADER_STOP,
     Links,
 )
-from torch_tensorrt_dist.generation.sampling import SamplingConfig, make_generator, sample
+from torch_tensorrt_dist.generation.sampling import SamplingConfig, make_generator, sample_rows
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.parallel.llama import Embedding, LMHead
 from torch_tensorrt_dist.parallel.pipeline import (
@@ -157,7 +157,7 @@ class PipelineGenerator:
         sampling = sampling or SamplingConfig()
         lay, dev, b = self.layout, self.device, len(prompts) // n_mb
         tokens, pad = left_pad(prompts, bucket, dev)
-        gen = make_generator(sampling)
+        gens = [make_generator(sampling) for _ in prompts]  # each prompt its own, as generate
         rows = _Rows(len(prompts), max_new_tokens, stop_ids)
         links = Links(lay, dev, window=64 + 8 * n_mb)
         mb_done = [False] * n_mb
@@ -206,7 +206,7 @@ class PipelineGenerator:
                     links.header(HEADER_RUN)
                     links.send(y, lay.next)
                 if lay.is_last:
-                    last_tok[m] = sample(y, sampling, gen)  # [b]
+                    last_tok[m] = sample_rows(y, sampling, gens[sl])  # [b]
                     if lay.token_peer is not None:
                         links.send(last_tok[m], lay.token_peer)
                         rows.push(last_tok[m].tolist(), m * b)

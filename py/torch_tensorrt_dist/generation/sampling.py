@@ -6,6 +6,7 @@ the same generator, so every rank draws the same token without a broadcast.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +15,7 @@ from torch import Tensor
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.validation import check_float, check_int, check_seed
 
-__all__ = ["TEMPERATURE_RANGE", "SamplingConfig", "make_generator", "sample"]
+__all__ = ["TEMPERATURE_RANGE", "SamplingConfig", "make_generator", "sample", "sample_rows"]
 
 TEMPERATURE_RANGE = (1e-3, 100.0)
 """Non-zero temperatures allowed: below, sampling is greedy in all but name (and logits /
@@ -76,3 +77,14 @@ def sample(logits: Tensor, cfg: SamplingConfig, generator: torch.Generator) -> T
         scores = scores.scatter(-1, order, sorted_scores)
     probs = scores.softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+
+
+def sample_rows(
+    logits: Tensor, cfg: SamplingConfig, generators: Sequence[torch.Generator]
+) -> Tensor:
+    """Next token per row, row ``i`` drawing from ``generators[i]`` (each prompt its own, so a
+    prompt samples the same tokens alone or in a batch). logits: [B, V] -> [B] int64."""
+    if cfg.greedy:
+        return logits.argmax(dim=-1)
+    rows = [sample(logits[i : i + 1], cfg, g) for i, g in enumerate(generators)]
+    return torch.cat(rows)

@@ -15,12 +15,16 @@ vocabulary-parallel LM head one all-gather of the logits.
 ``cache_pos`` holds the KV-cache slots of the S tokens (the same for every row); ``pad`` ([B])
 says how many leading slots of each row are left padding: they are masked out and positions
 (RoPE) start at 0 after them. Everything is a tensor, so decode steps never recompile.
+
+The generation core (``generation/slots.py``) runs two other forms, where every cache row is a
+slot holding one sequence from position 0: ``decode_rows(tokens [B, 1], pos [B])`` writes and
+attends each row at its own position, and ``prefill_slot(tokens [1, S], slot [1], last [1])``
+writes one prompt into its row. Both write the caches in place (``index_put``).
 """
 
 from __future__ import annotations
 
-import math
-from typing import cast
+from typing import Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -30,6 +34,8 @@ from torch import Tensor, nn
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.llama_args import PRESETS, ModelArgs, RopeScaling
+from torch_tensorrt_dist.models.rope import apply_rope, rope_inv_freq, rope_tables
+from torch_tensorrt_dist.models.row_masks import decode_rows_mask, prefill_slot_mask
 
 __all__ = [
     "PRESETS",
@@ -42,53 +48,22 @@ __all__ = [
     "Transformer",
     "TransformerBlock",
     "VocabEmbedding",
+    "apply_rope",
     "embed_tokens",
+    "rope_inv_freq",
     "rope_tables",
 ]
+
+
+#: How a step writes the KV cache: "shared": the same slots ``cache_pos`` [S] in every row
+#: (left-padded batches, pipeline stages); "rows": one slot per row (``pos`` [B], decode);
+#: "slot": one row's positions [0, S) (``slot`` [1], prefill).
+KVWrite = Literal["shared", "rows", "slot"]
 
 
 def _all_reduce(x: Tensor, group: dist.ProcessGroup | None) -> Tensor:
     # One plain functional collective: traced as _c10d_functional.all_reduce + wait_tensor.
     return x if group is None else funcol.all_reduce(x, "sum", group)
-
-
-def rope_inv_freq(args: ModelArgs) -> Tensor:
-    """Inverse frequencies [head_dim // 2], with Llama-3 or linear scaling applied."""
-    d = args.head_dim
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    s = args.rope_scaling
-    if s is None:
-        return inv_freq
-    if s.kind == "linear":
-        return inv_freq / s.factor
-    # Llama 3.1: long wavelengths slowed by `factor`, short kept, a smooth band in between.
-    old_len = s.original_max_position_embeddings
-    low_wavelen, high_wavelen = old_len / s.low_freq_factor, old_len / s.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(medium, smoothed, scaled)
-
-
-def rope_tables(args: ModelArgs, max_seq_len: int) -> tuple[Tensor, Tensor]:
-    """cos, sin: [max_seq_len, head_dim] in float32, rotate_half layout (halves repeated)."""
-    t = torch.arange(max_seq_len, dtype=torch.float32)
-    freqs = torch.outer(t, rope_inv_freq(args))  # [L, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [L, D]
-    return emb.cos(), emb.sin()
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x: [B, H, S, D], cos/sin: [B, S, D] (already in x's dtype)
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return x * cos + _rotate_half(x) * sin
 
 
 class RMSNorm(nn.Module):
@@ -143,6 +118,21 @@ class KVCache(nn.Module):
         self.v_cache[:b].index_copy_(2, cache_pos, v)
         return self.k_cache[:b], self.v_cache[:b]
 
+    def write_rows(self, pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        # pos: [B], one slot per row; k, v: [B, H_kv, 1, D] (every row) -> full caches.
+        # Captured: index_put(<cache placeholder>, [arange(B), None, pos], k), in place.
+        rows = torch.arange(k.shape[0], device=pos.device)
+        self.k_cache[rows, :, pos] = k[:, :, 0]
+        self.v_cache[rows, :, pos] = v[:, :, 0]
+        return self.k_cache, self.v_cache
+
+    def write_slot(self, slot: Tensor, k: Tensor, v: Tensor) -> None:
+        # slot: [1]; k, v: [1, H_kv, S, D] -> row slot[0], positions [0, S), in place.
+        s = k.shape[2]
+        rows, cols = slot.expand(s), torch.arange(s, device=slot.device)
+        self.k_cache[rows, :, cols] = k[0].transpose(0, 1)  # [S, H_kv, D]
+        self.v_cache[rows, :, cols] = v[0].transpose(0, 1)
+
 
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
@@ -159,9 +149,16 @@ class Attention(nn.Module):
         self.group: dist.ProcessGroup | None = None  # TP group; set by parallel.llama.apply_tp
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, cache_pos: Tensor
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor,
+        cache_pos: Tensor,
+        write: KVWrite = "shared",
     ) -> Tensor:
         # x: [B, S, dim]; cos/sin: [B, S, D]; mask: [B, 1, S, L] (bool); cache_pos: [S]
+        # (write="rows": pos [B], S = 1; write="slot": slot [1], B = 1, mask [1, 1, S, S])
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)  # [B, Hq, S, D]
         k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, S, D]
@@ -169,7 +166,12 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.kv_cache is None:
             raise ConfigError("call Transformer.setup_caches(...) before running the model")
-        k, v = self.kv_cache.update(cache_pos, k, v)  # [B, Hkv, L, D]
+        if write == "slot":  # a prompt from slot 0: it attends to its own keys only
+            self.kv_cache.write_slot(cache_pos, k, v)
+        elif write == "rows":
+            k, v = self.kv_cache.write_rows(cache_pos, k, v)  # [B, Hkv, L, D]
+        else:
+            k, v = self.kv_cache.update(cache_pos, k, v)  # [B, Hkv, L, D]
         rep = self.n_heads // self.n_kv_heads
         k = k.repeat_interleave(rep, dim=1)  # [B, Hq, L, D]
         v = v.repeat_interleave(rep, dim=1)
@@ -201,9 +203,15 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, cache_pos: Tensor
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor,
+        cache_pos: Tensor,
+        write: KVWrite = "shared",
     ) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, mask, cache_pos)
+        h = x + self.attention(self.attention_norm(x), cos, sin, mask, cache_pos, write)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -354,8 +362,7 @@ class Transformer(nn.Module):
         last_only: bool = False,
     ) -> Tensor:
         # tokens: [B, S] int64; cache_pos: [S] int64; pad: [B] int64 -> logits [B, S|1, V]
-        if self.max_seq_len < 0:
-            raise ConfigError("call Transformer.setup_caches(...) before running the model")
+        self._check_caches()
         if pad is None:
             pad = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
         mask, positions = mask_and_positions(self.args, self.key_slots, cache_pos, pad)
@@ -366,7 +373,50 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, mask, cache_pos)
         if last_only:
             x = x[:, -1:]
-        x = self.norm(x)
+        return self._logits(x)
+
+    def decode_rows(self, tokens: Tensor, pos: Tensor) -> Tensor:
+        """One decode step of every slot at its own position -> logits [B, V].
+
+        tokens: [B, 1] (each row's last token), pos: [B] (the slot it is written to, which is
+        also its RoPE position). Free rows are padding (any token, pos 0).
+        """
+        self._check_caches()
+        if tokens.shape[0] != self.max_batch_size:
+            raise ConfigError(
+                f"decode_rows runs every cache row: got {tokens.shape[0]} rows for a cache of "
+                f"{self.max_batch_size}; pad with free rows (any token, pos 0)"
+            )
+        mask = decode_rows_mask(self.args, self.key_slots, pos)  # [B, 1, 1, L]
+        x = self.tok_embeddings(tokens)  # [B, 1, dim]
+        cos = self.rope_cos[pos][:, None].to(x.dtype)  # [B, 1, D]
+        sin = self.rope_sin[pos][:, None].to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, pos, "rows")
+        return self._logits(x)[:, -1]
+
+    def prefill_slot(self, tokens: Tensor, slot: Tensor, last: Tensor) -> Tensor:
+        """The prompt of one slot, written at positions [0, S) of row ``slot`` -> logits [1, V].
+
+        tokens: [1, S] (the prompt right-padded to its bucket), slot: [1] (its KV-cache row),
+        last: [1] (the index of the prompt's last token, whose logits are returned).
+        """
+        self._check_caches()
+        s = tokens.shape[1]
+        mask = prefill_slot_mask(self.args, self.key_slots, s)  # [1, 1, S, S]
+        x = self.tok_embeddings(tokens)  # [1, S, dim]
+        cos = self.rope_cos[:s][None].to(x.dtype)  # [1, S, D]
+        sin = self.rope_sin[:s][None].to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, slot, "slot")
+        return self._logits(x.index_select(1, last))[:, -1]
+
+    def _check_caches(self) -> None:
+        if self.max_seq_len < 0:
+            raise ConfigError("call Transformer.setup_caches(...) before running the model")
+
+    def _logits(self, x: Tensor) -> Tensor:
+        # x: [B, S, dim] -> [B, S, V]: final norm and the (tied or own, maybe sharded) head
         head = self.tok_embeddings if self.output is None else self.output
         scales = getattr(head, "scales", None)  # quantized (--quantize-embeddings): int8 rows
-        return lm_logits(x, head.weight, self.group, self.args.vocab_size, scales=scales)
+        return lm_logits(self.norm(x), head.weight, self.group, self.args.vocab_size, scales=scales)

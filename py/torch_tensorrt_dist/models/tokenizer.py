@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 class Tokenizer(Protocol):
     eos_ids: tuple[int, ...]
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
@@ -34,8 +34,8 @@ class ByteTokenizer:
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
 
-    def encode(self, text: str) -> list[int]:
-        ids = list(text.encode("utf-8"))
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        ids = list(text.encode("utf-8"))  # no special tokens to add
         too_big = sorted({b for b in ids if b >= self.vocab_size})
         if too_big:
             raise ConfigError(
@@ -61,8 +61,10 @@ class HFTokenizer:
             raise CheckpointError(f"cannot read {path}: {exc}") from exc
         self.eos_ids = eos_ids
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text).ids)
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Ids of ``text``; ``add_special_tokens=False`` for text that holds its own (a
+        rendered chat template)."""
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=True))

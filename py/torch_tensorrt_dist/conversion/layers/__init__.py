@@ -1,6 +1,10 @@
 """TensorRT converters of the ops that are not collectives, one module each, one row each in
 :data:`LAYERS` (registered at high priority by ``converters.register_converters``).
 
+    kv_cache.py       aten.index_copy (a shared-position KV-cache write) -> IKVCacheUpdateLayer,
+                      in place, for any batch
+    kv_cache_rows.py  aten.index_put (the generation core's writes: every row at its own
+                      position, or one row's prompt) -> IKVCacheUpdateLayer, in place
     kv_cache.py     aten.index_copy (a decode step's KV-cache write) -> IKVCacheUpdateLayer,
                     in place, for any batch
     weight_only.py  aten._weight_int8pack_mm / tensorrt_dist.int4_weight_only_mm (quantized
@@ -22,6 +26,10 @@ import torch
 from torch_tensorrt_dist.conversion.layers.kv_cache import (
     convert_kv_cache_write,
     kv_cache_write_validator,
+)
+from torch_tensorrt_dist.conversion.layers.kv_cache_rows import (
+    convert_kv_cache_put,
+    kv_cache_put_validator,
 )
 from torch_tensorrt_dist.conversion.layers.weight_only import (
     INT4_OP,
@@ -50,6 +58,13 @@ LAYERS: tuple[LayerConverter, ...] = (
         torch.ops.aten.index_copy.default,
         kv_cache_write_validator,
         convert_kv_cache_write,
+        supports_dynamic_shapes=False,
+    ),
+    # before Torch-TensorRT's own index_put converter (a scatter that rebuilds the cache)
+    LayerConverter(
+        torch.ops.aten.index_put.default,
+        kv_cache_put_validator,
+        convert_kv_cache_put,
         supports_dynamic_shapes=False,
     ),
     # weight-only quantized linears (quantization/): dequantize constant codes into the matmul

@@ -1,0 +1,149 @@
+"""Between the HTTP thread and the step loop (rank 0): requests in, text out, no tensors.
+
+    inbox = Inbox(max_waiting=64)
+    inbox.submit(Submission(...))          # HTTP thread; QueueFull when the queue is full
+    items = inbox.take(timeout=0.5)        # step loop: new submissions and cancels
+    sink.put(Piece("text", 1, None))       # step loop -> the request's asyncio queue
+
+The HTTP layer never waits on the step loop and the step loop never waits on HTTP: requests go
+through a thread-safe queue, and each request's pieces come back through its own asyncio queue
+(``loop.call_soon_threadsafe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from torch_tensorrt_dist.generation.sampling import SamplingConfig
+
+__all__ = ["Cancel", "Failed", "Inbox", "Piece", "QueueFull", "ServerState", "Sink", "Submission"]
+
+logger = logging.getLogger(__name__)
+
+State = Literal["warming", "ready", "draining", "failed"]
+
+
+class QueueFull(Exception):
+    """The wait queue holds ``max_waiting`` requests already (HTTP 429)."""
+
+
+@dataclass
+class Piece:
+    """New text of a request, the number of tokens it came from, and how it ended (or None)."""
+
+    text: str
+    tokens: int
+    finish: str | None = None
+
+
+@dataclass
+class Failed:
+    """The request cannot finish: the HTTP status and message to answer with."""
+
+    status: int
+    message: str
+
+
+class Sink:
+    """A request's queue of :class:`Piece`/:class:`Failed`, filled from any thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.queue: asyncio.Queue[Piece | Failed] = asyncio.Queue()
+        self._loop = loop
+
+    def put(self, item: Piece | Failed) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop has closed: nobody is listening any more
+            logger.debug("dropped %r: the HTTP event loop is closed", item)
+
+
+_ids = itertools.count()
+
+
+@dataclass
+class Submission:
+    """A validated request, as the HTTP layer hands it to the step loop."""
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingConfig
+    """``seed`` None here means: rank 0 picks one (and sends it on join)."""
+    seed: int | None
+    stop: tuple[str, ...]
+    sink: Sink
+    rid: int = field(default_factory=lambda: next(_ids))
+    arrived: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """The client of request ``rid`` went away."""
+
+    rid: int
+
+
+class Inbox:
+    """Thread-safe queue of submissions and cancels, with a bound on waiting requests."""
+
+    def __init__(self, max_waiting: int) -> None:
+        self.max_waiting = max_waiting
+        self._q: queue.SimpleQueue[Submission | Cancel] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting = 0
+
+    @property
+    def waiting(self) -> int:
+        """Requests submitted that have not joined a slot (nor left) yet."""
+        return self._waiting
+
+    def submit(self, sub: Submission) -> None:
+        with self._lock:
+            if self._waiting >= self.max_waiting:
+                raise QueueFull(
+                    f"{self._waiting} requests are waiting (--max-queue {self.max_waiting})"
+                )
+            self._waiting += 1
+        self._q.put(sub)
+
+    def cancel(self, rid: int) -> None:
+        self._q.put(Cancel(rid))
+
+    def left(self, n: int = 1) -> None:
+        """``n`` waiting requests joined a slot or were dropped."""
+        with self._lock:
+            self._waiting -= n
+
+    def take(self, timeout: float) -> list[Submission | Cancel]:
+        """Everything queued; waits up to ``timeout`` s for the first item when empty."""
+        items: list[Submission | Cancel] = []
+        try:
+            items.append(self._q.get(timeout=timeout) if timeout > 0 else self._q.get_nowait())
+            while True:
+                items.append(self._q.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+
+class ServerState:
+    """``warming`` -> ``ready`` -> ``draining`` (SIGTERM) | ``failed`` (a rank failed)."""
+
+    def __init__(self) -> None:
+        self.state: State = "warming"
+        self.reason = ""
+        self.pids: list[int] = []  # every rank's process id, once warm
+        self.changed = threading.Event()
+
+    def set(self, state: State, reason: str = "") -> None:
+        if self.state == "failed" or (state == "ready" and self.state != "warming"):
+            return  # failed is final; a drain that began while warming stays a drain
+        self.state, self.reason = state, reason
+        self.changed.set()

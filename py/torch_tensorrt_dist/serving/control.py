@@ -1,0 +1,169 @@
+"""The control channel: rank 0 tells the other ranks what a step contains that they cannot
+compute themselves.
+
+    channel = ControlChannel(dist.new_group(backend="gloo"))   # every rank, same order
+    events = channel.exchange(events_on_rank0)                  # every rank, every step
+
+Each step opens with one broadcast of a fixed 32-byte header from rank 0 over a gloo group of
+its own: ``(MAGIC, step, payload bytes, flags)``. Only when requests join or leave (or the
+server stops) does a second broadcast carry the payload: the joins (slot, prompt ids, limits,
+sampling settings with the seed, stop ids and strings) and the cancelled request ids. Tokens
+never travel: every rank samples them itself from the same logits with the same seeded
+generators. Every rank has run the same ``exchange`` calls in the same order when it starts
+step ``n``, so all ranks apply the same events at the same step boundary; the step number in
+the header is checked on every rank, so a rank that fell out of step is an error, not a wrong
+answer. See ``docs/serving.md`` for why a header is needed on every step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torch_tensorrt_dist.errors import TensorRTDistError
+from torch_tensorrt_dist.generation.sampling import SamplingConfig
+from torch_tensorrt_dist.generation.slots import Request
+
+__all__ = [
+    "ControlChannel",
+    "ControlError",
+    "StepEvents",
+    "decode_events",
+    "encode_events",
+    "measure_latency",
+]
+
+MAGIC = 0x7472_7464  # "trtd"
+STOP = 1  # flags bit: the last step; every rank leaves the loop after it
+
+
+class ControlError(TensorRTDistError):
+    """The ranks disagree on the control protocol (a bug, or ranks of different versions)."""
+
+
+@dataclass
+class StepEvents:
+    """What one step adds to the core's state: joins (slot, request), cancels, stop."""
+
+    joins: list[tuple[int, Request]] = field(default_factory=list)
+    cancels: list[int] = field(default_factory=list)
+    stop: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.joins or self.cancels)
+
+
+def _request_dict(slot: int, r: Request) -> dict[str, Any]:
+    s = r.sampling
+    return {
+        "slot": slot, "rid": r.rid, "prompt": list(r.prompt), "max_new": r.max_new_tokens,
+        "sampling": [s.temperature, s.top_k, s.top_p, s.seed],
+        "stop_ids": list(r.stop_ids), "stop": list(r.stop),
+    }  # fmt: skip
+
+
+def encode_events(events: StepEvents) -> bytes:
+    """The payload of a step with joins or cancels (JSON, UTF-8)."""
+    data = {
+        "joins": [_request_dict(slot, r) for slot, r in events.joins],
+        "cancels": list(events.cancels),
+    }
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def decode_events(payload: bytes, *, stop: bool = False) -> StepEvents:
+    """Inverse of :func:`encode_events`."""
+    data = json.loads(payload.decode()) if payload else {"joins": [], "cancels": []}
+    joins = []
+    for j in data["joins"]:
+        t, k, p, seed = j["sampling"]
+        req = Request(
+            rid=j["rid"],
+            prompt=tuple(j["prompt"]),
+            max_new_tokens=j["max_new"],
+            sampling=SamplingConfig(temperature=t, top_k=k, top_p=p, seed=seed),
+            stop_ids=tuple(j["stop_ids"]),
+            stop=tuple(j["stop"]),
+        )
+        joins.append((j["slot"], req))
+    return StepEvents(joins, list(data["cancels"]), stop)
+
+
+class ControlChannel:
+    """Rank 0's per-step header (and payload when there are events) to every other rank.
+
+    ``group`` is a gloo group of all ranks (None: one rank, nothing to send); ``src`` is rank
+    0's global rank. ``last_s`` is the time the last :meth:`exchange` took here.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None, *, src: int = 0) -> None:
+        self.group, self.src = group, src
+        self.is_source = group is None or dist.get_rank() == src
+        self.step = 0
+        self.last_s = 0.0
+        self.payload_steps = 0
+        self._header = torch.zeros(4, dtype=torch.int64)
+
+    def exchange(self, events: StepEvents | None = None) -> StepEvents:
+        """Rank 0 passes its events; every rank returns them, at the same step."""
+        start = time.perf_counter()
+        if self.is_source:
+            out = events if events is not None else StepEvents()
+            if self.group is not None:
+                self._send(out)
+        else:
+            out = self._receive()
+        self.step += 1
+        self.last_s = time.perf_counter() - start
+        return out
+
+    def _send(self, events: StepEvents) -> None:
+        payload = encode_events(events) if events else b""
+        flags = STOP if events.stop else 0
+        header = torch.tensor([MAGIC, self.step, len(payload), flags], dtype=torch.int64)
+        dist.broadcast(header, self.src, group=self.group)
+        if payload:
+            self.payload_steps += 1
+            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            dist.broadcast(data, self.src, group=self.group)
+
+    def _receive(self) -> StepEvents:
+        header = self._header
+        dist.broadcast(header, self.src, group=self.group)
+        magic, step, size, flags = (int(x) for x in header.tolist())
+        if magic != MAGIC or step != self.step:
+            raise ControlError(
+                f"rank {dist.get_rank()} expected control header of step {self.step}, got "
+                f"magic {magic:#x} step {step}: the ranks are out of step (run the same "
+                "torch_tensorrt_dist version on every rank)"
+            )
+        payload = b""
+        if size:
+            self.payload_steps += 1
+            data = torch.empty(size, dtype=torch.uint8)
+            dist.broadcast(data, self.src, group=self.group)
+            payload = data.numpy().tobytes()
+        return decode_events(payload, stop=bool(flags & STOP))
+
+
+def measure_latency(group: dist.ProcessGroup | None, *, rounds: int = 50, src: int = 0) -> float:
+    """One-way latency (s) of a header broadcast on ``group``: the median of ``rounds`` round
+    trips (rank 0 to all, then the last rank back), halved. Call on every rank."""
+    if group is None:
+        return 0.0
+    ranks = dist.get_process_group_ranks(group)
+    back = ranks[-1]
+    header = torch.zeros(4, dtype=torch.int64)
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        dist.broadcast(header, src, group=group)
+        dist.broadcast(header, back, group=group)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2] / 2

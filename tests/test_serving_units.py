@@ -1,0 +1,219 @@
+"""The serving parts that need no server: request checks and response shapes, the control
+payload, chat templates, the wait queue, and rank 0's scheduler running the core in one
+process (joins into free rows, cancels, refusals, the drain)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_tensorrt_dist.errors import CheckpointError, ConfigError
+from torch_tensorrt_dist.generation import Generator, SamplingConfig
+from torch_tensorrt_dist.generation.slots import Request
+from torch_tensorrt_dist.models.llama_args import ModelArgs
+from torch_tensorrt_dist.models.loader import random_llama
+from torch_tensorrt_dist.models.tokenizer import ByteTokenizer
+
+pytest.importorskip("fastapi")
+
+from torch_tensorrt_dist.serving import control, protocol
+from torch_tensorrt_dist.serving.bridge import (
+    Cancel,
+    Failed,
+    Inbox,
+    Piece,
+    QueueFull,
+    ServerState,
+    Submission,
+)
+from torch_tensorrt_dist.serving.chat import ChatTemplate, load_chat_template
+from torch_tensorrt_dist.serving.loop import Leader, StepLoop
+
+
+def test_request_defaults_and_checks() -> None:
+    p = protocol.parse_request({"prompt": "hi"}, chat=False)
+    assert (p.max_tokens, p.temperature, p.top_p, p.seed, p.stop, p.stream) == (
+        16, 1.0, 1.0, None, (), False)  # fmt: skip
+    c = protocol.parse_request({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "stop": "x",
+        "max_completion_tokens": 5, "stream": True,
+        "stream_options": {"include_usage": True}}, chat=True)  # fmt: skip
+    assert c.messages == [{"role": "user", "content": "a\nb"}] and c.max_tokens == 5
+    assert c.stop == ("x",) and c.include_usage
+    assert protocol.parse_request({"prompt": [[1, 2]]}, chat=False).prompt == [1, 2]
+    bad = [
+        ({"prompt": "x", "seed": 2**64}, r"seed must be an integer in \[0, 2\*\*64\)"),
+        ({"prompt": "x", "temperature": 0.0001}, r"temperature must be 0 \(greedy\) or in"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens must be an integer >= 1, got 0"),
+        ({"prompt": "x", "max_tokens": True}, "max_tokens must be an integer"),
+        ({"prompt": "x", "temperature": float("nan")}, "temperature must be a finite number"),
+        ({"prompt": ""}, "non-empty string"),
+        ({"prompt": "x", "stream": "yes"}, "stream must be true or false"),
+        ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty is not supported"),
+        ([1, 2], "must be a JSON object"),
+    ]
+    for body, message in bad:
+        with pytest.raises(protocol.RequestError, match=message) as err:
+            protocol.parse_request(body, chat=False)
+        assert err.value.status == 400 and err.value.body()["error"]["type"]
+    with pytest.raises(protocol.RequestError, match=r"role 'robot' is not one of"):
+        protocol.parse_request({"messages": [{"role": "robot", "content": "x"}]}, chat=True)
+    with pytest.raises(protocol.RequestError, match="content part 'image_url'"):
+        protocol.parse_request({"messages": [{"role": "user", "content": [
+            {"type": "image_url"}]}]}, chat=True)  # fmt: skip
+
+
+def test_response_and_chunk_shapes() -> None:
+    chat = protocol.parse_request({"messages": [{"role": "user", "content": "x"}]}, chat=True)
+    head = {"rid": "chatcmpl-1", "created": 7, "model": "m"}
+    body = protocol.response(chat, text="hi", finish="stop", usage=protocol.usage(3, 2), **head)
+    assert body["object"] == "chat.completion" and body["usage"]["total_tokens"] == 5
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
+    first = protocol.chunk(chat, text="", first=True, **head)
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    end = protocol.chunk(chat, text=None, finish="length", **head)
+    assert end["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
+                                 "finish_reason": "length"}  # fmt: skip
+    plain = protocol.parse_request({"prompt": "x"}, chat=False)
+    assert protocol.chunk(plain, text="a", **head)["object"] == "text_completion"
+    assert protocol.chunk(plain, text=None, usage={"x": 1}, **head)["choices"] == []
+
+
+def test_control_payload_round_trip() -> None:
+    req = Request(7, (1, 2, 3), 9, SamplingConfig(0.7, None, 0.9, 123), (2,), ("\n\n", "END"))
+    events = control.StepEvents([(3, req)], [4, 5])
+    back = control.decode_events(control.encode_events(events), stop=True)
+    assert back.joins == [(3, req)] and back.cancels == [4, 5] and back.stop
+    assert not control.StepEvents() and control.StepEvents(cancels=[1])
+    assert control.decode_events(b"").joins == []
+
+
+def test_a_rank_out_of_step_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    channel = control.ControlChannel(None)
+    channel.is_source, channel.group = False, object()  # type: ignore[assignment]
+
+    def broadcast(t: torch.Tensor, *_: Any, **__: Any) -> None:
+        t.copy_(torch.tensor([control.MAGIC, 5, 0, 0]))  # step 5, this rank is at step 0
+
+    monkeypatch.setattr(dist, "broadcast", broadcast)
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: 1)
+    with pytest.raises(control.ControlError, match="expected control header of step 0, got"):
+        channel.exchange()
+
+
+def test_chat_templates_where_transformers_finds_them(tmp_path: Path) -> None:
+    assert load_chat_template(tmp_path) is None
+    named = [
+        {"name": "tool_use", "template": "T"},
+        {
+            "name": "default",
+            "template": "{{ bos_token }}{% for m in messages %}"
+            "{% generation %}{{ m.content | tojson }}{% endgeneration %}{% endfor %}",
+        },
+    ]
+    config = {"chat_template": named, "bos_token": {"content": "<s>"}, "eos_token": "</s>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    t = load_chat_template(tmp_path)
+    assert t is not None and t.render([{"role": "user", "content": "é"}]) == '<s>"é"'
+    (tmp_path / "chat_template.jinja").write_text("J{{ eos_token }}")
+    t = load_chat_template(tmp_path)
+    assert t is not None and t.render([]) == "J</s>"
+    refusing = ChatTemplate("{{ raise_exception('only user messages') }}")
+    with pytest.raises(ConfigError, match="refused the messages: only user messages"):
+        refusing.render([])
+    with pytest.raises(CheckpointError, match="does not parse"):
+        ChatTemplate("{% for %}")
+
+
+def test_inbox_bound_and_take() -> None:
+    inbox = Inbox(max_waiting=2)
+    subs = [Submission((1,), 2, SamplingConfig(), None, (), None) for _ in range(3)]  # type: ignore[arg-type]
+    inbox.submit(subs[0])
+    inbox.submit(subs[1])
+    with pytest.raises(QueueFull, match="2 requests are waiting"):
+        inbox.submit(subs[2])
+    inbox.cancel(subs[0].rid)
+    assert inbox.take(0.0) == [subs[0], subs[1], Cancel(subs[0].rid)]
+    inbox.left(1)
+    inbox.submit(subs[2])
+    assert inbox.waiting == 2 and inbox.take(0.01) == [subs[2]] and inbox.take(0.01) == []
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.items: list[Piece | Failed] = []
+
+    def put(self, item: Piece | Failed) -> None:
+        self.items.append(item)
+
+
+@pytest.fixture(scope="module")
+def gen() -> Generator:
+    torch.manual_seed(0)
+    model = random_llama(ModelArgs.from_name("tiny"), seed=0)
+    return Generator(model, max_batch_size=2, cache_len=48)
+
+
+def _leader(gen: Generator, drain_when_idle: bool = True) -> tuple[Leader, Inbox, ServerState]:
+    inbox, state = Inbox(8), ServerState()
+    state.set("ready")
+
+    def on_step(leader: Leader) -> None:
+        if drain_when_idle and not leader.waiting and not inbox.waiting and not leader.running:
+            state.set("draining")
+
+    slots = gen.slots(tokenizer=ByteTokenizer(256), text=True)
+    loop = StepLoop(slots, control.ControlChannel(None))
+    return Leader(loop, inbox, state, stop_ids=(), idle_tick_s=0.01, on_step=on_step), inbox, state
+
+
+def test_leader_runs_more_requests_than_rows_and_each_gets_its_alone_text(gen: Generator) -> None:
+    leader, inbox, _ = _leader(gen)
+    prompts = [(72, 105), (1, 2, 3, 4, 5), (9,), (100, 101, 102), (65,)]
+    sinks = [_Sink() for _ in prompts]
+    subs = [Submission(p, 6 + i, SamplingConfig(), None, (), s)  # type: ignore[arg-type]
+            for i, (p, s) in enumerate(zip(prompts, sinks))]  # fmt: skip
+    for sub in subs:
+        inbox.submit(sub)
+    inbox.cancel(subs[4].rid)  # its client left while it waited: it never runs
+    leader.run()
+    tok = ByteTokenizer(256)
+    for i, (p, sink) in enumerate(zip(prompts[:4], sinks)):
+        ref = gen.generate([list(p)], max_new_tokens=6 + i).tokens[0]
+        assert "".join(x.text for x in sink.items if isinstance(x, Piece)) == tok.decode(ref)
+        assert sum(x.tokens for x in sink.items if isinstance(x, Piece)) == len(ref)
+        assert sink.items[-1].finish == "length"  # type: ignore[union-attr]
+    assert sinks[4].items == [] and inbox.waiting == 0 and gen.slots().free_slots() == [0, 1]
+
+
+def test_leader_drain_refuses_waiting_and_a_join_that_does_not_fit(gen: Generator) -> None:
+    leader, inbox, state = _leader(gen, drain_when_idle=False)
+    sinks = [_Sink() for _ in range(4)]
+    too_long = Submission(tuple(range(40)), 20, SamplingConfig(), None, (), sinks[0])  # type: ignore[arg-type]
+    inbox.submit(too_long)  # slipped past the HTTP check: every rank refuses it alike
+    for s in sinks[1:]:
+        inbox.submit(Submission((5,), 30, SamplingConfig(), None, (), s))  # type: ignore[arg-type]
+    steps = {"n": 0}
+
+    def on_step(_: Leader) -> None:
+        steps["n"] += 1
+        if steps["n"] == 2:
+            state.set("draining")  # two running, one waiting
+
+    leader.on_step = on_step
+    leader.run()
+    assert isinstance(sinks[0].items[0], Failed) and sinks[0].items[0].status == 400
+    assert "exceeds the KV cache length 48" in sinks[0].items[0].message
+    finished = [s for s in sinks[1:] if isinstance(s.items[-1], Piece)]
+    refused = [s for s in sinks[1:] if isinstance(s.items[-1], Failed)]
+    # the refused join left its row free for the next request: two ran to the end, one waited
+    assert finished == sinks[1:3] and refused == [sinks[3]]
+    assert refused[0].items[-1].status == 503  # type: ignore[union-attr]
+    assert all(sum(x.tokens for x in s.items) == 30 for s in finished)  # type: ignore[union-attr]
