@@ -22,6 +22,7 @@ import torch
 from torch_tensorrt_dist._version import __version__
 from torch_tensorrt_dist.artifacts.manifest import FORMAT_VERSION
 from torch_tensorrt_dist.errors import CheckpointError
+from torch_tensorrt_dist.ops.experts import EXPERTS_OP
 
 __all__ = ["args_hash", "checkpoint_hash", "collective_schedule", "running_versions"]
 
@@ -96,6 +97,8 @@ def collective_schedule(gm: torch.fx.GraphModule) -> list[str]:
         if node.op != "call_function" or not hasattr(node.target, "namespace"):
             continue
         if node.target.namespace not in ("_c10d_functional", "tensorrt_dist"):
+            continue
+        if node.target is EXPERTS_OP:  # tensorrt_dist's one op that is not a collective
             continue
         name = node.target._opname
         if name == "wait_tensor":

@@ -22,7 +22,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from torch_tensorrt_dist._registration import BACKEND_NAME
 from torch_tensorrt_dist.backend.engines import build_engine, engine_decompositions
-from torch_tensorrt_dist.backend.report import GraphReport, collectives_in
+from torch_tensorrt_dist.backend.report import GraphReport, collectives_in, torch_ops_in
 from torch_tensorrt_dist.backend.schedule_check import with_schedule_check
 from torch_tensorrt_dist.backend.settings import CompileSettings
 from torch_tensorrt_dist.backend.verify import reference_graph, with_verification
@@ -59,6 +59,7 @@ def lower_graph(gm: fx.GraphModule, settings: CompileSettings) -> GraphReport:
         unfused=list(fusion_report(gm).unfused),
         num_nodes=len(gm.graph.nodes),
         input_writes=input_writes(gm),
+        torch_ops=torch_ops_in(gm),
     )
     report.lowering_s = time.perf_counter() - start
     if report.unfused and settings.engine == "tensorrt":

@@ -20,7 +20,12 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from torch_tensorrt_dist.backend.backend import BACKEND_NAME, recording
-from torch_tensorrt_dist.backend.report import CollectiveInfo, GraphReport, format_table
+from torch_tensorrt_dist.backend.report import (
+    CollectiveInfo,
+    GraphReport,
+    TorchOpInfo,
+    format_table,
+)
 
 __all__ = ["ExplainReport", "explain"]
 
@@ -44,6 +49,11 @@ class ExplainReport:
         return [item for g in self.graphs for item in g.unfused]
 
     @property
+    def torch_ops(self) -> list[TorchOpInfo]:
+        """Ops a TensorRT engine would leave to PyTorch here (each splits the engine)."""
+        return [op for g in self.graphs for op in g.torch_ops]
+
+    @property
     def total_bytes(self) -> int:
         return sum(c.bytes for c in self.collectives)
 
@@ -55,6 +65,9 @@ class ExplainReport:
             "graph_breaks": list(self.graph_breaks),
             "collectives": [c.as_dict() for c in self.collectives],
             "unfused": [list(u) for u in self.unfused],
+            "torch_ops": [
+                {"graph": g.index, **op.as_dict()} for g in self.graphs for op in g.torch_ops
+            ],
             "total_bytes": self.total_bytes,
             "tensorrt_impl": {"impl": self.tensorrt_impl[0], "reason": self.tensorrt_impl[1]},
             "input_writes": [
@@ -90,6 +103,7 @@ class ExplainReport:
                     + (f": {', '.join(w.input for w in back)}" if back else "")
                 )
         lines += [f"  unfused {node}: {reason}" for node, reason in self.unfused]
+        lines += _split_lines(self.graphs)
         if self.collectives:
             rows = []
             for g in self.graphs:
@@ -117,6 +131,26 @@ class ExplainReport:
                 if reason is not None
             ]
         return "\n".join(lines)
+
+
+def _split_lines(graphs: list[GraphReport]) -> list[str]:
+    """Per graph: the ops TensorRT leaves to PyTorch, grouped by reason."""
+    lines = []
+    for g in graphs:
+        if not g.torch_ops:
+            continue
+        n = len(g.torch_ops)
+        lines.append(
+            f"  graph {g.index}: {n} op(s) stay in PyTorch, so a TensorRT engine splits into up "
+            f"to {n + 1} engines around them:"
+        )
+        by_reason: dict[str, list[TorchOpInfo]] = {}
+        for op in g.torch_ops:
+            by_reason.setdefault(op.reason, []).append(op)
+        for reason, ops in by_reason.items():
+            where = ", ".join(op.module or "(top)" for op in ops)
+            lines.append(f"    {ops[0].op} {ops[0].dtype} in {where}: {reason}")
+    return lines
 
 
 def explain(

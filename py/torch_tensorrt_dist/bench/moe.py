@@ -61,7 +61,7 @@ def moe_communication(
     size = dtype.itemsize
     for ep, tp in layouts:
         report = explain_moe(
-            args, moe_args, ep=ep, tp=tp, rank=ep * tp - 1, batch=batch, dtype=dtype
+            args, moe_args, ep=ep, tp=tp, rank=ep * tp - 1, batch=batch, dtype=dtype, prefill=0
         )
         moe = report.moe_collectives()
         n = len(moe_args.sparse_layers)

@@ -129,7 +129,9 @@ def register(sub: Any) -> None:
             help=f"llama: the {part.replace('-', ' ')}'s TP sharding (default vocab_parallel)",
         )
     p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seq", type=int, default=16, help="sequence length (mlp-sp)")
+    p.add_argument(
+        "--seq", type=int, default=16, help="sequence length (mlp-sp; moe: prefill tokens, 0: none)"
+    )
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
@@ -243,7 +245,7 @@ def _run_moe(args: argparse.Namespace) -> int:
         moe = MoEArgs(8, 2, 4 * args.dim, sparse_layers=tuple(range(args.layers)))
     report = explain_moe(
         margs, moe, ep=ep, tp=tp, rank=args.rank, batch=args.batch, dtype=_DTYPES[args.dtype],
-        lm_head=args.lm_head, embedding=args.embedding,
+        lm_head=args.lm_head, embedding=args.embedding, prefill=args.seq,
     )  # fmt: skip
     print(json.dumps(report.as_dict(), indent=2) if args.json else report)
     return 0

@@ -185,8 +185,8 @@ def _converter(impl: str) -> Callable[..., Any]:
 
 
 def register_converters() -> None:
-    """Register both implementations of every typed collective with Torch-TensorRT, and the
-    in-place KV-cache write (``kv_cache.py``)."""
+    """Register both implementations of every typed collective with Torch-TensorRT, the
+    in-place KV-cache write (``kv_cache.py``) and the MoE experts layer (``moe_experts.py``)."""
     import torch
     from torch_tensorrt.dynamo.conversion._ConverterRegistry import (
         ConverterPriority,
@@ -197,7 +197,12 @@ def register_converters() -> None:
         convert_kv_cache_write,
         kv_cache_write_validator,
     )
+    from torch_tensorrt_dist.conversion.moe_experts import (
+        convert_moe_experts,
+        moe_experts_validator,
+    )
     from torch_tensorrt_dist.ops.collectives import COLLECTIVE_OPS
+    from torch_tensorrt_dist.ops.experts import EXPERTS_OP
 
     # before Torch-TensorRT's own index_copy converters (batch 1 only): any batch
     dynamo_tensorrt_converter(
@@ -206,6 +211,9 @@ def register_converters() -> None:
         priority=ConverterPriority.HIGH,
         supports_dynamic_shapes=False,
     )(convert_kv_cache_write)
+    dynamo_tensorrt_converter(
+        EXPERTS_OP, capability_validator=moe_experts_validator, supports_dynamic_shapes=False
+    )(convert_moe_experts)
     for overload in COLLECTIVE_OPS.values():
         for impl in IMPLS:
             dynamo_tensorrt_converter(

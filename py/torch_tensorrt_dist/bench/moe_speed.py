@@ -1,0 +1,231 @@
+"""MoE prefill and decode speed against transformers' own MoE, on the same checkpoint, one run.
+
+    torchtrt-dist bench --section moe        # with the communication and load-memory figures
+
+Two checkpoints saved by transformers (random weights, its default initialisation): a
+Qwen3-MoE-shaped one with many small experts (64 experts, top 8, hidden 256, expert size 128)
+and a Mixtral-shaped one (8 experts, top 2, hidden 256, expert size 512), 4 layers each, fp32,
+one thread. For each: the last position's logits of a prefill of 256 and of 1000 tokens, and
+``DECODE`` greedy decode steps after the 256-token prompt, timed for
+
+- transformers (eager; its default ``experts_implementation``, ``grouped_mm`` in 5.x), and
+- ours: ``load_moe`` of the same files, each step compiled by our backend (``inductor``):
+  prefill runs the sorted, grouped experts (``ops/experts.py``); decode the "auto" choice
+  (the gathered, fused "routed" form), and for comparison the grouped form forced.
+
+Then the Qwen3-MoE-shaped checkpoint again at EP 2 x TP 1 on 2 gloo ranks (each its 32
+experts, one thread each). Times are the minimum of ``REPEATS`` runs (the spread is in the
+note); logits are compared with transformers' at every size, decode tokens with its greedy
+tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torch_tensorrt_dist.bench.common import Figure
+
+__all__ = ["SHAPES", "hf_checkpoint", "moe_speed", "speed_rank"]
+
+_COMMON: dict[str, Any] = dict(
+    hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+    vocab_size=1024, max_position_embeddings=2048, rms_norm_eps=1e-6,
+    bos_token_id=None, eos_token_id=None, pad_token_id=None,
+)  # fmt: skip
+#: name -> (transformers class prefix, config)
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3_moe 64 experts top 8": (
+        "Qwen3Moe",
+        dict(_COMMON, head_dim=32, intermediate_size=512, moe_intermediate_size=128,
+             num_experts=64, num_experts_per_tok=8, norm_topk_prob=True),
+    ),
+    "mixtral 8 experts top 2": (
+        "Mixtral", dict(_COMMON, intermediate_size=512, num_local_experts=8, num_experts_per_tok=2)
+    ),
+}  # fmt: skip
+PREFILL = (256, 1000)
+DECODE = 16
+REPEATS = 5
+TOLERANCE = 1e-5
+
+
+def hf_checkpoint(name: str, path: Path) -> Any:
+    """Save a transformers model of shape ``SHAPES[name]`` (seed 0) at ``path``; return it."""
+    import transformers
+
+    cls, cfg = SHAPES[name]
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{cls}ForCausalLM")(
+        getattr(transformers, f"{cls}Config")(**cfg)
+    ).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def _timed(fn: Callable[[], Any], repeats: int = REPEATS) -> tuple[Any, dict[str, list[float]]]:
+    """(the last result, {"s": wall seconds, "cpu": this thread's CPU seconds}) of ``repeats``
+    runs after one warm-up run. On a shared machine the CPU time is the steadier measure."""
+    out = fn()
+    times: dict[str, list[float]] = {"s": [], "cpu": []}
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        out = fn()
+        times["cpu"].append(time.thread_time() - cpu)
+        times["s"].append(time.perf_counter() - wall)
+    return out, times
+
+
+def _prompt(n: int) -> torch.Tensor:
+    return torch.randint(
+        0, _COMMON["vocab_size"], (1, n), generator=torch.Generator().manual_seed(1)
+    )
+
+
+def hf_run(hf: Any) -> dict[str, Any]:
+    """transformers: last-position prefill logits and times per size; greedy decode after
+    the first prompt (tokens, seconds per step)."""
+    out: dict[str, Any] = {"impl": getattr(hf.config, "_experts_implementation", None)}
+    with torch.no_grad():
+        for n in PREFILL:
+            ids = _prompt(n)
+            res, times = _timed(functools.partial(hf, ids, logits_to_keep=1))
+            out[f"prefill_{n}"] = {"logits": res.logits[0, -1], **times}
+        first = hf(_prompt(PREFILL[0]), use_cache=True)
+        cache, tok = first.past_key_values, first.logits[:, -1].argmax(-1, keepdim=True)
+        tokens, start = [], time.perf_counter()
+        for _ in range(DECODE):
+            res = hf(tok, past_key_values=cache, use_cache=True)
+            tok = res.logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(int(tok))
+        out["decode"] = {"tokens": tokens, "s_per_step": (time.perf_counter() - start) / DECODE}
+    return out
+
+
+def ours_run(model: Any, *, grouped_decode: bool = True) -> dict[str, Any]:
+    """Ours, compiled by our backend (inductor): the same measurements as :func:`hf_run`."""
+    from torch_tensorrt_dist.generation.generate import compile_step, decode_step, prefill_step
+
+    prefill = compile_step(prefill_step(model), "inductor")
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        for n in PREFILL:
+            # a cache just long enough, as transformers' grows with the sequence: attention
+            # over the whole static cache would add a cost this benchmark does not measure
+            model.setup_caches(1, n + DECODE)
+            ids, pos, pad = _prompt(n), torch.arange(n), torch.zeros(1, dtype=torch.long)
+            start = time.perf_counter()
+            prefill(ids, pos, pad)
+            compile_s = time.perf_counter() - start
+            res, times = _timed(functools.partial(prefill, ids, pos, pad))
+            out[f"prefill_{n}"] = {"logits": res[0], **times, "compile_s": compile_s}
+        model.setup_caches(1, PREFILL[0] + DECODE)
+        forms = ["auto", "grouped"] if grouped_decode else ["auto"]
+        for form in forms:
+            for moe in model.sparse_blocks:
+                moe.compute = form
+            out[f"decode_{form}"] = _decode(model, compile_step(decode_step(model), "inductor"))
+        for moe in model.sparse_blocks:
+            moe.compute = "auto"
+    return out
+
+
+def _decode(model: Any, decode: Callable[..., torch.Tensor]) -> dict[str, Any]:
+    n = PREFILL[0]
+    ids = _prompt(n)
+    pad = torch.zeros(1, dtype=torch.long)
+    tok = model(ids, torch.arange(n))[:, -1].argmax(-1, keepdim=True)  # fills the cache
+    decode(tok, torch.tensor([n]), pad)  # compile
+    tok = model(ids, torch.arange(n))[:, -1].argmax(-1, keepdim=True)
+    tokens, start = [], time.perf_counter()
+    for i in range(DECODE):
+        tok = decode(tok, torch.tensor([n + i]), pad).argmax(-1, keepdim=True)
+        tokens.append(int(tok))
+    return {"tokens": tokens, "s_per_step": (time.perf_counter() - start) / DECODE}
+
+
+def speed_rank(rank: int, world: int, path: str) -> dict[str, Any]:
+    """One rank of the EP run (``run_on_ranks(speed_rank, 2, path)``)."""
+    from torch_tensorrt_dist.models.moe_loader import load_moe
+    from torch_tensorrt_dist.parallel.moe import make_moe_mesh, moe_groups
+
+    model = load_moe(path, groups=moe_groups(make_moe_mesh(world, 1)), progress=False)
+    return ours_run(model, grouped_decode=False)
+
+
+def _spread(times: list[float]) -> str:
+    ms = [1e3 * t for t in times]
+    return f"min {min(ms):.1f} / median {statistics.median(ms):.1f} / max {max(ms):.1f} ms"
+
+
+def _figures(label: str, hf: dict[str, Any], ours: dict[str, Any]) -> list[Figure]:
+    figures = []
+    for n in PREFILL:
+        h, o = hf[f"prefill_{n}"], ours[f"prefill_{n}"]
+        speedup = min(h["s"]) / min(o["s"])
+        goal = 1.5 if n >= 1000 else 1.0
+        err = float((o["logits"] - h["logits"]).abs().max())
+        figures += [
+            Figure(
+                "moe", f"{label}: prefill {n} tokens, transformers / ours time", round(speedup, 2),
+                "x", goal=f">= {goal}", met=speedup >= goal,
+                note=f"transformers {_spread(h['s'])}; ours {_spread(o['s'])}; CPU time "
+                f"{min(h['cpu']) / min(o['cpu']):.2f}x (compile {o['compile_s']:.0f} s)",
+            ),
+            Figure(
+                "moe", f"{label}: prefill {n} tokens, max |logit - transformers'|", f"{err:.1e}",
+                goal=f"<= {TOLERANCE:g}", met=err <= TOLERANCE,
+                note=f"largest |logit| {float(h['logits'].abs().max()):.2f}",
+            ),
+        ]  # fmt: skip
+    h, o = hf["decode"], ours["decode_auto"]
+    same = o["tokens"] == h["tokens"]
+    note = f"transformers {1 / h['s_per_step']:.0f} tok/s; ours (auto: routed) "
+    note += f"{1 / o['s_per_step']:.0f} tok/s"
+    if "decode_grouped" in ours:
+        g = ours["decode_grouped"]
+        same = same and g["tokens"] == h["tokens"]
+        note += f"; ours grouped {1 / g['s_per_step']:.0f} tok/s"
+    figures.append(
+        Figure(
+            "moe", f"{label}: decode tok/s, ours / transformers",
+            round(h["s_per_step"] / o["s_per_step"], 2), "x", goal=">= 1, greedy tokens equal",
+            met=same and o["s_per_step"] <= h["s_per_step"], note=note,
+        )
+    )  # fmt: skip
+    return figures
+
+
+def moe_speed() -> list[Figure]:
+    from torch_tensorrt_dist.models.moe_loader import load_moe
+    from torch_tensorrt_dist.testing import run_on_ranks
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    figures: list[Figure] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for i, name in enumerate(SHAPES):
+                path = Path(tmp) / str(i)
+                hf = hf_run(hf_checkpoint(name, path))
+                torch._dynamo.reset()
+                figures += _figures(name, hf, ours_run(load_moe(path, progress=False)))
+                if i == 0:
+                    ranks = run_on_ranks(speed_rank, 2, str(path), timeout=900)
+                    worst = {
+                        key: ranks[0][key] if key.startswith("decode") else
+                        {**ranks[0][key], "s": [max(a, b) for a, b in
+                                                zip(ranks[0][key]["s"], ranks[1][key]["s"])]}
+                        for key in ranks[0]
+                    }  # fmt: skip
+                    figures += _figures(f"{name}, ep 2 x tp 1 (gloo)", hf, worst)
+    finally:
+        torch.set_num_threads(threads)
+    return figures
