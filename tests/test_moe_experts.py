@@ -79,6 +79,15 @@ def test_grouped_equals_dense_on_each_ep_shard_and_computes_only_its_rows(
         mine = int(((ids >= start) & (ids < start + 4)).sum())
         assert rows[-3:] == [mine] * 3, (start, rows)  # gate, up, down: its rows only
     torch.testing.assert_close(total, whole, atol=1e-6, rtol=1e-6)
+    # the device path (no host synchronisation: every row through, other ranks' zeroed) too
+    h = x.reshape(10, dim)
+    top_w, top_i = torch.topk(torch.softmax(moe.gate(h), -1), 3)
+    _shard(moe, full, 4, 4)
+    with torch.no_grad():
+        args = (h, top_i, top_w, moe.w1, moe.w3, moe.w2, 4)
+        device = experts.routed_experts(*args, host_rows=False)
+        assert rows[-3:] == [30] * 3  # 10 tokens x top 3
+        torch.testing.assert_close(device, experts.routed_experts(*args, host_rows=True))
 
 
 def test_auto_is_grouped_in_plain_pytorch_and_for_prefill_routed_for_decode() -> None:
@@ -151,3 +160,35 @@ def test_collective_schedule_leaves_out_the_experts_op() -> None:
         gm = make_fx(lambda x: moe(x))(torch.randn(1, 4, 32))
     assert any(n.target is EXPERTS_OP for n in gm.graph.nodes)
     assert collective_schedule(gm) == []
+
+
+def test_speed_figures_judge_the_goals_from_one_run() -> None:
+    """bench --section moe: 256 tokens need >= 1x transformers, 1000 tokens 1.5x, logits within
+    1e-5, decode no slower than transformers nor than the grouped form, same greedy tokens."""
+    from torch_tensorrt_dist.bench.moe_speed import _ep_result, _figures
+
+    logits = torch.zeros(4)
+
+    def run(s: float, shift: float = 0.0) -> dict[str, Any]:
+        return {"logits": logits + shift, "s": [s, 2 * s], "cpu": [s], "compile_s": 1.0}
+
+    hf = {"prefill_256": run(0.1), "prefill_1000": run(0.3),
+          "decode": {"tokens": [1, 2], "s_per_step": 0.02}}  # fmt: skip
+    ours = {"prefill_256": run(0.1), "prefill_1000": run(0.25, 2e-5),
+            "decode_auto": {"tokens": [1, 2], "s_per_step": 0.01},
+            "decode_grouped": {"tokens": [1, 2], "s_per_step": 0.015}}  # fmt: skip
+    got = {f.name.split(": ", 1)[1]: f for f in _figures("m", hf, ours)}
+    assert got["prefill 256 tokens, transformers / ours time"].met is True  # 1.0 >= 1.0
+    assert got["prefill 1000 tokens, transformers / ours time"].met is False  # 1.2 < 1.5
+    assert got["prefill 1000 tokens, transformers / ours time"].value == 1.2
+    assert got["prefill 1000 tokens, max |logit - transformers'|"].met is False  # 2e-5
+    decode = got["decode tok/s, ours / transformers"]
+    assert decode.value == 2.0 and decode.met is True and "grouped 67 tok/s" in decode.note
+    ours["decode_grouped"]["s_per_step"] = 0.005  # grouped faster: auto did not keep the faster
+    assert _figures("m", hf, ours)[-1].met is False
+    ranks = [{k: {**v, "logits": v["logits"].tolist()} if k.startswith("prefill") else v
+              for k, v in ours.items()} for _ in range(2)]  # fmt: skip
+    ranks[1]["prefill_256"] = {**ranks[1]["prefill_256"], "s": [0.3, 0.1]}
+    ep = _ep_result(ranks)
+    assert ep["prefill_256"]["s"] == [0.3, 0.2]  # the slower rank of each run
+    assert [f.met for f in _figures("m", hf, ep, speed_goals=False)][:1] == [None]

@@ -181,4 +181,6 @@ def moe_load_memory(layouts: tuple[tuple[int, int], ...] = ((2, 1), (2, 2))) -> 
 
 
 def moe_figures() -> list[Figure]:
-    return moe_communication() + moe_load_memory()
+    from torch_tensorrt_dist.bench.moe_speed import moe_speed
+
+    return moe_communication() + moe_load_memory() + moe_speed()

@@ -29,7 +29,14 @@ from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
 
-__all__ = ["EXPERTS_OP", "grouped_mm", "grouped_mm_accepts", "moe_experts", "sorted_dispatch"]
+__all__ = [
+    "EXPERTS_OP",
+    "grouped_mm",
+    "grouped_mm_accepts",
+    "moe_experts",
+    "routed_experts",
+    "sorted_dispatch",
+]
 
 NAMESPACE = "tensorrt_dist"
 
@@ -109,31 +116,46 @@ def moe_experts(
     expert_start: int,
 ) -> Tensor:
     _check(x, expert_ids, expert_weights, w1, w3, w2)
+    # on the CPU the host reads the row count for free: other ranks' rows are dropped
+    return routed_experts(
+        x, expert_ids, expert_weights, w1, w3, w2, expert_start, host_rows=x.device.type == "cpu"
+    )
+
+
+def routed_experts(
+    x: Tensor,
+    expert_ids: Tensor,
+    expert_weights: Tensor,
+    w1: Tensor,
+    w3: Tensor,
+    w2: Tensor,
+    expert_start: int,
+    *,
+    host_rows: bool,
+) -> Tensor:
+    """The op's computation. ``host_rows``: read the number of rows this rank computes on the
+    host and drop the others before the gather (free on the CPU); else (no host
+    synchronisation) all T*k rows go through, those of other ranks zeroed after the matmuls,
+    and the sum over the k choices runs in (token, choice) order (deterministic on any device,
+    where CUDA's ``index_add_`` is not)."""
     t, k = expert_ids.shape
     order, offsets = sorted_dispatch(expert_ids, expert_start, w1.shape[0])
-    # on the CPU the host reads the row count for free and skips other ranks' rows entirely;
-    # elsewhere (no host synchronisation) all T*k rows go through and those rows are zeroed
-    n = int(offsets[-1]) if x.device.type == "cpu" else t * k
-    order = order[:n]
+    if host_rows:
+        order = order[: int(offsets[-1])]
     tokens = order // k  # the token of each sorted row
     xs = x.index_select(0, tokens)  # [n, D]
     g = grouped_mm(xs, w1.transpose(1, 2), offsets)  # [n, I]
     a = F.silu(g, inplace=True).mul_(grouped_mm(xs, w3.transpose(1, 2), offsets))
     y = grouped_mm(a, w2.transpose(1, 2), offsets)  # [n, D]; rows past offsets[-1]: garbage
-    if n == t * k and x.device.type != "cpu":
-        y = y.masked_fill_((torch.arange(n, device=x.device) >= offsets[-1])[:, None], 0.0)
+    if not host_rows:
+        y = y.masked_fill_((torch.arange(t * k, device=x.device) >= offsets[-1])[:, None], 0.0)
     w = expert_weights.reshape(-1)[order, None]  # [n, 1] float32
     y = y.mul_(w) if y.dtype == w.dtype else y * w  # half precision: weighted in float32
-    return _combine(y, order, tokens, t, k).to(x.dtype)  # [T, D]
-
-
-def _combine(y: Tensor, order: Tensor, tokens: Tensor, t: int, k: int) -> Tensor:
-    """Sum the sorted rows ``y [n, D]`` into their tokens: ``index_add_`` on the CPU
-    (deterministic there); elsewhere (all T*k rows) back to (token, choice) order and a sum over
-    the k choices, as transformers does (CUDA's ``index_add_`` adds in no fixed order)."""
-    if y.device.type == "cpu":
-        return torch.zeros(t, y.shape[1], dtype=y.dtype).index_add_(0, tokens, y)
-    return torch.empty_like(y).index_copy_(0, order, y).view(t, k, -1).sum(dim=1)
+    if host_rows:
+        out = torch.zeros(t, y.shape[1], dtype=y.dtype, device=y.device)
+        return out.index_add_(0, tokens, y).to(x.dtype)
+    unsorted = torch.empty_like(y).index_copy_(0, order, y)  # back to (token, choice) order
+    return unsorted.view(t, k, -1).sum(dim=1).to(x.dtype)  # [T, D]
 
 
 @moe_experts.register_fake
