@@ -137,15 +137,33 @@ def _our_decode(model: Any, form: str) -> Callable[[], dict[str, Any]]:
     return run
 
 
-def measure(
-    hf: Any | None, model: Any, forms: tuple[str, ...] = ("auto", "grouped")
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(transformers', ours): last-position prefill logits and times per size, greedy decode
-    tokens and seconds per step; ours compiled by our backend (inductor), its decode with each
-    experts ``form``. ``hf`` None: ours only (an EP rank)."""
+def _our_prefill(model: Any, form: str, n: int) -> tuple[Callable[[], Any], float]:
+    """Our compiled prefill of ``n`` tokens with the experts' ``form``, and its compile time."""
     from torch_tensorrt_dist.generation.generate import compile_step, prefill_step
 
-    prefill = compile_step(prefill_step(model), "inductor")
+    step = compile_step(prefill_step(model), "inductor")
+    ids, pos, pad = _prompt(n), torch.arange(n), torch.zeros(1, dtype=torch.long)
+
+    def run() -> Any:
+        for moe in model.sparse_blocks:
+            moe.compute = form
+        return step(ids, pos, pad)
+
+    start = time.perf_counter()
+    run()
+    return run, time.perf_counter() - start
+
+
+def measure(
+    hf: Any | None,
+    model: Any,
+    forms: tuple[str, ...] = ("auto", "grouped"),
+    prefill_forms: tuple[str, ...] = ("auto",),
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(transformers', ours): last-position prefill logits and times per size (ours with each
+    experts form of ``prefill_forms``: key ``prefill_{n}`` for "auto", else
+    ``prefill_{n}_{form}``), greedy decode tokens and seconds per step (ours with each of
+    ``forms``); ours compiled by our backend (inductor). ``hf`` None: ours only (an EP rank)."""
     theirs: dict[str, Any] = {}
     ours: dict[str, Any] = {}
     with torch.no_grad():
@@ -153,19 +171,16 @@ def measure(
             # a cache just long enough, as transformers' grows with the sequence: attention
             # over the whole static cache would add a cost this benchmark does not measure
             model.setup_caches(1, n + DECODE)
-            ids, pos, pad = _prompt(n), torch.arange(n), torch.zeros(1, dtype=torch.long)
-            start = time.perf_counter()
-            prefill(ids, pos, pad)
-            compile_s = time.perf_counter() - start
-            fns: dict[str, Callable[[], Any]] = {"ours": functools.partial(prefill, ids, pos, pad)}
+            fns: dict[str, Callable[[], Any]] = {}
+            compile_s = {}
+            for form in prefill_forms:
+                key = f"prefill_{n}" if form == "auto" else f"prefill_{n}_{form}"
+                fns[key], compile_s[key] = _our_prefill(model, form, n)
             if hf is not None:
-                fns["hf"] = functools.partial(hf, ids, logits_to_keep=1)
+                fns["hf"] = functools.partial(hf, _prompt(n), logits_to_keep=1)
             res, times = _timed(fns)
-            ours[f"prefill_{n}"] = {
-                "logits": res["ours"][0],
-                **times["ours"],
-                "compile_s": compile_s,
-            }
+            for key in compile_s:
+                ours[key] = {"logits": res[key][0], **times[key], "compile_s": compile_s[key]}
             if hf is not None:
                 theirs[f"prefill_{n}"] = {"logits": res["hf"].logits[0, -1], **times["hf"]}
         model.setup_caches(1, PREFILL[0] + DECODE)
@@ -225,6 +240,17 @@ def _figures(
                 note=f"largest |logit| {float(h['logits'].abs().max()):.2f}",
             ),
         ]  # fmt: skip
+        dense = ours.get(f"prefill_{n}_dense")
+        if dense is not None:  # the dense form: what every prefill ran before the grouped op
+            err = float((dense["logits"] - h["logits"]).abs().max())
+            figures.append(
+                Figure(
+                    "moe", f"{label}: prefill {n} tokens, ours dense / ours grouped time",
+                    round(min(dense["s"]) / min(o["s"]), 2), "x",
+                    note=f"dense {_spread(dense['s'])}; CPU time "
+                    f"{min(dense['cpu']) / min(o['cpu']):.2f}x; dense logits within {err:.1e}",
+                )
+            )  # fmt: skip
     h, o = hf["decode"], ours["decode_auto"]
     same = o["tokens"] == h["tokens"]
     note = f"transformers {1 / h['s_per_step']:.0f} tok/s; ours (auto: routed) "
@@ -307,7 +333,8 @@ def moe_speed() -> list[Figure]:
                 torch._dynamo.reset()
                 ours = load_moe(path, progress=False)
                 figures += _block_figures(name, block_run(hf, ours))
-                theirs, mine = measure(hf, ours)
+                dense = ("auto", "dense") if i == 0 else ("auto",)  # the old prefill, once
+                theirs, mine = measure(hf, ours, prefill_forms=dense)
                 figures += _figures(name, theirs, mine)
                 if i == 0:  # EP 2 x TP 1: each rank its half of the experts
                     ranks = run_on_ranks(speed_rank, 2, str(path), timeout=900)

@@ -31,10 +31,10 @@ from torch_tensorrt_dist.errors import ConfigError
 
 __all__ = [
     "EXPERTS_OP",
+    "grouped_experts",
     "grouped_mm",
     "grouped_mm_accepts",
     "moe_experts",
-    "routed_experts",
     "sorted_dispatch",
 ]
 
@@ -117,12 +117,12 @@ def moe_experts(
 ) -> Tensor:
     _check(x, expert_ids, expert_weights, w1, w3, w2)
     # on the CPU the host reads the row count for free: other ranks' rows are dropped
-    return routed_experts(
+    return grouped_experts(
         x, expert_ids, expert_weights, w1, w3, w2, expert_start, host_rows=x.device.type == "cpu"
     )
 
 
-def routed_experts(
+def grouped_experts(
     x: Tensor,
     expert_ids: Tensor,
     expert_weights: Tensor,
