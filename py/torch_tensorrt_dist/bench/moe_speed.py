@@ -206,8 +206,8 @@ def speed_rank(rank: int, world: int, path: str) -> dict[str, Any]:
 
     model = load_moe(path, groups=moe_groups(make_moe_mesh(world, 1)), progress=False)
     _, out = measure(None, model, forms=("auto",))
-    for n in PREFILL:  # plain lists through the pipe (a tensor would be shared memory)
-        out[f"prefill_{n}"]["logits"] = out[f"prefill_{n}"]["logits"].tolist()
+    for key in [k for k in out if k.startswith("prefill_")]:  # plain lists through the pipe
+        out[key]["logits"] = out[key]["logits"].tolist()  # (a tensor would be shared memory)
     return out
 
 
@@ -307,8 +307,7 @@ def _ep_result(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """The EP ranks' prefill times (the slower rank of each run) and rank 0's logits and
     decode (the ranks step together: one all-reduce per MoE layer)."""
     out = dict(ranks[0])
-    for n in PREFILL:
-        key = f"prefill_{n}"
+    for key in [k for k in out if k.startswith("prefill_")]:
         out[key] = {
             **ranks[0][key],
             "logits": torch.tensor(ranks[0][key]["logits"]),
