@@ -11,21 +11,36 @@ from typing import Any
 import torch.distributed as dist
 
 from torch_tensorrt_dist.artifacts import compile_artifacts, load_generator
+from torch_tensorrt_dist.artifacts.manifest import manifest_digest
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.models.loader import load_llama
 
 MAX_SEQ = 64
 
 
+def flip_byte(path: Path) -> None:
+    """Flip every bit of the byte in the middle of ``path``."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+#: Defects of one rank's file: variant -> the file whose middle byte is flipped.
+FLIPPED = {
+    "corrupt": "rank-1/decode.pt2",
+    "weights": "rank-1/weights.safetensors",
+    "prefill": "rank-0/prefill-16.pt2",
+    "entry": "rank-0/rank.json",
+}
+
+
 def _variant(src: Path, dest: Path, edit: str) -> None:
-    """A copy of the artifacts with one defect (``edit``)."""
+    """A copy of the artifacts with one defect (``edit``). Manifest edits are sealed with a
+    fresh digest (as a compile would write them), except ``manifest``: an edit after writing."""
     shutil.copytree(src, dest)
     manifest = json.loads((dest / "manifest.json").read_text())
-    if edit == "corrupt":
-        f = dest / "rank-1" / "decode.pt2"
-        data = bytearray(f.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        f.write_bytes(bytes(data))
+    if edit in FLIPPED:
+        flip_byte(dest / FLIPPED[edit])
     elif edit == "missing":
         (dest / "rank-0" / "weights.safetensors").unlink()
     elif edit == "version":
@@ -33,11 +48,15 @@ def _variant(src: Path, dest: Path, edit: str) -> None:
     elif edit == "groups":
         manifest["groups"][0]["ranks"] = [1, 0]
     elif edit == "format":
-        manifest["format_version"] = 2
+        manifest["format_version"] = 3
+    elif edit == "manifest":
+        manifest["cache_len"] += 1
+    if edit != "manifest":
+        manifest["digest"] = manifest_digest(manifest)
     (dest / "manifest.json").write_text(json.dumps(manifest))
 
 
-VARIANTS = ("corrupt", "missing", "version", "groups", "format")
+VARIANTS = (*FLIPPED, "missing", "version", "groups", "format", "manifest")
 
 
 def compile_and_generate(

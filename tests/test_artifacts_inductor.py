@@ -2,20 +2,27 @@
 and every refusal of a defective directory or an out-of-shape request, with its message.
 
 One spawn compiles the artifacts (a tiny tied-embedding checkpoint, one prefill bucket) and
-checks everything that needs live ranks; the CLI test reuses the directory.
+checks everything that needs live ranks, among them a byte flipped in each kind of file, on
+each rank; the CLI tests reuse the directory and its defective copies (a rank-1 refusal under
+torchrun and mpirun reaches the user; the manifest and tokenizer are refused before any rank).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from torch_tensorrt_dist.artifacts import read_manifest
+from torch_tensorrt_dist.artifacts.manifest import manifest_digest, sha256_file
 from torch_tensorrt_dist.cli import main
 from torch_tensorrt_dist.errors import ArtifactError
 from torch_tensorrt_dist.testing import run_on_ranks
@@ -24,6 +31,7 @@ from . import _artifact_fns, _llama_ckpt
 
 pytest.importorskip("transformers")
 
+ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [[3, 5, 7, 9, 11], [4, 8, 15, 16, 23, 42, 7, 1, 2]]
 MAX_NEW = 8
 
@@ -62,7 +70,8 @@ def test_manifest_records_layout_groups_and_files(built: dict[str, Any]) -> None
     assert [(g.name, g.ranks) for g in m.groups] == [("0", [0, 1])]
     assert m.buckets == [16] and m.cache_len == 64 and m.max_batch_size == 2
     for entry in m.ranks:
-        assert set(entry.files) == {"prefill-16", "decode", "weights"}
+        assert set(entry.files) == {"prefill-16", "decode", "weights", "entry"}
+        assert entry.files["entry"].path == f"rank-{entry.rank}/rank.json"
         # 2 all-reduces per layer + the embedding's + the vocab-parallel head's
         assert len(entry.schedules["decode"]) == 2 * 2 + 2
         assert all(s.startswith("all_reduce(sum,0)") for s in entry.schedules["decode"])
@@ -75,16 +84,23 @@ def test_manifest_records_layout_groups_and_files(built: dict[str, Any]) -> None
 
 def test_refusals_by_name(built: dict[str, Any]) -> None:
     errors = built["ranks"][0]["errors"]
-    assert (
-        "ArtifactError: rank-1/decode.pt2 (decode) is corrupt"
-        in built["ranks"][1]["errors"]["corrupt"]
-    )
-    assert errors["corrupt"] == ""  # rank 0's own files are intact; rank 1 stops the job
+    # one byte flipped in one rank's file (packages, weights, rank.json): that rank names the
+    # file and its hash; the other rank stops too, before any graph runs, quoting it
+    for name, rel in _artifact_fns.FLIPPED.items():
+        owner = int(rel.split("/")[0].removeprefix("rank-"))
+        own = built["ranks"][owner]["errors"][name]
+        other = built["ranks"][1 - owner]["errors"][name]
+        assert own.startswith(f"ArtifactError: {rel} ("), own
+        assert " is corrupt: sha256 " in own and "..., the manifest records " in own
+        assert other == f"RankFailedError: rank {owner} failed the artifact check: {own}"
     assert "rank-0/weights.safetensors (weights) is missing" in errors["missing"]
-    assert "compiled with torch 2.0.0" in errors["version"]
-    assert "process group '0' (tp) of the artifacts" in errors["groups"]
-    assert "ranks [1, 0]" in errors["groups"]
-    assert "artifact format version 2" in errors["format"]
+    assert "rank 0 failed the artifact check" in built["ranks"][1]["errors"]["missing"]
+    for ranks_errors in (errors, built["ranks"][1]["errors"]):  # every rank finds these itself
+        assert "compiled with torch 2.0.0" in ranks_errors["version"]
+        assert "process group '0' (tp) of the artifacts" in ranks_errors["groups"]
+        assert "ranks [1, 0]" in ranks_errors["groups"]
+        assert "manifest.json: artifact format version 3" in ranks_errors["format"]
+        assert "manifest.json does not match its digest" in ranks_errors["manifest"]
     assert "this run has world size 2 (pp 2 x tp 1)" in errors["layout"]
     assert "3 prompts, but the artifacts were compiled for batch 2" in errors["batch"]
     assert "no compiled prefill bucket fits a 20-token prompt" in errors["bucket"]
@@ -111,11 +127,101 @@ def test_cli_generate_from_artifacts(
     assert result["tokens"] == built["hf"][:1]
     assert result["engine"] == "artifacts:inductor" and result["tp"] == 2
     assert "OMP_NUM_THREADS" not in captured.err  # the launcher sets it silently
-    # refused before any rank starts
+    # refused before any rank starts, describing the run as it would be
     assert main([*args, "--tp", "1"]) == 2
-    assert "compiled for world size 2" in capfd.readouterr().err
+    assert (
+        "compiled for world size 2 (pp 1 x tp 2), but this run has world size 1 (pp 1 x tp 1)"
+        in (capfd.readouterr().err)
+    )
     assert main([*args, "--max-new-tokens", "60"]) == 2
     assert "exceeds the compiled sequence length 64" in capfd.readouterr().err
+
+
+TEXT = "\x03\x05\x07\x09\x0b"  # byte tokens 3 5 7 9 11 (no tokenizer.json)
+
+
+def test_cli_rank_1_refusal_stops_every_rank_before_any_text(
+    built: dict[str, Any], capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = built["out"].parent / "weights"  # rank-1/weights.safetensors: one byte flipped
+    args = ["generate", "--artifacts", str(bad), "--prompt", TEXT, "--max-new-tokens", "2"]
+    with caplog.at_level(logging.INFO, logger="torch_tensorrt_dist.runtime.launcher"):
+        assert main(args) == 2
+    captured = capfd.readouterr()
+    assert captured.out == ""  # not even the prompt: no rank went past the verdict
+    error, named = captured.err.strip().splitlines()[-2:]
+    assert error.startswith(
+        "error: rank 1: ArtifactError: rank-1/weights.safetensors (weights) is corrupt: sha256 "
+    )
+    assert error.endswith("...; copy it again or recompile")  # a refusal: no traceback hint
+    assert named.startswith("torchtrt-dist run (torchrun): rank 1 of 2 (on ")
+    assert named.endswith("exited with code 2; the other ranks were stopped.")
+    assert "Traceback" not in captured.err
+    # rank 0 passed its own checks and refused with rank 1's message (logged at -v)
+    assert "rank 0 also failed (repeating rank 1): RankFailedError: rank 1 failed the " in (
+        caplog.text
+    )
+
+
+@pytest.mark.mpi
+def test_cli_rank_1_refusal_under_mpirun(built: dict[str, Any]) -> None:
+    bad = built["out"].parent / "corrupt"  # rank-1/decode.pt2: one byte flipped
+    launcher_vars = ("OMPI_", "PMIX_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher_vars)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT / "py"), env.get("PYTHONPATH"))))
+    out = subprocess.run(
+        [sys.executable, "-m", "torch_tensorrt_dist", "run", "--launcher", "mpi",
+         "--nproc-per-node", "2", "-m", "torch_tensorrt_dist", "generate", "--artifacts",
+         str(bad), "--prompt", TEXT, "--max-new-tokens", "2"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stdout == ""
+    error, named = out.stderr.strip().splitlines()[-2:]
+    assert error.startswith("rank 1: ArtifactError: rank-1/decode.pt2 (decode) is corrupt: sha256")
+    assert named.startswith("torchtrt-dist run (mpi): rank 1 of 2")
+    assert "mpirun detected" not in out.stderr  # Open MPI's banner: only under -v
+
+
+def test_cli_manifest_and_tokenizer_refused_before_any_rank(
+    built: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["generate", "--prompt", TEXT, "--max-new-tokens", "2", "--artifacts"]
+    assert main([*args, str(built["out"].parent / "manifest")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "manifest.json does not match its digest (sha256 " in err
+    # a byte flip that breaks the JSON
+    flipped = tmp_path / "flipped"
+    shutil.copytree(built["out"], flipped)
+    _artifact_fns.flip_byte(flipped / "manifest.json")
+    assert main([*args, str(flipped)]) == 2
+    assert f"{flipped}/manifest.json is not valid JSON" in capsys.readouterr().err
+    # a tokenizer file listed in the manifest, then damaged: named before it is parsed
+    tok = tmp_path / "tok"
+    shutil.copytree(built["out"], tok)
+    (tok / "tokenizer").mkdir()
+    (tok / "tokenizer" / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    data = json.loads((tok / "manifest.json").read_text())
+    file = tok / "tokenizer" / "tokenizer.json"
+    entry = {"path": "tokenizer/tokenizer.json", "bytes": file.stat().st_size,
+             "sha256": sha256_file(file)}  # fmt: skip
+    data["tokenizer"] = {"tokenizer.json": entry}
+    data["digest"] = manifest_digest(data)
+    (tok / "manifest.json").write_text(json.dumps(data))
+    _artifact_fns.flip_byte(tok / "tokenizer" / "tokenizer.json")
+    assert main([*args, str(tok)]) == 2
+    assert capsys.readouterr().err.startswith(
+        "error: tokenizer/tokenizer.json (tokenizer.json) is corrupt: sha256 "
+    )
+
+
+def test_one_rank_under_a_launcher_is_described_as_it_is(
+    built: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(["generate", "--artifacts", str(built["out"]), "--prompt", TEXT]) == 2
+    assert "but this run has world size 1 (pp 1 x tp 1); start 2 ranks" in (capsys.readouterr().err)
 
 
 def test_cli_compile_refuses_pipeline_and_tensorrt(
@@ -128,3 +234,15 @@ def test_cli_compile_refuses_pipeline_and_tensorrt(
     assert main(["compile", "--model", "nope", "--tp", "2", "--out", str(tmp_path)]) == 2
     assert "'nope' is neither a checkpoint directory nor a preset" in capsys.readouterr().err
     assert not (tmp_path / "manifest.json").exists()
+    # --out, checked before any rank starts
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["compile", "--model", "tiny", "--tp", "2", "--out", str(tmp_path)]) == 2
+    assert "is not empty and is not an artifact directory (it holds notes.txt)" in (
+        capsys.readouterr().err
+    )
+    out = str(tmp_path / "notes.txt")
+    assert main(["compile", "--model", "tiny", "--tp", "2", "--out", out]) == 2
+    assert capsys.readouterr().err == (
+        f"error: the output path {out} is a file, not a directory; choose a new or empty "
+        "directory\n"
+    )

@@ -18,6 +18,7 @@ from torch_tensorrt_dist.artifacts.manifest import (
     check_device,
     check_layout,
     check_versions,
+    manifest_digest,
     pick_bucket,
     read_manifest,
     sha256_file,
@@ -93,7 +94,9 @@ def test_incompatible_format_version(tmp_path: Path) -> None:
     data = json.loads(_manifest(tmp_path).to_json())
     data["format_version"] = 99
     (tmp_path / "manifest.json").write_text(json.dumps(data))
-    with pytest.raises(ArtifactError, match=r"format version 99.*reads version 1"):
+    with pytest.raises(
+        ArtifactError, match=r"manifest.json: artifact format version 99.*reads version 2"
+    ):
         read_manifest(tmp_path)
     data["format"] = "something else"
     (tmp_path / "manifest.json").write_text(json.dumps(data))
@@ -104,8 +107,34 @@ def test_incompatible_format_version(tmp_path: Path) -> None:
 def test_missing_field(tmp_path: Path) -> None:
     data = json.loads(_manifest(tmp_path).to_json())
     del data["buckets"]
+    data["digest"] = manifest_digest(data)  # written so, not changed afterwards
     (tmp_path / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(ArtifactError, match=r"lacks or mistypes a field.*buckets"):
+        read_manifest(tmp_path)
+
+
+def test_manifest_checked_against_its_own_digest(tmp_path: Path) -> None:
+    m = _manifest(tmp_path)
+    write_manifest(tmp_path, m)
+    text = (tmp_path / "manifest.json").read_text()
+    data = json.loads(text)
+    assert data["digest"] == manifest_digest(data)
+    # any change after writing: a value, a file's hash, a schedule, the digest itself
+    for old, new in [('"cache_len": 64', '"cache_len": 65'), ("sum,0", "sum,1"),
+                     (data["digest"], "0" * 64)]:  # fmt: skip
+        (tmp_path / "manifest.json").write_text(text.replace(old, new, 1))
+        with pytest.raises(
+            ArtifactError, match=r"manifest.json does not match its digest \(sha256 "
+        ):
+            read_manifest(tmp_path)
+    del data["digest"]
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=r"manifest.json has no digest: it was changed after"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text(
+        text.replace('"', "\udcff", 1), errors="surrogateescape"
+    )
+    with pytest.raises(ArtifactError, match=r"manifest.json is not valid JSON"):
         read_manifest(tmp_path)
 
 
@@ -136,7 +165,15 @@ def test_missing_and_corrupt_rank_files(tmp_path: Path) -> None:
     m = _manifest(tmp_path)
     files = m.rank_entry(0).files
     (tmp_path / files["decode"].path).write_bytes(b"graph of rank X")  # same size, other bytes
-    with pytest.raises(ArtifactError, match=r"rank-0/decode.pt2 \(decode\) is corrupt"):
+    digest = sha256_file(tmp_path / files["decode"].path)
+    with pytest.raises(
+        ArtifactError,
+        match=rf"rank-0/decode.pt2 \(decode\) is corrupt: sha256 {digest[:16]}\.\.\., the "
+        rf"manifest records {files['decode'].sha256[:16]}\.\.\.; copy it again or recompile",
+    ):
+        verify_files(tmp_path, files)
+    (tmp_path / files["decode"].path).write_bytes(b"graph")
+    with pytest.raises(ArtifactError, match=r"is corrupt: 5 bytes, the manifest records 15"):
         verify_files(tmp_path, files)
     (tmp_path / files["decode"].path).unlink()
     with pytest.raises(ArtifactError, match=r"rank-0/decode.pt2 \(decode\) is missing"):
@@ -172,7 +209,7 @@ def test_running_versions_and_checkpoint_hash(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
     v = running_versions()
-    assert v["torch"] == torch.__version__ and v["format"] == "1"
+    assert v["torch"] == torch.__version__ and v["format"] == "2"
     (tmp_path / "config.json").write_text('{"a": 1}')
     save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
     h = checkpoint_hash(tmp_path)
@@ -187,5 +224,5 @@ def test_device_mismatch(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="compiled for cpu, but this rank runs on cuda"):
         check_device(m, "cuda")
     data = json.loads(m.to_json())
-    del data["device"]  # written before the field existed: cpu
+    del data["device"]  # a manifest without the field (an older writer): cpu
     assert Manifest.from_dict(data).device == "cpu"

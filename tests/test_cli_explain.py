@@ -133,7 +133,7 @@ def test_impl_summary_counts_what_the_implementation_takes() -> None:
     from types import SimpleNamespace
 
     from torch_tensorrt_dist.cli.explain import impl_summary
-    from torch_tensorrt_dist.conversion.capability import ImplChoice
+    from torch_tensorrt_dist.conversion.interface import ImplChoice
 
     a = SimpleNamespace(tensorrt={"native": None, "torch_nccl": None})
     b = SimpleNamespace(tensorrt={"native": "two groups", "torch_nccl": None})

@@ -17,16 +17,18 @@ from torch_tensorrt_dist.conversion import (
     requested_impl,
     select_impl,
 )
-from torch_tensorrt_dist.conversion.availability import collective_settings, current_impl
+from torch_tensorrt_dist.conversion.capability import node_decision
+from torch_tensorrt_dist.conversion.choice import current_impl
 from torch_tensorrt_dist.conversion.converters import make_validator
 from torch_tensorrt_dist.conversion.engine import compile_tensorrt, engine_group
-from torch_tensorrt_dist.conversion.node_args import collective_calls, node_decision
+from torch_tensorrt_dist.conversion.node_args import collective_calls
 from torch_tensorrt_dist.conversion.registration import (
     PASS_NAME,
     fuse_collectives_pass,
     pass_index,
     register_with_torch_tensorrt,
 )
+from torch_tensorrt_dist.conversion.settings import collective_settings
 from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError
 
 OPS = torch.ops.tensorrt_dist
@@ -321,7 +323,7 @@ def test_native_spec_needs_the_rank_in_the_communicator() -> None:
 
 
 def test_native_members_a_tensorrt_lacks_are_refused_by_name() -> None:
-    from torch_tensorrt_dist.conversion.spec import native_collective_spec
+    from torch_tensorrt_dist.conversion.impl.native.spec import native_collective_spec
     from torch_tensorrt_dist.errors import UnsupportedCollectiveError
 
     trt_10_16 = frozenset(  # DistCollective before ALL_TO_ALL (TensorRT 11.0)

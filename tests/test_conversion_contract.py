@@ -172,11 +172,11 @@ def test_backend_entry_points(torch_trt_src: Path) -> None:
 @pytest.mark.parametrize(
     "name",
     [
-        # converters._native_layer
+        # impl/native/emitter._native_layer
         "add_dist_collective", "CollectiveOperation", "ReduceOperation", "num_ranks",
         "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL", "BROADCAST",
         "SUM", "PROD", "MAX", "MIN", "AVG", "NONE",
-        # converters._plugin_layer
+        # impl/trtllm/emitter._plugin_layer
         "get_plugin_registry", "get_creator", "create_plugin", "add_plugin_v2",
         "PluginField", "PluginFieldCollection", "PluginFieldType", "INT32", "INT8", "FLOAT32",
         # the runtime side Torch-TensorRT uses for native layers

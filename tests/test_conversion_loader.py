@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from torch_tensorrt_dist.conversion.nccl_library import (
-    NCCL_SONAME,
-    find_torch_nccl,
-    preload_torch_nccl,
-)
-from torch_tensorrt_dist.conversion.plugin_loader import (
+from torch_tensorrt_dist.conversion.impl.trtllm.loader import (
     ENV_PLUGINS_PATH,
     LIB_NAME,
     PluginLoader,
     plugin_candidates,
+)
+from torch_tensorrt_dist.conversion.nccl_library import (
+    NCCL_SONAME,
+    find_torch_nccl,
+    preload_torch_nccl,
 )
 from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError
 
@@ -176,7 +176,7 @@ def test_not_a_shared_library(tmp_path: Path) -> None:
 def test_system_loader_path_is_searched_last(libs: dict[str, Path]) -> None:
     # LD_LIBRARY_PATH is read by the dynamic loader at process start: use a fresh process
     code = (
-        "from torch_tensorrt_dist.conversion.plugin_loader import PluginLoader;"
+        "from torch_tensorrt_dist.conversion.impl.trtllm.loader import PluginLoader;"
         "r = PluginLoader(preload_nccl=False).load(env={}); print(r.found_by, '|', r.path)"
     )
     env = dict(os.environ)
@@ -275,7 +275,11 @@ def _linked_to_nvinfer(root: Path, major: int) -> Path:
 
 
 def test_elf_reader_lists_what_readelf_lists(tmp_path: Path) -> None:
-    from torch_tensorrt_dist.conversion.elf import ElfError, needed_libraries, nvinfer_major
+    from torch_tensorrt_dist.conversion.impl.trtllm.elf import (
+        ElfError,
+        needed_libraries,
+        nvinfer_major,
+    )
 
     lib = _linked_to_nvinfer(tmp_path, 10)
     needed = needed_libraries(lib)
@@ -296,7 +300,7 @@ def test_elf_reader_lists_what_readelf_lists(tmp_path: Path) -> None:
 def test_a_plugin_library_built_for_another_tensorrt_is_refused_before_loading(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from torch_tensorrt_dist.conversion import plugin_loader
+    from torch_tensorrt_dist.conversion.impl.trtllm import loader as plugin_loader
 
     lib = _linked_to_nvinfer(tmp_path, 10)
     assert plugin_loader.tensorrt_abi_mismatch(str(lib), 10) is None

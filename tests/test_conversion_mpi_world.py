@@ -69,7 +69,7 @@ from mpi4py import MPI  # initialises MPI: the check must prefer it to the envir
 # load errors.py and mpi_world.py by path: the check needs neither torch nor the package init
 pkg = sys.argv[1]
 sys.modules["torch_tensorrt_dist"] = types.ModuleType("torch_tensorrt_dist")
-for name in ("errors", "conversion/mpi_world"):
+for name in ("errors", "conversion/impl/trtllm/mpi_world"):
     mod_name = "torch_tensorrt_dist." + name.replace("/", ".")
     spec = importlib.util.spec_from_file_location(mod_name, os.path.join(pkg, name + ".py"))
     module = importlib.util.module_from_spec(spec)

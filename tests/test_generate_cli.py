@@ -114,7 +114,7 @@ def test_tp2_starts_its_own_ranks(ckpt: tuple[Path, list[int]]) -> None:
         (["--prompt", "x" * 200], "the prompt has 200 tokens, but the model's max sequence"),
         (["--max-new-tokens", "500"], "exceeds the KV cache length 128; use max_new_tokens <= 120"),
         (["--tp", "3"], "n_heads=4 is not divisible by tp=3; use tp in [1, 2, 4]"),
-        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--temperature", "-1"], "temperature must be 0 (greedy) or in [0.001, 100]"),
         (["--verify"], "--verify checks a compiled engine; --engine none compiles nothing"),
     ],
 )

@@ -54,10 +54,15 @@ def test_same_seed_same_tokens() -> None:
 
 
 def test_sampling_config_errors() -> None:
-    with pytest.raises(ConfigError, match="temperature must be >= 0"):
+    with pytest.raises(ConfigError, match=r"temperature must be 0 \(greedy\) or in"):
         SamplingConfig(temperature=-1)
-    with pytest.raises(ConfigError, match=r"top_p must be in \(0, 1\], got 0"):
+    with pytest.raises(ConfigError, match=r"top_p must be a finite number in \(0, 1\], got 0"):
         SamplingConfig(top_p=0)
+    for t in (float("nan"), float("inf"), 1e-300, 1e3):  # NaN fails every comparison
+        with pytest.raises(ConfigError, match=r"temperature must be 0 \(greedy\) or in"):
+            SamplingConfig(temperature=t)
+    with pytest.raises(ConfigError, match=r"seed must be an integer in \[0, 2\*\*64\)"):
+        SamplingConfig(seed=2**64)
 
 
 def test_prefill_buckets() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
-from torch_tensorrt_dist.conversion.kv_cache import kv_cache_write_decision
+from torch_tensorrt_dist.conversion.layers.kv_cache import kv_cache_write_decision
 from torch_tensorrt_dist.generation.generate import decode_example, decode_step, prefill_step
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 

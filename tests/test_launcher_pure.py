@@ -1,5 +1,6 @@
 """Launcher logic without ranks: mpirun and torchrun command lines, NCCL environment, failure
-parsing, and the mpirun runner's stderr copy and signal forwarding (with a stand-in child)."""
+parsing, and the mpirun runner's stderr copy and signal forwarding (with a stand-in child).
+(Failure records, the choice of the failed rank and ``agree``: test_rank_errors_pure.py.)"""
 
 from __future__ import annotations
 
@@ -190,10 +191,14 @@ def test_a_rank_the_launcher_stopped_is_not_the_first_failure() -> None:
     # listed both as failed; neither left a record
     failed = {0: FailedRank(0, signal=15, pid=7), 1: FailedRank(1, signal=9, pid=8)}
     assert pick_first_failure(failed, {}) == FailedRank(1, signal=9, pid=8)
-    # an external SIGTERM to one rank, with no other abrupt failure, is still the cause
-    failed = {0: FailedRank(0, exit_code=1), 2: FailedRank(2, signal=15)}
-    records = {0: {"rank": 0, "exit_code": 1, "time": 3.0, "error": "RuntimeError: reset"}}
-    assert pick_first_failure(failed, records) == FailedRank(2, signal=15)
+    # rank 0 raised while rank 1 was busy; the launcher then stopped rank 1 with SIGTERM
+    failed = {0: FailedRank(0, exit_code=1, pid=7), 1: FailedRank(1, signal=15, pid=8)}
+    records = {0: {"rank": 0, "exit_code": 1, "time": 3.0, "error": "ValueError: bad"}}
+    first = pick_first_failure(failed, records)
+    assert first == FailedRank(0, exit_code=1, pid=7, detail="ValueError: bad")
+    assert exit_status(first, 143) == 1  # the cause's status, not the stopped rank's
+    # a SIGTERM with nothing else failed (someone stopped that rank from outside) is the cause
+    assert pick_first_failure({2: FailedRank(2, signal=15)}, {}) == FailedRank(2, signal=15)
 
 
 def test_first_failure_is_the_earliest_record() -> None:
@@ -233,7 +238,7 @@ def test_run_mpirun_copies_stderr_and_names_the_rank(capfd: pytest.CaptureFixtur
     code = f"import sys; sys.stderr.write({MPIRUN_EXIT!r}); sys.exit(3)"
     returncode, failure = run_mpirun([sys.executable, "-c", code], os.environ)
     assert (returncode, failure) == (3, FailedRank(1, exit_code=3))
-    assert "Process name: [[30572,1],1]" in capfd.readouterr().err
+    assert "Process name: [[30572,1],1]" not in capfd.readouterr().err  # the launcher reports
 
 
 def test_sigterm_to_the_launcher_stops_mpirun() -> None:

@@ -98,24 +98,28 @@ def test_cli_torchrun_launcher_two_ranks() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize(
-    ("launcher", "how", "status", "words"),
+    ("launcher", "how", "rank", "status", "words"),
     [
-        ("torchrun", ["--exit-code", "3"], 3, "exited with code 3"),
-        pytest.param(
-            "mpi", ["--kill"], 137, "was killed by SIGKILL (signal 9)", marks=pytest.mark.mpi
-        ),
+        # rank 0 raises while rank 1 computes: the launcher then stops rank 1 with SIGTERM,
+        # and names rank 0 with its error and status (not rank 1, not 143)
+        ("torchrun", ["--fail-rank", "0", "--raise", "--sleep-rank", "1"], 0, 1,
+         "exited with code 1"),
+        pytest.param("mpi", ["--fail-rank", "1", "--kill"], 1, 137,
+                     "was killed by SIGKILL (signal 9)", marks=pytest.mark.mpi),
     ],
-)
-def test_a_dead_rank_stops_the_job_and_is_named(
+    ids=["torchrun-raise", "mpi-kill"],
+)  # fmt: skip
+def test_the_first_failing_rank_stops_the_job_and_is_named(
     tmp_path: Path,
     record_property: Any,
     launcher: str,
     how: list[str],
+    rank: int,
     status: int,
     words: str,
 ) -> None:
     death = tmp_path / "death"
-    args = ["--fail-rank", "1", "--death-file", str(death), *how]
+    args = ["--death-file", str(death), *how]
     out = _run(_cli("--launcher", launcher, "--nproc-per-node", "2", str(PROBE), *args))
     exited = time.time()
     assert death.exists(), out.stderr[-3000:]
@@ -123,10 +127,49 @@ def test_a_dead_rank_stops_the_job_and_is_named(
     record_property(f"{launcher}_death_to_exit_s", round(stop_s, 2))
     assert out.returncode == status, out.stderr[-3000:]
     assert stop_s < FAULT_BOUND_S
-    assert _probes(out.stdout) == []  # rank 0 never finished its all_reduce
-    last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"torchtrt-dist run ({launcher}): rank 1 of 2")
-    assert words in last and "the other ranks were stopped" in last
+    assert _probes(out.stdout) == []  # no rank finished its all_reduce
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"torchtrt-dist run ({launcher}): rank {rank} of 2")
+    assert words in lines[-1] and "the other ranks were stopped" in lines[-1]
+    # one line for the error (none for a kill): no traceback, no agent warning about the rank
+    # it stopped, no Open MPI banner
+    assert "Traceback" not in out.stderr and "SIGTERM" not in out.stderr, out.stderr[-3000:]
+    assert "mpirun" not in out.stderr
+    if launcher == "torchrun":
+        assert lines[-2] == "rank 0: ValueError: probe failure on rank 0"
+        assert lines[-1].endswith(" (-v shows its traceback)")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_collective_timeout_names_the_rank_that_timed_out() -> None:
+    # rank 0 computes while rank 1 waits for it in an all_reduce, past the 3 s timeout; then
+    # the launcher stops rank 0 with SIGTERM
+    out = _run(_cli("--nproc-per-node", "2", "--timeout", "3", str(PROBE), "--sleep-rank", "0"))
+    assert out.returncode == 1, out.stderr[-3000:]  # rank 1's status, not 143
+    error, named = out.stderr.strip().splitlines()[-2:]
+    assert error.startswith("rank 1: RuntimeError: ") and "Timed out" in error, out.stderr
+    assert named.startswith("torchtrt-dist run (torchrun): rank 1 of 2")
+    assert "SIGTERM" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_busy_master_port_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from torch_tensorrt_dist.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = main(["run", "--nproc-per-node", "2", "--master-port", str(port), str(PROBE)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == (
+        f"torchtrt-dist run: the rendezvous port 127.0.0.1:{port} is already in use (another "
+        "job or a process still holding it); choose another --master-port, or leave it unset "
+        "on one node for a free port\n"
+    )
 
 
 def test_cli_reports_bad_options_in_one_line() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from torch_tensorrt_dist.conversion.moe_experts import (
+from torch_tensorrt_dist.conversion.layers.moe_experts import (
     MoELayerEnvironment,
     moe_layer_decision,
 )

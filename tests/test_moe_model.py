@@ -118,11 +118,13 @@ def test_missing_expert_is_named(mixtral: Path, tmp_path: Path) -> None:
     for kind in ("w1", "w2", "w3"):
         del tensors[f"model.layers.1.block_sparse_moe.experts.3.{kind}.weight"]
     save_file(tensors, str(broken / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"lacks expert 3 of layer 1 .* 4 experts, the "
-                       r"checkpoint has 3 for that layer \(\[0, 1, 2\]\)"):  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"num_local_experts=4, but layer 1 of .* holds "
+                       r"experts 3 \(0-2\); the config and weights do not match"):  # fmt: skip
         load_moe(broken, progress=False)
-    # ep rank 0 of 2 holds experts 0, 1 only: it loads without the missing one
-    load_moe(broken, groups=MoEGroups(2, 1, 0, 0, None, None), progress=False)
+    # every rank checks the whole checkpoint, so ep rank 0 of 2 (experts 0, 1) refuses it too
+    # rather than loading and waiting in a collective for the rank that cannot
+    with pytest.raises(CheckpointError, match=r"num_local_experts=4, but layer 1"):
+        load_moe(broken, groups=MoEGroups(2, 1, 0, 0, None, None), progress=False)
 
 
 def test_bench_moe_communication_meets_the_minimum() -> None:

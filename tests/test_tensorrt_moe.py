@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torch_tensorrt_dist.backend import recording
-from torch_tensorrt_dist.conversion.moe_experts import moe_layer_environment
+from torch_tensorrt_dist.conversion.layers.moe_experts import moe_layer_environment
 from torch_tensorrt_dist.generation.generate import compile_step, prefill_step
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs

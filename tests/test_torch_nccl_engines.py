@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.tensorrt, pytest.mark.multigpu]
 
 
 def _need(world: int) -> None:
-    from torch_tensorrt_dist.conversion.torch_nccl_plugins import find_torch_nccl_library
+    from torch_tensorrt_dist.conversion.impl.torch_nccl.library import find_torch_nccl_library
 
     if find_torch_nccl_library() is None:
         pytest.skip("our plugin library is not built; run `torchtrt-dist build-plugins`")
@@ -103,7 +103,7 @@ def _two_groups_case(rank: int, world: int) -> dict[str, Any]:
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
 
-    from torch_tensorrt_dist.conversion.torch_nccl_plugins import load_torch_nccl_plugins
+    from torch_tensorrt_dist.conversion.impl.torch_nccl.library import load_torch_nccl_plugins
 
     torch.cuda.set_device(rank)
     mesh = init_device_mesh("cuda", (2, world // 2), mesh_dim_names=("dp", "tp"))

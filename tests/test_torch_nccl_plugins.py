@@ -16,21 +16,21 @@ import torch
 
 from torch_tensorrt_dist.cli import main as cli_main
 from torch_tensorrt_dist.conversion.dtypes import TRT_DATA_TYPE
-from torch_tensorrt_dist.conversion.torch_nccl_build import (
+from torch_tensorrt_dist.conversion.impl.torch_nccl.availability import torch_nccl_missing
+from torch_tensorrt_dist.conversion.impl.torch_nccl.build import (
     build_commands,
     find_include_dirs,
     include_candidates,
 )
-from torch_tensorrt_dist.conversion.torch_nccl_plugins import (
+from torch_tensorrt_dist.conversion.impl.torch_nccl.library import (
     ENV_PLUGINS_LIB,
     LIB_NAME,
     OP_NUMBER,
     default_build_dir,
     find_torch_nccl_library,
     load_torch_nccl_plugins,
-    torch_nccl_missing,
 )
-from torch_tensorrt_dist.conversion.torch_nccl_spec import (
+from torch_tensorrt_dist.conversion.impl.torch_nccl.spec import (
     PLUGIN_NAMES,
     REDUCE_OP_NUMBER,
     torch_nccl_plugin_spec,
@@ -176,7 +176,7 @@ def test_include_search(tmp_path: Path) -> None:
 
 
 def test_a_cmake_cache_of_another_checkout_or_generator_is_stale(tmp_path: Path) -> None:
-    from torch_tensorrt_dist.conversion.torch_nccl_build import stale_cmake_cache
+    from torch_tensorrt_dist.conversion.impl.torch_nccl.build import stale_cmake_cache
 
     src, other, build = tmp_path / "src", tmp_path / "other", tmp_path / "build"
     for d in (src, other, build):
@@ -253,7 +253,7 @@ def test_register_communicator_refuses_a_group_without_nccl() -> None:
     import torch.distributed as dist
 
     from torch_tensorrt_dist.backend.fake_world import fake_world
-    from torch_tensorrt_dist.conversion.torch_nccl_comms import (
+    from torch_tensorrt_dist.conversion.impl.torch_nccl.comms import (
         register_communicator,
         registered_communicators,
         unregister_communicator,
@@ -277,7 +277,7 @@ def test_register_communicator_refuses_non_blocking_communicators(
     import torch.distributed as dist
 
     from torch_tensorrt_dist.backend.fake_world import fake_world
-    from torch_tensorrt_dist.conversion.torch_nccl_comms import register_communicator
+    from torch_tensorrt_dist.conversion.impl.torch_nccl.comms import register_communicator
     from torch_tensorrt_dist.errors import DistributedSetupError
 
     monkeypatch.setenv("TORCH_NCCL_USE_COMM_NONBLOCKING", "1")

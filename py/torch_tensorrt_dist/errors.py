@@ -41,3 +41,12 @@ class VerificationError(TensorRTDistError):
 
 class ArtifactError(ConfigError):
     """A compiled-artifact directory is incomplete, corrupt, or does not fit this run."""
+
+
+class RankFailedError(TensorRTDistError):
+    """Another rank failed a step that every rank must pass (``runtime.agree``), so this rank
+    stops too. ``failed_rank`` is that rank: launchers report it as the cause, not this one."""
+
+    def __init__(self, message: str, *, failed_rank: int) -> None:
+        super().__init__(message)
+        self.failed_rank = failed_rank

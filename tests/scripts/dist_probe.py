@@ -6,7 +6,8 @@ Each rank prints ``{"rank", "world_size", "local_rank", "launcher", "backend", "
 where ``sum`` is the all_reduce of (rank + 1) over the world. ``--fail-rank R`` makes rank R
 leave with ``--exit-code`` (``--kill`` : SIGKILL itself; ``--raise``: an exception) right
 after setup while the others block in the all_reduce; it writes its time of death to
-``--death-file`` first.
+``--death-file`` first. ``--sleep-rank R`` makes rank R busy (a 60 s sleep) before the
+all_reduce: the launcher stops it, or its peers' all_reduce times out (``run --timeout``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> int:
     parser.add_argument("--raise", dest="raise_", action="store_true")
     parser.add_argument("--death-file", default=None)
     parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--sleep-rank", type=int, default=None)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -47,6 +49,8 @@ def main() -> int:
             raise ValueError(f"probe failure on rank {info.rank}")
         sys.stdout.flush()
         os._exit(args.exit_code)
+    if info.rank == args.sleep_rank:
+        time.sleep(60)
     x = torch.tensor([float(info.rank + 1)])
     dist.all_reduce(x)
     record = {

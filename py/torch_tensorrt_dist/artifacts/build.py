@@ -4,16 +4,21 @@
     # or, on every rank of an initialised world:
     compile_artifacts("PATH", "DIR", max_seq_len=256, buckets=[16, 64])
 
-Order of writes: rank 0 first removes an old ``manifest.json``; every rank writes its files
-(each through a temporary name and a rename) and ``rank-R/rank.json`` (its entry); a barrier
-confirms every rank finished; only then rank 0 writes the manifest. A compile that crashes
-midway leaves no manifest, and loading refuses the directory.
+Order of writes: rank 0 first checks the output directory and removes an old
+``manifest.json``; every rank loads its shard, then writes its files (each through a temporary
+name and a rename) and ``rank-R/rank.json`` (its entry); only when every rank has succeeded
+does rank 0 write the manifest (listing ``rank.json`` too, sealed with its digest). Each of
+these steps ends in a verdict of all ranks (``runtime.agree``): a rank that fails stops every
+rank with its error instead of leaving them in a barrier. A compile that crashes midway leaves
+no manifest, and loading refuses the directory.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import shutil
 import time
 from collections.abc import Sequence
@@ -39,11 +44,14 @@ from torch_tensorrt_dist.errors import ArtifactError, ConfigError
 from torch_tensorrt_dist.generation.buckets import MIN_BUCKET
 from torch_tensorrt_dist.models.llama import PRESETS, ModelArgs, Transformer
 from torch_tensorrt_dist.parallel.llama import Embedding, LMHead
+from torch_tensorrt_dist.runtime.agree import agreed
 
-__all__ = ["CompileResult", "compile_artifacts", "default_buckets"]
+__all__ = ["CompileResult", "check_output_dir", "compile_artifacts", "default_buckets"]
 
 logger = logging.getLogger(__name__)
 
+#: The role under which a rank's ``rank.json`` is listed in the manifest.
+ENTRY_ROLE = "entry"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -82,6 +90,43 @@ def resolve_model(model: str | Path | None) -> tuple[Path | None, str | None]:
         f"model {str(model)!r} is neither a checkpoint directory nor a preset "
         f"({', '.join(sorted(PRESETS))})"
     )
+
+
+_ARTIFACT_ENTRY = re.compile(r"^(manifest\.json|tokenizer|rank-\d+|\..*\.tmp)$")
+
+
+def check_output_dir(out: str | Path) -> None:
+    """``out`` can receive artifacts: a directory (or a path that can become one) that this
+    user can write, empty or holding artifacts only (a compile overwrites them). Checked by the
+    launching process before any rank starts; raises :class:`ArtifactError`."""
+    root = Path(out)
+    if root.exists() and not root.is_dir():
+        raise ArtifactError(
+            f"the output path {root} is a file, not a directory; choose a new or empty directory"
+        )
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ArtifactError(
+            f"the output path {root} cannot be created: {existing} is a file, not a directory"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ArtifactError(
+            f"the output path {root} cannot be written: {existing} is not writable by this user "
+            "(or is on a read-only file system); choose a writable place"
+        )
+    if root.is_dir():
+        foreign = sorted(p.name for p in root.iterdir() if not _ARTIFACT_ENTRY.match(p.name))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (
+                f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            )
+            raise ArtifactError(
+                f"the output directory {root} is not empty and is not an artifact directory (it "
+                f"holds {shown}); choose a new or empty directory, or one written by "
+                "`torchtrt-dist compile`, which a compile overwrites"
+            )
 
 
 def _entry(root: Path, path: Path) -> FileEntry:
@@ -140,12 +185,46 @@ def _build_rank(
 
 
 def _read_rank(root: Path, rank: int) -> RankEntry:
-    data = json.loads((root / f"rank-{rank}" / "rank.json").read_text())
+    """A rank's entry as it wrote it, with ``rank.json`` itself listed (role ``entry``)."""
+    path = root / f"rank-{rank}" / "rank.json"
+    data = json.loads(path.read_text())
+    files = {k: FileEntry(**f) for k, f in data["files"].items()}
     return RankEntry(
         rank=data["rank"],
-        files={k: FileEntry(**f) for k, f in data["files"].items()},
+        files={**files, ENTRY_ROLE: _entry(root, path)},
         schedules=data["schedules"],
         state=data["state"],
+    )
+
+
+def _load(
+    path: Path | None,
+    preset: str | None,
+    args: ModelArgs,
+    group: dist.ProcessGroup | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    lm_head: LMHead,
+    embedding: Embedding,
+    preset_seed: int,
+) -> Transformer:
+    """This rank's shard of the checkpoint, or of a preset with random weights."""
+    from torch_tensorrt_dist.models.loader import load_llama, random_llama
+
+    if path is None:
+        net = random_llama(
+            args, seed=preset_seed, group=group, dtype=dtype, lm_head=lm_head, embedding=embedding
+        )
+        return net.to(device)
+    return load_llama(
+        path,
+        group=group,
+        dtype=dtype,
+        device=device,
+        lm_head=lm_head,
+        embedding=embedding,
+        max_seq_len=args.max_seq_len,
+        progress=False,
     )
 
 
@@ -169,7 +248,7 @@ def compile_artifacts(
     ``model``: a checkpoint directory or a preset name (random weights from ``preset_seed``).
     ``wrapper_opt_level``: see :func:`inductor.compile_graph` (the tests use ``O0``).
     """
-    from torch_tensorrt_dist.models.loader import load_llama, random_llama, read_config
+    from torch_tensorrt_dist.models.loader import read_config
 
     start = time.perf_counter()
     if pp != 1:
@@ -199,63 +278,49 @@ def compile_artifacts(
             f"buckets {bad} do not fit the sequence length {cache_len}: each must be in "
             f"[1, {cache_len - 1}]"
         )
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        (root / MANIFEST_NAME).unlink(missing_ok=True)  # the old set is no longer complete
-    if world > 1:
-        dist.barrier()
+    # every step a rank does alone ends in a verdict of all ranks (runtime.agree): a rank that
+    # fails stops every rank with its error, and no rank waits for it in a collective
+    with agreed("creating the output directory"):
+        if rank == 0:
+            check_output_dir(root)
+            root.mkdir(parents=True, exist_ok=True)
+            (root / MANIFEST_NAME).unlink(missing_ok=True)  # the old set is no longer complete
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    if path is not None:
-        net = load_llama(
-            path,
-            group=group,
-            dtype=dtype,
-            device=device,
-            lm_head=lm_head,
-            embedding=embedding,
-            max_seq_len=args.max_seq_len,
-            progress=False,
-        )
-    else:
-        net = random_llama(
-            args, seed=preset_seed, group=group, dtype=dtype, lm_head=lm_head, embedding=embedding
-        ).to(device)
-    net.setup_caches(max_batch_size, cache_len)
+    with agreed("loading the checkpoint"):
+        net = _load(path, preset, args, group, dtype, device, lm_head, embedding, preset_seed)
+        net.setup_caches(max_batch_size, cache_len)
     # each rank writes its files and rank.json; rank 0 reads every entry back from disk
-    _build_rank(net, root, rank, buckets, max_batch_size, wrapper_opt_level)
-    if world > 1:
-        dist.barrier()  # every rank's files and rank.json are in place
+    with agreed("writing the artifacts"):  # every rank's files and rank.json are in place
+        _build_rank(net, root, rank, buckets, max_batch_size, wrapper_opt_level)
     manifest_path = root / MANIFEST_NAME
-    if rank == 0:
-        ranks = [_read_rank(root, r) for r in range(world)]
-        manifest = Manifest(
-            engine=engine,
-            world_size=world,
-            tp=world,
-            pp=1,
-            groups=[GroupEntry(group.group_name, list(range(world)), "tp")] if group else [],
-            ranks=ranks,
-            dtype=DTYPE_NAMES[dtype],
-            buckets=list(buckets),
-            max_batch_size=max_batch_size,
-            cache_len=cache_len,
-            model_args=asdict(args),
-            checkpoint={
-                "source": str(path.resolve()) if path is not None else f"preset:{preset}",
-                "sha256": checkpoint_hash(path)
-                if path is not None
-                else args_hash(args, preset_seed),
-            },
-            options={"lm_head": lm_head, "embedding": embedding},
-            tokenizer=_copy_tokenizer(path, root),
-            versions=running_versions(),
-            device=device.type,
-        )
-        write_manifest(root, manifest)
-        logger.info("wrote %s", manifest_path)
-    if world > 1:
-        dist.barrier()  # nobody returns before the manifest exists
+    with agreed("writing the manifest"):  # nobody returns before the manifest exists
+        if rank == 0:
+            manifest = Manifest(
+                engine=engine,
+                world_size=world,
+                tp=world,
+                pp=1,
+                groups=[GroupEntry(group.group_name, list(range(world)), "tp")] if group else [],
+                ranks=[_read_rank(root, r) for r in range(world)],
+                dtype=DTYPE_NAMES[dtype],
+                buckets=list(buckets),
+                max_batch_size=max_batch_size,
+                cache_len=cache_len,
+                model_args=asdict(args),
+                checkpoint={
+                    "source": str(path.resolve()) if path is not None else f"preset:{preset}",
+                    "sha256": checkpoint_hash(path)
+                    if path is not None
+                    else args_hash(args, preset_seed),
+                },
+                options={"lm_head": lm_head, "embedding": embedding},
+                tokenizer=_copy_tokenizer(path, root),
+                versions=running_versions(),
+                device=device.type,
+            )
+            write_manifest(root, manifest)
+            logger.info("wrote %s", manifest_path)
     if not manifest_path.is_file():
         raise ArtifactError(f"rank 0 did not write {manifest_path}")
     return CompileResult(manifest_path, time.perf_counter() - start)

@@ -6,9 +6,12 @@
 Before any collective runs, the rank checks, in this order: the manifest is complete and of
 this format; the world size and layout are the compiled ones; the software versions that the
 packages depend on match; every recorded process group exists here under the same name with
-the same ranks (graphs call collectives by group name); its own files match their sha256.
-The weights come from the rank's safetensors shard (no pickle), the graphs from their packages;
-:class:`ArtifactGenerator` plugs them into :class:`Generator`'s loop.
+the same ranks (graphs call collectives by group name); its own files (``rank.json`` too) and
+the tokenizer files match their sha256. It then loads its shard and graphs, and only when every
+rank has passed all of that (one exchange through the c10d store) does any rank go on; a rank's
+refusal stops every rank with its message. The weights come from the rank's safetensors shard
+(no pickle), the graphs from their packages; :class:`ArtifactGenerator` plugs them into
+:class:`Generator`'s loop.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from torch_tensorrt_dist.generation.buckets import check_request
 from torch_tensorrt_dist.generation.generate import Generator, StepFn
 from torch_tensorrt_dist.models.llama_args import ModelArgs, RopeScaling
 from torch_tensorrt_dist.ops.groups import check_group_ranks
+from torch_tensorrt_dist.runtime.agree import agreed
 
 __all__ = ["ArtifactGenerator", "check_groups", "load_generator", "model_args", "open_artifacts"]
 
@@ -80,7 +84,8 @@ class Opened:
 
 
 def open_artifacts(root: str | Path, *, tp: int | None = None, pp: int | None = None) -> Opened:
-    """Read and check the manifest and this rank's files (every refusal; no collective)."""
+    """Read and check the manifest and this rank's files (every refusal of this rank; no
+    collective, no exchange with the other ranks: :func:`load_generator` does that)."""
     path = Path(root)
     manifest = read_manifest(path)
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -151,8 +156,27 @@ def load_generator(
     pp: int | None = None,
     device: torch.device | str | None = None,
 ) -> ArtifactGenerator:
-    """Check the artifacts, load this rank's shard and graphs, return a ready generator."""
+    """Check the artifacts, load this rank's shard and graphs, return a ready generator.
+
+    Every rank checks and loads its own part, then the ranks agree (``runtime.agree``): if any
+    rank refused or failed, every rank raises before any graph runs, the others with a
+    :class:`RankFailedError` quoting that rank's message."""
     start = time.perf_counter()
+    with agreed("the artifact check"):
+        gen = _load_generator(root, tp=tp, pp=pp, device=device)
+    gen.load_s = time.perf_counter() - start
+    logger.info("rank %d: loaded the artifacts of %s in %.2f s", dist.get_rank() if
+                dist.is_initialized() else 0, root, gen.load_s)  # fmt: skip
+    return gen
+
+
+def _load_generator(
+    root: str | Path,
+    *,
+    tp: int | None,
+    pp: int | None,
+    device: torch.device | str | None,
+) -> ArtifactGenerator:
     opened = open_artifacts(root, tp=tp, pp=pp)
     manifest, entry = opened.manifest, opened.manifest.rank_entry(opened.rank)
     dev = torch.device(device) if device is not None else (
@@ -167,7 +191,7 @@ def load_generator(
     dtype = _DTYPES[manifest.dtype]
     for name, shape in entry.state.items():
         constants[name] = torch.zeros(shape, dtype=dtype, device=dev)
-    roles = [r for r in entry.files if r != "weights"]
+    roles = [r for r in entry.files if r == "decode" or r.startswith("prefill-")]
     paths = {r: opened.root / entry.files[r].path for r in roles}
     from torch_tensorrt_dist.artifacts.inductor import load_graphs
 
@@ -178,9 +202,4 @@ def load_generator(
             f"rank {opened.rank} lists graphs {sorted(graphs)}, but the manifest compiled "
             f"buckets {manifest.buckets} and a decode graph; recompile"
         )
-    load_s = time.perf_counter() - start
-    logger.info("rank %d: loaded %d graphs from %s in %.2f s", opened.rank, len(graphs), root,
-                load_s)  # fmt: skip
-    return ArtifactGenerator(
-        manifest, prefill, graphs["decode"], device=dev, constants=constants, load_s=load_s
-    )
+    return ArtifactGenerator(manifest, prefill, graphs["decode"], device=dev, constants=constants)

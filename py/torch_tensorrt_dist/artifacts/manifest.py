@@ -7,11 +7,14 @@
     DIR/rank-R/weights.safetensors this rank's weight shard (and RoPE tables)
     DIR/rank-R/prefill-16.pt2      one package per prefill bucket
     DIR/rank-R/decode.pt2          one package for every decode step
+    DIR/rank-R/rank.json           the rank's entry, as the rank wrote it
 
-Every file is listed with its sha256, so a missing or corrupt file is found before loading it.
-Nothing here touches torch.distributed or a compiler: build a :class:`Manifest`, write it
-atomically, read it back, and check it against a run with :func:`check_layout`,
-:func:`check_versions` and :func:`pick_bucket`.
+Every file is listed with its sha256 (``rank.json`` and the tokenizer files included), so a
+missing or corrupt file is found before loading it, and the manifest carries a ``digest`` of
+its own content (sha256 of its canonical JSON without that field), so a changed manifest is
+refused too. Nothing here touches torch.distributed or a compiler: build a
+:class:`Manifest`, write it atomically, read it back, and check it against a run with
+:func:`check_layout`, :func:`check_versions` and :func:`pick_bucket`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ __all__ = [
     "check_device",
     "check_layout",
     "check_versions",
+    "describe_run",
+    "manifest_digest",
     "pick_bucket",
     "publish",
     "read_manifest",
@@ -48,8 +53,12 @@ __all__ = [
 ]
 
 FORMAT = "torch_tensorrt_dist.artifacts"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: the manifest carries its own ``digest``, and each rank lists its ``rank.json``."""
 MANIFEST_NAME = "manifest.json"
+DIGEST_FIELD = "digest"
+#: Digits of a sha256 shown in a message (enough to tell two files apart at a glance).
+SHOWN_HASH = 16
 
 #: Versions that must equal the running software's for an engine's packages to load.
 PINNED_VERSIONS = {"inductor": ("torch",)}
@@ -119,7 +128,10 @@ class Manifest:
         )
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
+        """The manifest file's text, sealed with its ``digest``."""
+        data = asdict(self)
+        data[DIGEST_FIELD] = manifest_digest(data)
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
@@ -146,7 +158,8 @@ class Manifest:
                 for r in data["ranks"]
             ]
             tok = data.get("tokenizer")
-            fields = {k: v for k, v in data.items() if k not in ("groups", "ranks", "tokenizer")}
+            skip = ("groups", "ranks", "tokenizer", DIGEST_FIELD)
+            fields = {k: v for k, v in data.items() if k not in skip}
             manifest = cls(
                 groups=groups,
                 ranks=ranks,
@@ -191,6 +204,13 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def manifest_digest(data: Mapping[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON (sorted keys, no spaces), without its digest."""
+    body = {k: v for k, v in data.items() if k != DIGEST_FIELD}
+    blob = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def publish(tmp: str | Path, path: Path) -> None:
     """Rename a finished temporary file to ``path`` (readable by all, as a plain file is)."""
     os.chmod(tmp, 0o644)
@@ -220,6 +240,7 @@ def write_manifest(root: Path, manifest: Manifest) -> Path:
 
 
 def read_manifest(root: Path) -> Manifest:
+    """Read and check ``root/manifest.json``: JSON, format, version, its own digest, fields."""
     path = Path(root) / MANIFEST_NAME
     if not path.is_file():
         raise ArtifactError(
@@ -228,16 +249,31 @@ def read_manifest(root: Path) -> Manifest:
             f"{root}`"
         )
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"{path} is not valid JSON ({exc}); recompile") from exc
+        raise ArtifactError(
+            f"{path} is not valid JSON ({exc}): it is damaged; copy it again or recompile"
+        ) from exc
     if not isinstance(data, dict):
         raise ArtifactError(f"{path} holds a {type(data).__name__}, not a manifest object")
-    return Manifest.from_dict(data)
+    recorded, actual = data.get(DIGEST_FIELD), manifest_digest(data)
+    if recorded != actual and data.get("format_version") == FORMAT_VERSION:
+        found = "has no digest" if recorded is None else (
+            f"does not match its digest (sha256 {actual[:SHOWN_HASH]}..., recorded "
+            f"{str(recorded)[:SHOWN_HASH]}...)"
+        )  # fmt: skip
+        raise ArtifactError(
+            f"{path} {found}: it was changed after the compile; copy it again or recompile"
+        )
+    try:
+        return Manifest.from_dict(data)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{path}: {exc}") from exc
 
 
 def verify_files(root: Path, entries: Mapping[str, FileEntry]) -> None:
-    """Every file exists with its recorded size and sha256, else :class:`ArtifactError`."""
+    """Every file exists with its recorded size and sha256, else :class:`ArtifactError`
+    naming the file, what was found and what the manifest records."""
     for role, entry in entries.items():
         path = Path(root) / entry.path
         if not path.is_file():
@@ -246,21 +282,43 @@ def verify_files(root: Path, entries: Mapping[str, FileEntry]) -> None:
                 "recompile"
             )
         size = path.stat().st_size
-        if size != entry.bytes or sha256_file(path) != entry.sha256:
+        if size != entry.bytes:
             raise ArtifactError(
-                f"{entry.path} ({role}) is corrupt: its sha256 or size ({size} bytes, "
-                f"{entry.bytes} recorded) does not match the manifest; copy it again or recompile"
+                f"{entry.path} ({role}) is corrupt: {size} bytes, the manifest records "
+                f"{entry.bytes}; copy it again or recompile"
+            )
+        digest = sha256_file(path)
+        if digest != entry.sha256:
+            raise ArtifactError(
+                f"{entry.path} ({role}) is corrupt: sha256 {digest[:SHOWN_HASH]}..., the "
+                f"manifest records {entry.sha256[:SHOWN_HASH]}...; copy it again or recompile"
             )
 
 
+def describe_run(world_size: int, tp: int | None, pp: int | None) -> str:
+    """``world size W (pp P x tp T)`` of a run: the sizes asked for, the others derived from
+    the world size (pure)."""
+    if pp is None and tp is None:
+        pp = 1
+    if tp is None and pp is not None and world_size % pp == 0:
+        tp = world_size // pp
+    if pp is None and tp is not None and world_size % tp == 0:
+        pp = world_size // tp
+    if tp is not None and pp is not None and tp * pp == world_size:
+        return f"world size {world_size} (pp {pp} x tp {tp})"
+    asked = " ".join(f"--{n} {v}" for n, v in (("tp", tp), ("pp", pp)) if v is not None)
+    return f"world size {world_size}, which {asked} does not divide"
+
+
 def check_layout(manifest: Manifest, *, world_size: int, tp: int | None, pp: int | None) -> None:
-    """The run's world size and layout are the compiled ones (``None``: take the manifest's)."""
+    """The run's world size and layout are the compiled ones (``None``: not asked for; the
+    message then derives it from the world size, as the run would)."""
     want = (manifest.world_size, manifest.tp, manifest.pp)
     got = (world_size, manifest.tp if tp is None else tp, manifest.pp if pp is None else pp)
     if got != want:
         raise ArtifactError(
             f"the artifacts were compiled for world size {want[0]} (pp {want[2]} x tp "
-            f"{want[1]}), but this run has world size {got[0]} (pp {got[2]} x tp {got[1]}); "
+            f"{want[1]}), but this run has {describe_run(world_size, tp, pp)}; "
             f"start {want[0]} ranks with --tp {want[1]} --pp {want[2]}, or recompile"
         )
 

@@ -192,7 +192,7 @@ def explain(
     rank = world_size = None
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    from torch_tensorrt_dist.conversion.availability import current_impl
+    from torch_tensorrt_dist.conversion.choice import current_impl
 
     choice = current_impl()
     return ExplainReport(

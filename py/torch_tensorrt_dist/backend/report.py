@@ -55,7 +55,7 @@ class CollectiveInfo:
 @dataclass(frozen=True)
 class TorchOpInfo:
     """A non-collective op that TensorRT cannot take here: it runs in PyTorch and Torch-TensorRT
-    splits the graph's engine around it (``conversion/moe_experts.py``)."""
+    splits the graph's engine around it (``conversion/layers/moe_experts.py``)."""
 
     op: str
     node: str
@@ -99,11 +99,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def _tensorrt_decisions(gm: fx.GraphModule) -> dict[fx.Node, dict[str, str | None]]:
     """Per typed collective: would each TensorRT implementation convert it (pure, no TRT)?
 
-    Native layers share the one communicator the engine binds (its most used group).
+    Implementations that bind one communicator per engine (native layers) decide against the
+    one it would bind: its most used group.
     """
-    from torch_tensorrt_dist.conversion.availability import native_members
+    from torch_tensorrt_dist.conversion.capability import node_decision
     from torch_tensorrt_dist.conversion.engine import engine_group
-    from torch_tensorrt_dist.conversion.node_args import collective_calls, node_decision
+    from torch_tensorrt_dist.conversion.impl import implementations
+    from torch_tensorrt_dist.conversion.node_args import collective_calls
 
     bound = engine_group(collective_calls(gm))
     comm = list(bound.group_ranks) if bound is not None else None
@@ -111,10 +113,9 @@ def _tensorrt_decisions(gm: fx.GraphModule) -> dict[fx.Node, dict[str, str | Non
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _OP_NAMES:
             decisions[node] = {}
-            for impl, ranks in (("native", comm), ("plugin", None), ("torch_nccl", None)):
-                members = native_members() if impl == "native" else None
-                ok, reason = node_decision(node, impl, comm_ranks=ranks, native_members=members)
-                decisions[node][impl] = None if ok else reason
+            for impl in implementations():
+                ok, reason = node_decision(node, impl.name, **impl.facts(comm))
+                decisions[node][impl.name] = None if ok else reason
     return decisions
 
 
@@ -164,7 +165,7 @@ def collectives_in(gm: fx.GraphModule) -> list[CollectiveInfo]:
 
 def torch_ops_in(gm: fx.GraphModule) -> list[TorchOpInfo]:
     """The grouped MoE experts ops of a graph that would stay in PyTorch under TensorRT here."""
-    from torch_tensorrt_dist.conversion.moe_experts import node_moe_decision
+    from torch_tensorrt_dist.conversion.layers.moe_experts import node_moe_decision
     from torch_tensorrt_dist.ops.experts import EXPERTS_OP
 
     out = []

@@ -47,8 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except TensorRTDistError as exc:
-        print(f"torchtrt-dist {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        from torch_tensorrt_dist.cli._failures import refuse
+
+        return refuse(exc, 2, prefix=f"torchtrt-dist {args.command}: error")
 
 
 if __name__ == "__main__":  # pragma: no cover

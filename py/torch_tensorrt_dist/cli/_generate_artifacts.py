@@ -13,6 +13,7 @@ from pathlib import Path
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
+from torch_tensorrt_dist.validation import check_text
 
 __all__ = ["plan_artifacts", "rank_main"]
 
@@ -27,17 +28,30 @@ def _tokenizer(root: Path, vocab_size: int) -> Tokenizer:
 def plan_artifacts(ns: argparse.Namespace) -> list[list[int]]:
     """Check the options against the manifest; set ``ns.tp``; return the encoded prompts."""
     from torch_tensorrt_dist.artifacts.load import model_args
-    from torch_tensorrt_dist.artifacts.manifest import check_layout, pick_bucket, read_manifest
+    from torch_tensorrt_dist.artifacts.manifest import (
+        check_layout,
+        pick_bucket,
+        read_manifest,
+        verify_files,
+    )
     from torch_tensorrt_dist.generation import SamplingConfig
+    from torch_tensorrt_dist.runtime import is_launched, plan_from_env
 
     if ns.model is not None:
         raise ConfigError("--artifacts replaces --model (the artifacts hold the weights)")
     SamplingConfig(ns.temperature, ns.top_k, ns.top_p, ns.seed)  # validates
+    for text in ns.prompt:
+        check_text(text, name="--prompt")  # before the tokenizer sees it
     root = Path(ns.artifacts)
-    manifest = read_manifest(root)
-    world = int(os.environ.get("WORLD_SIZE", str(manifest.world_size)))
+    manifest = read_manifest(root)  # checked against its own digest
+    if is_launched(os.environ):
+        world = plan_from_env(os.environ).world_size
+    else:  # the ranks this command will start
+        world = (ns.tp or manifest.tp) * (ns.pp or manifest.pp)
     check_layout(manifest, world_size=world, tp=ns.tp, pp=ns.pp)
     ns.tp, ns.pp = manifest.tp, manifest.pp
+    if manifest.tokenizer:  # before the tokenizer is parsed: a damaged file is named
+        verify_files(root, manifest.tokenizer)
     tok = _tokenizer(root, model_args(manifest).vocab_size)
     prompts = [tok.encode(text) for text in ns.prompt]
     if any(not p for p in prompts):
@@ -53,10 +67,10 @@ def rank_main(ns: argparse.Namespace) -> int:
     from torch_tensorrt_dist.artifacts import load_generator
     from torch_tensorrt_dist.cli._output import Output
     from torch_tensorrt_dist.generation import SamplingConfig
-    from torch_tensorrt_dist.runtime import init_distributed
+    from torch_tensorrt_dist.runtime import init_distributed, plan_from_env
 
     prompts = plan_artifacts(ns)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = plan_from_env(os.environ).world_size  # torchrun's or Open MPI's variables
     rank = 0
     if world > 1:
         rank = init_distributed().rank

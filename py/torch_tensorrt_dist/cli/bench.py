@@ -42,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
 
     from torch_tensorrt_dist.bench import SECTIONS, format_figures, run_sections
 
+    if args.json:  # before the sections run: a wrong path would lose their figures
+        from torch_tensorrt_dist.validation import check_output_file
+
+        check_output_file(args.json, name="--json")
     names = args.section or list(SECTIONS)
     start = time.monotonic()
 

@@ -23,14 +23,14 @@ __all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:
-    from torch_tensorrt_dist.conversion.torch_nccl_build import (
+    from torch_tensorrt_dist.conversion.impl.torch_nccl.build import (
         build_commands,
         default_generator,
         find_include_dirs,
         source_dir,
         stale_cmake_cache,
     )
-    from torch_tensorrt_dist.conversion.torch_nccl_plugins import LIB_NAME, default_build_dir
+    from torch_tensorrt_dist.conversion.impl.torch_nccl.library import LIB_NAME, default_build_dir
 
     if shutil.which("cmake") is None:
         raise ConfigError("cmake is not on PATH (apt-get install cmake, or pip install cmake)")

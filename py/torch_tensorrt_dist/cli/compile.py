@@ -14,10 +14,11 @@ import argparse
 import json
 import logging
 import os
-import sys
 from typing import Any
 
-from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.cli._failures import print_launch_failure, refuse, world_size
+from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError
+from torch_tensorrt_dist.validation import check_int
 
 __all__ = ["register"]
 
@@ -72,7 +73,7 @@ def _rank_main(ns: argparse.Namespace) -> int:
 
     if not torch.cuda.is_available():  # Inductor's import warns about CUDA_HOME: not our case
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world_size()
     if world != ns.tp * ns.pp:
         raise ConfigError(
             f"--tp {ns.tp} needs {ns.tp * ns.pp} ranks, but the launcher started {world}"
@@ -105,11 +106,10 @@ def _rank_main(ns: argparse.Namespace) -> int:
 
 
 def _rank_entry(ns: argparse.Namespace) -> None:
+    """Entry of a rank our launcher started (its error travels to the launcher)."""
     try:
         code = _rank_main(ns)
-    except ConfigError as exc:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"error: {exc}", file=sys.stderr)
+    except TensorRTDistError as exc:  # a refusal, here or (RankFailedError) on another rank
         raise SystemExit(2) from exc
     if code:
         raise SystemExit(code)
@@ -120,10 +120,13 @@ def run(ns: argparse.Namespace) -> int:
 
     launched = is_launched(os.environ)
     if ns.tp is None:
-        ns.tp = max(1, int(os.environ.get("WORLD_SIZE", "1"))) if launched else 1
+        ns.tp = world_size() if launched else 1
     try:
         if ns.tp < 1:
             raise ConfigError(f"--tp must be >= 1, got {ns.tp}")
+        check_int(ns.max_batch, name="--max-batch", low=1)
+        if ns.max_seq_len is not None:  # 0 is refused, not read as "the default"
+            check_int(ns.max_seq_len, name="--max-seq-len", low=1)
         if ns.pp != 1:
             raise ConfigError(
                 f"--pp {ns.pp}: pipeline artifacts are not supported yet; compile with --tp "
@@ -135,16 +138,16 @@ def run(ns: argparse.Namespace) -> int:
                 "freezes the KV-cache buffers; they must become engine inputs first); use "
                 "--engine inductor"
             )
-        from torch_tensorrt_dist.artifacts.build import resolve_model
+        from torch_tensorrt_dist.artifacts.build import check_output_dir, resolve_model
 
-        resolve_model(ns.model)  # a wrong --model fails here, before any rank starts
+        resolve_model(ns.model)  # a wrong --model or --out fails here, before any rank starts
+        if not launched:
+            check_output_dir(ns.out)
         if ns.tp == 1 or launched:
             return _rank_main(ns)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except TensorRTDistError as exc:
+        return refuse(exc, 2)
     ns.func = None
     result = launch(_rank_entry, ns.tp, [ns])
-    if not result.ok:
-        print(f"error: {result.message}", file=sys.stderr)
+    print_launch_failure(result, verbose=getattr(ns, "verbose", 0))
     return int(result.returncode)

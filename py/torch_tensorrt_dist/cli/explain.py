@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.validation import check_int
 
 __all__ = ["BUILTIN_MODELS", "register"]
 
@@ -116,7 +117,7 @@ def register(sub: Any) -> None:
     p.add_argument("--rank", type=int, default=0, help="which rank to explain (default 0)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (llama only)")
     p.add_argument("--ep", type=int, default=None, help="expert-parallel degree (moe only)")
-    p.add_argument("--dim", type=int, default=64, help="model width")
+    p.add_argument("--dim", type=int, default=64, help="model width (1..16384)")
     p.add_argument("--layers", type=int, default=4, help="decoder layers (llama)")
     p.add_argument(
         "--checkpoint", default=None, help="HF checkpoint dir whose config to use (llama)"
@@ -146,7 +147,7 @@ def register(sub: Any) -> None:
 
 def impl_summary(collectives: list[Any], requested: str, choice: Any) -> str:
     """One line: which implementation the converters would use and how many collectives it
-    takes (``choice``: ``availability.current_impl()`` in this process)."""
+    takes (``choice``: ``choice.current_impl()`` in this process)."""
     impl = requested if requested != "auto" else choice.impl
     if impl is None:
         return f"TensorRT collectives (collective_impl={requested}): none usable: {choice.reason}"
@@ -159,8 +160,8 @@ def impl_summary(collectives: list[Any], requested: str, choice: Any) -> str:
 
 
 def _summary(collectives: list[Any], setting: str | None) -> str:
-    from torch_tensorrt_dist.conversion.availability import collective_settings, current_impl
-    from torch_tensorrt_dist.conversion.capability import requested_impl
+    from torch_tensorrt_dist.conversion.choice import current_impl, requested_impl
+    from torch_tensorrt_dist.conversion.settings import collective_settings
 
     requested = requested_impl(setting)
     groups = {c.group_ranks for c in collectives if len(c.group_ranks) > 1}
@@ -169,11 +170,27 @@ def _summary(collectives: list[Any], setting: str | None) -> str:
     return impl_summary(collectives, requested, choice)
 
 
+#: the options' ranges: --dim up to the widest public models' hidden size (16384); the model
+#: is built with real (random) weights in this process, so sizes stay near real ones
+_LIMITS = {"world_size": 65536, "dim": 16384, "layers": 1024, "batch": 4096, "seq": 65536}
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Every count >= 1 and in range; a degree of 0 is refused, not read as "all"."""
+    for name, high in _LIMITS.items():
+        check_int(getattr(args, name), name=f"--{name.replace('_', '-')}", low=1, high=high)
+    for name in ("tp", "dp", "ep", "pp"):
+        value = getattr(args, name)
+        if value is not None:
+            check_int(value, name=f"--{name}", low=1, high=args.world_size)
+
+
 def run(args: argparse.Namespace) -> int:
     from torch_tensorrt_dist.backend.explain import explain
     from torch_tensorrt_dist.backend.fake_world import fake_world
     from torch_tensorrt_dist.parallel.mesh import make_mesh
 
+    _check_args(args)
     if args.model == "moe":
         return _run_moe(args)
     if args.ep is not None:
@@ -227,7 +244,7 @@ def _run_moe(args: argparse.Namespace) -> int:
 
     if args.pp > 1:
         raise ConfigError("--model moe with --pp is not supported yet; use --ep and --tp")
-    ep = args.ep or 1
+    ep = 1 if args.ep is None else args.ep
     tp = args.tp or args.world_size // ep
     if ep * tp != args.world_size:
         raise ConfigError(

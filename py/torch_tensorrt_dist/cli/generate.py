@@ -6,10 +6,11 @@
     torchrun --nproc-per-node 2 -m torch_tensorrt_dist generate --model PATH --prompt "Hello"
 
 Without a launcher (no ``RANK`` in the environment) and ``--tp`` > 1 it starts its own ranks
-(torchrun's elastic agent on a free port; when one rank fails the others are stopped). Under
-torchrun or mpirun it uses the environment. Rank 0 streams the text (or prints one JSON object
-with ``--json``). ``--model`` defaults to the shipped demo checkpoint, or, where that is absent,
-to the ``tiny`` preset with deterministic random weights; a preset name also works.
+(torchrun's elastic agent on a free port; when one rank fails the others are stopped, and
+that rank's error is printed). Under torchrun or mpirun it uses the environment. Rank 0
+streams the text (or prints one JSON object with ``--json``). ``--model`` defaults to the
+shipped demo checkpoint, or, where that is absent, to the ``tiny`` preset with deterministic
+random weights; a preset name also works.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from torch_tensorrt_dist.cli._failures import print_launch_failure, refuse, world_size
 from torch_tensorrt_dist.cli._output import Output
 from torch_tensorrt_dist.cli.generate_moe import load_moe_rank, plan_moe
 from torch_tensorrt_dist.errors import (
@@ -178,18 +179,22 @@ def _resolve_model(model: str | None) -> tuple[Path | None, str | None]:
 
 
 def _plan(ns: argparse.Namespace) -> _Plan:
-    from torch_tensorrt_dist.generation import SamplingConfig, check_lengths, prefill_bucket
+    from torch_tensorrt_dist.cli._generate_checks import check_options, check_request_fits
+    from torch_tensorrt_dist.generation import check_lengths, prefill_bucket
     from torch_tensorrt_dist.models.loader import read_config
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+    from torch_tensorrt_dist.models.weights_check import check_checkpoint
     from torch_tensorrt_dist.parallel.llama import tp_layout
 
-    SamplingConfig(ns.temperature, ns.top_k, ns.top_p, ns.seed)  # validates
+    check_options(ns)
     path, preset = _resolve_model(ns.model)
     moe = plan_moe(ns, path)  # (args, MoEArgs) of a MoE checkpoint, checked for --ep x --tp
     if moe is not None:
         args = moe[0]
     else:
         args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
+    if path is not None:  # config.json against the headers, before anything is allocated
+        check_checkpoint(path, args, None if moe is None else moe[1])
     tp_layout(args, 0, ns.tp, ns.lm_head, ns.embedding)  # heads / MLP divisible by tp
     if ns.pp > 1 or ns.split:
         from torch_tensorrt_dist.parallel.pipeline import check_mesh, split_layers
@@ -198,6 +203,9 @@ def _plan(ns: argparse.Namespace) -> _Plan:
         split_layers(args.n_layers, ns.pp, _split(ns))
     tok = load_tokenizer(path, vocab_size=args.vocab_size)
     prompts = [tok.encode(text) for text in ns.prompt]
+    check_request_fits(
+        prompts, vocab_size=args.vocab_size, max_seq_len=ns.max_seq_len, model_max=args.max_seq_len
+    )
     limit = min(args.max_seq_len, ns.max_seq_len or args.max_seq_len)
     for ids in prompts:
         check_lengths(len(ids), ns.max_new_tokens, limit)
@@ -226,13 +234,13 @@ def _rank_main(ns: argparse.Namespace) -> int:
     from torch_tensorrt_dist.generation import Generator, SamplingConfig
     from torch_tensorrt_dist.models.loader import load_llama, random_llama
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
-    from torch_tensorrt_dist.runtime import init_distributed
+    from torch_tensorrt_dist.runtime import agreed, init_distributed
 
     if getattr(ns, "artifacts", None):
         from torch_tensorrt_dist.cli._generate_artifacts import rank_main
 
         return rank_main(ns)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world_size()
     if ns.ep > 1 and world != ns.ep * ns.tp:
         raise ConfigError(
             f"--ep {ns.ep} x --tp {ns.tp} needs {ns.ep * ns.tp} ranks, but the launcher started "
@@ -251,30 +259,38 @@ def _rank_main(ns: argparse.Namespace) -> int:
         rank, group, device = info.rank, dist.group.WORLD, info.device
     elif torch.cuda.is_available():
         device = "cuda"
-    plan = _plan(ns)
-    dtype = DTYPES[ns.dtype]
-    if ns.pp > 1:
-        pass  # each stage loads its own layers in generate_pipeline
-    elif plan.moe is not None and plan.path is not None:
-        model = load_moe_rank(
-            ns, plan.path, world=world, dtype=dtype, device=device,
-            max_seq_len=plan.args.max_seq_len,
-        )  # fmt: skip
-    elif plan.path is not None:
-        model = load_llama(
-            plan.path,
-            group=group,
-            dtype=dtype,
-            device=device,
-            lm_head=ns.lm_head,
-            embedding=ns.embedding,
-            max_seq_len=plan.args.max_seq_len,
-        )
-    else:
-        model = random_llama(
-            plan.args, seed=0, group=group, dtype=dtype, lm_head=ns.lm_head, embedding=ns.embedding
-        ).to(device)
-    tok = load_tokenizer(plan.path, vocab_size=plan.args.vocab_size)
+    # every rank plans and loads its own shard; no rank goes on (echoes the prompt, compiles,
+    # runs a collective) until all have (runtime.agree: one rank's error stops every rank)
+    with agreed("loading the checkpoint"):
+        plan = _plan(ns)
+        dtype = DTYPES[ns.dtype]
+        if ns.pp > 1:
+            pass  # each stage loads its own layers in generate_pipeline
+        elif plan.moe is not None and plan.path is not None:
+            model = load_moe_rank(
+                ns, plan.path, world=world, dtype=dtype, device=device,
+                max_seq_len=plan.args.max_seq_len,
+            )  # fmt: skip
+        elif plan.path is not None:
+            model = load_llama(
+                plan.path,
+                group=group,
+                dtype=dtype,
+                device=device,
+                lm_head=ns.lm_head,
+                embedding=ns.embedding,
+                max_seq_len=plan.args.max_seq_len,
+            )
+        else:
+            model = random_llama(
+                plan.args,
+                seed=0,
+                group=group,
+                dtype=dtype,
+                lm_head=ns.lm_head,
+                embedding=ns.embedding,
+            ).to(device)
+        tok = load_tokenizer(plan.path, vocab_size=plan.args.vocab_size)
     stop_ids = tok.eos_ids or plan.args.eos_token_ids
     out = Output(ns, tok, len(plan.prompts), stop_ids, rank)
     on_step = out.on_step()
@@ -345,16 +361,14 @@ def _check_engine(engine: str, *, isolated: bool) -> None:
 
 
 def _rank_entry(ns: argparse.Namespace) -> None:
-    """Entry of a launched rank: exit non-zero on error so the launcher stops the others."""
+    """Entry of a rank our launcher started: exit non-zero on error (the error travels to the
+    launcher, which stops the others and prints the first failed rank's line)."""
     try:
         code = _rank_main(ns)
-    except (ConfigError, EngineUnavailableError) as exc:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
-    except VerificationError as exc:  # every rank says what it found
-        print(f"error: {exc}", file=sys.stderr)
+    except VerificationError as exc:  # a wrong engine, not bad input
         raise SystemExit(1) from exc
+    except TensorRTDistError as exc:  # a refusal, here or (RankFailedError) on another rank
+        raise SystemExit(2) from exc
     if code:
         raise SystemExit(code)
 
@@ -371,38 +385,27 @@ def run(ns: argparse.Namespace) -> int:
             plan_artifacts(ns)  # sets tp/pp from the manifest; bad requests fail here
             if ns.tp * ns.pp == 1 or launched:
                 return _rank_main(ns)
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        except TensorRTDistError as exc:
+            return refuse(exc, 2)
         ns.func = None
         result = launch(_rank_entry, ns.tp * ns.pp, [ns])
-        if not result.ok:
-            print(f"error: {result.message}", file=sys.stderr)
+        print_launch_failure(result, verbose=getattr(ns, "verbose", 0))
         return int(result.returncode)
     if ns.tp is None:
-        ranks = int(os.environ.get("WORLD_SIZE", "1"))
+        ranks = world_size()
         ns.tp = max(1, ranks // (ns.pp * ns.ep)) if launched else 1
     ns.prompt = ns.prompt or ["The return statement"]
     try:
-        if ns.tp < 1 or ns.pp < 1 or ns.ep < 1:
-            raise ConfigError(
-                f"--tp, --pp and --ep must be >= 1, got tp={ns.tp} pp={ns.pp} ep={ns.ep}"
-            )
-        if ns.verify and ns.engine == "none":
-            raise ConfigError("--verify checks a compiled engine; --engine none compiles nothing")
         _plan(ns)  # bad input fails here, before any rank starts
         single = ns.tp * ns.pp * ns.ep == 1 or launched
         _check_engine(ns.engine, isolated=not single)
         if single:
             return _rank_main(ns)
     except VerificationError as exc:  # a wrong engine, not bad input
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return refuse(exc, 1)
     except TensorRTDistError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return refuse(exc, 2)
     ns.func = None  # the ranks get a plain, picklable namespace
     result = launch(_rank_entry, ns.tp * ns.pp * ns.ep, [ns])
-    if not result.ok:
-        print(f"error: {result.message}", file=sys.stderr)
+    print_launch_failure(result, verbose=getattr(ns, "verbose", 0))
     return int(result.returncode)

@@ -5,7 +5,6 @@ questions: is this a MoE checkpoint (and does it split), and load this rank's sh
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +45,9 @@ def plan_moe(ns: argparse.Namespace, path: Path | None) -> tuple[ModelArgs, MoEA
 
 
 def _read(cfg_file: Path) -> dict[str, Any]:
-    try:
-        cfg: dict[str, Any] = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{cfg_file} is not valid JSON: {exc}") from exc
-    return cfg
+    from torch_tensorrt_dist.models.checkpoint_files import load_config_json
+
+    return load_config_json(cfg_file.parent)
 
 
 def load_moe_rank(

@@ -3,8 +3,8 @@
     torchtrt-dist run --nproc-per-node 2 app.py --flag            # torchrun (native NCCL path)
     torchtrt-dist run --launcher mpi --nproc-per-node 2 app.py     # mpirun (TensorRT-LLM plugins)
 
-When a rank fails the others are stopped, one line on stderr names the rank, and the command
-exits with that rank's status.
+When a rank fails the others are stopped; stderr shows that rank's error in one line (``-v``:
+its traceback) and a line naming the rank, and the command exits with that rank's status.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ def register(subparsers: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    from torch_tensorrt_dist.cli._failures import print_launch_failure
     from torch_tensorrt_dist.errors import TensorRTDistError
     from torch_tensorrt_dist.runtime.launcher import LaunchOptions, launch
 
@@ -107,6 +108,5 @@ def _main(args: argparse.Namespace) -> int:
     except (TensorRTDistError, OSError) as exc:
         print(f"torchtrt-dist run: {exc}", file=sys.stderr)
         return 2
-    if not result.ok:
-        print(result.message, file=sys.stderr, flush=True)
+    print_launch_failure(result, verbose=getattr(args, "verbose", 0), prefix="")
     return result.returncode

@@ -1,10 +1,11 @@
 """The TensorRT shell: one emitter for every collective, registered with Torch-TensorRT.
 
-Each typed op gets one registry entry per implementation in ``table.IMPLS`` (native
-DistCollective, TensorRT-LLM plugin, our torch_nccl plugin), all
-high priority; a capability validator lets a node through only for the implementation chosen
-now (``availability.current_impl``) and only if ``conversion_decision`` accepts it. A rejected
-node stays in PyTorch, and the reason is logged. Everything numeric comes from ``spec.py``.
+Each typed op gets one registry entry per registered implementation (``impl/__init__.py``:
+native DistCollective, TensorRT-LLM plugin, our torch_nccl plugin), all high priority; a
+capability validator lets a node through only for the implementation chosen now
+(``choice.current_impl``) and only if ``conversion_decision`` accepts it. A rejected node stays
+in PyTorch, and the reason is logged. The layer itself is the implementation's ``emit``, every
+number in it from its pure ``spec``. The converters of other ops are in ``layers/``.
 
 Nothing here has run against a real TensorRT in this repository's CI (no TensorRT there): the
 ``tensorrt``/``gpu`` tests exercise it where TensorRT is installed.
@@ -16,26 +17,16 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 from torch import fx
 
-from torch_tensorrt_dist.conversion.availability import (
-    bound_communicator_ranks,
-    current_impl,
-    native_members,
-    plugin_path_setting,
-)
+from torch_tensorrt_dist.conversion.capability import node_decision
+from torch_tensorrt_dist.conversion.choice import current_impl
 from torch_tensorrt_dist.conversion.dtypes import TRT_DATA_TYPE
-from torch_tensorrt_dist.conversion.mpi_world import check_plugin_world
-from torch_tensorrt_dist.conversion.node_args import bind_collective, node_decision, row_of
-from torch_tensorrt_dist.conversion.plugin_loader import load_trtllm_plugins
-from torch_tensorrt_dist.conversion.spec import native_collective_spec, trtllm_plugin_spec
-from torch_tensorrt_dist.conversion.table import IMPLS
-from torch_tensorrt_dist.errors import (
-    DistributedSetupError,
-    EngineUnavailableError,
-    UnsupportedCollectiveError,
-)
+from torch_tensorrt_dist.conversion.engine_binding import bound_communicator_ranks
+from torch_tensorrt_dist.conversion.impl import implementation, implementations
+from torch_tensorrt_dist.conversion.interface import CollectiveImpl
+from torch_tensorrt_dist.conversion.node_args import bind_collective, row_of
+from torch_tensorrt_dist.errors import DistributedSetupError, UnsupportedCollectiveError
 
 __all__ = ["emit_collective", "make_validator", "register_converters"]
 
@@ -49,8 +40,22 @@ def _warn_once(key: str, message: str, *args: Any) -> None:
         logger.warning(message, *args)
 
 
+def _registered(impl: str) -> CollectiveImpl:
+    found = implementation(impl)
+    if found is None:
+        raise UnsupportedCollectiveError(f"no collective implementation {impl!r} is registered")
+    return found
+
+
+def _identity_impl() -> str:
+    """The implementation whose converter takes a group of one (the identity): the first that
+    does not mark the engine multi-device."""
+    return next(i.name for i in implementations() if not i.one_communicator_per_engine)
+
+
 def make_validator(impl: str) -> Callable[..., bool]:
     """Capability validator ``(node, compilation_settings) -> bool`` for one implementation."""
+    found = _registered(impl)
 
     def validate(node: fx.Node, compilation_settings: Any = None) -> bool:
         row = row_of(node.target)
@@ -62,20 +67,19 @@ def make_validator(impl: str) -> Callable[..., bool]:
             _warn_once(f"{node.name}: {exc}", "%s stays in PyTorch: %s", node.name, exc)
             return False
         if len(call.group_ranks) == 1:
-            # the identity: taken by the plugin row, which does not mark the engine multi-device
-            return impl == "plugin"
+            # the identity: taken by a row that does not mark the engine multi-device
+            return impl == _identity_impl()
         choice = current_impl()
         if choice.impl is None:
             _warn_once(choice.reason, "collectives stay in PyTorch: %s", choice.reason)
             return False
         if choice.impl != impl:
             return False
-        comm = bound_communicator_ranks() if impl == "native" else None
-        members = native_members() if impl == "native" else None
-        ok, reason = node_decision(node, impl, comm_ranks=comm, native_members=members)
-        if ok and impl == "plugin":
+        comm = bound_communicator_ranks() if found.one_communicator_per_engine else None
+        ok, reason = node_decision(node, impl, **found.facts(comm))
+        if ok:
             try:
-                check_plugin_world([call.group_ranks])
+                found.check_launch([call.group_ranks])
             except DistributedSetupError as exc:
                 ok, reason = False, str(exc)
         if not ok:  # validators run more than once per node (partitioning, conversion)
@@ -94,48 +98,6 @@ def _torch_dtype(trt_dtype: Any) -> Any:
     raise UnsupportedCollectiveError(f"TensorRT data type {trt_dtype} has no torch counterpart")
 
 
-def _plugin_field_type(trt: Any, array: np.ndarray) -> Any:
-    kinds = {
-        np.dtype(np.int32): trt.PluginFieldType.INT32,
-        np.dtype(np.int8): trt.PluginFieldType.INT8,
-        np.dtype(np.float32): trt.PluginFieldType.FLOAT32,
-    }
-    return kinds[array.dtype]
-
-
-def _plugin_layer(trt: Any, ctx: Any, x: Any, spec: Any, name: str) -> Any:
-    registry = trt.get_plugin_registry()
-    get = getattr(registry, "get_creator", None) or registry.get_plugin_creator
-    creator = get(spec.name, spec.version, spec.namespace)
-    if creator is None:
-        raise EngineUnavailableError(
-            f"no {spec.namespace}::{spec.name} v{spec.version} plugin creator is registered; "
-            "load the TensorRT-LLM plugins first (settings plugin_path / TRTLLM_PLUGINS_PATH)"
-        )
-    fields = [
-        trt.PluginField(key, value, _plugin_field_type(trt, value))
-        for key, value in spec.fields.items()
-    ]
-    plugin = creator.create_plugin(name, trt.PluginFieldCollection(fields))
-    if plugin is None:
-        raise UnsupportedCollectiveError(f"{spec.name} plugin creation failed for {name}")
-    return ctx.net.add_plugin_v2([x], plugin)
-
-
-def _native_layer(trt: Any, ctx: Any, x: Any, spec: Any, name: str) -> Any:
-    layer = ctx.net.add_dist_collective(
-        x,
-        getattr(trt.CollectiveOperation, spec.collective_operation),
-        getattr(trt.ReduceOperation, spec.reduce_operation),
-        spec.root,
-        spec.groups,
-    )
-    if layer is None:
-        raise UnsupportedCollectiveError(f"TensorRT refused the DistCollective layer {name}")
-    layer.num_ranks = spec.num_ranks
-    return layer
-
-
 def emit_collective(
     ctx: Any, target: Any, args: Sequence[Any], kwargs: dict[str, Any], name: str, *, impl: str
 ) -> Any:
@@ -152,26 +114,7 @@ def emit_collective(
     if len(call.group_ranks) == 1:
         return x  # a group of one: the identity (TensorRT's layer rejects num_ranks=1 groups)
     dtype = _torch_dtype(x.dtype)
-    if impl == "native":
-        spec = native_collective_spec(
-            call.op,
-            dtype,
-            call.group_ranks,
-            call.reduce_op,
-            call.src,
-            comm_ranks=bound_communicator_ranks(),
-            native_members=native_members(),
-        )
-        layer = _native_layer(trt, ctx, x, spec, name)
-    elif impl == "torch_nccl":  # our csrc/ plugins on torch's NCCL communicators
-        from torch_tensorrt_dist.conversion.torch_nccl_converter import torch_nccl_layer
-
-        layer = torch_nccl_layer(trt, ctx, x, call, dtype, name)
-    else:
-        load_trtllm_plugins(plugin_path_setting())
-        layer = _plugin_layer(
-            trt, ctx, x, trtllm_plugin_spec(call.op, dtype, call.group_ranks, call.reduce_op), name
-        )
+    layer = _registered(impl).emit(trt, ctx, x, call, dtype, name)
     set_layer_name(layer, target, name, SourceIR.ATEN)
     return layer.get_output(0)
 
@@ -185,41 +128,29 @@ def _converter(impl: str) -> Callable[..., Any]:
 
 
 def register_converters() -> None:
-    """Register both implementations of every typed collective with Torch-TensorRT, the
-    in-place KV-cache write (``kv_cache.py``) and the MoE experts layer (``moe_experts.py``)."""
-    import torch
+    """Register every implementation of every typed collective with Torch-TensorRT, and the
+    converters of other ops (``layers/``)."""
     from torch_tensorrt.dynamo.conversion._ConverterRegistry import (
         ConverterPriority,
         dynamo_tensorrt_converter,
     )
 
-    from torch_tensorrt_dist.conversion.kv_cache import (
-        convert_kv_cache_write,
-        kv_cache_write_validator,
-    )
-    from torch_tensorrt_dist.conversion.moe_experts import (
-        convert_moe_experts,
-        moe_experts_validator,
-    )
+    from torch_tensorrt_dist.conversion.layers import LAYERS
     from torch_tensorrt_dist.ops.collectives import COLLECTIVE_OPS
-    from torch_tensorrt_dist.ops.experts import EXPERTS_OP
 
-    # before Torch-TensorRT's own index_copy converters (batch 1 only): any batch
-    dynamo_tensorrt_converter(
-        torch.ops.aten.index_copy.default,
-        capability_validator=kv_cache_write_validator,
-        priority=ConverterPriority.HIGH,
-        supports_dynamic_shapes=False,
-    )(convert_kv_cache_write)
-    dynamo_tensorrt_converter(
-        EXPERTS_OP, capability_validator=moe_experts_validator, supports_dynamic_shapes=False
-    )(convert_moe_experts)
+    for layer in LAYERS:
+        dynamo_tensorrt_converter(
+            layer.target,
+            capability_validator=layer.validator,
+            priority=ConverterPriority.HIGH,
+            supports_dynamic_shapes=layer.supports_dynamic_shapes,
+        )(layer.convert)
     for overload in COLLECTIVE_OPS.values():
-        for impl in IMPLS:
+        for impl in implementations():
             dynamo_tensorrt_converter(
                 overload,
-                capability_validator=make_validator(impl),
+                capability_validator=make_validator(impl.name),
                 priority=ConverterPriority.HIGH,
                 supports_dynamic_shapes=True,
-                requires_native_multidevice=impl == "native",
-            )(_converter(impl))
+                requires_native_multidevice=impl.one_communicator_per_engine,
+            )(_converter(impl.name))

@@ -1,5 +1,5 @@
-"""Tensor dtypes as TensorRT numbers them (``nvinfer1::DataType``), and which dtypes each
-collective implementation takes. Pure: no TensorRT import.
+"""Tensor dtypes as TensorRT numbers them (``nvinfer1::DataType``). Pure: no TensorRT import.
+Which dtypes an implementation takes is in its own ``impl/<folder>/rules.py``.
 
 ``nvinfer1::DataType`` (NvInferRuntimeBase.h, TensorRT 10 and 11; TensorRT-LLM mirrors it in
 ``tensorrt_llm::DataType``): kFLOAT 0, kHALF 1, kINT8 2, kINT32 3, kBOOL 4, kUINT8 5, kFP8 6,
@@ -14,9 +14,6 @@ import torch
 from torch_tensorrt_dist.errors import UnsupportedCollectiveError
 
 __all__ = [
-    "NATIVE_DTYPES",
-    "PLUGIN_DTYPES",
-    "TORCH_NCCL_DTYPES",
     "TRT_DATA_TYPE",
     "as_torch_dtype",
     "dtype_name",
@@ -35,31 +32,6 @@ TRT_DATA_TYPE: dict[torch.dtype, int] = {
     torch.bfloat16: 7,
     torch.int64: 8,
 }
-
-#: dtypes the TensorRT-LLM NCCL plugins reduce and move correctly in every release read: older
-#: releases map only kFLOAT/kHALF/kBF16 to an NCCL type, and an unmapped type silently becomes
-#: ncclInt8 (``std::unordered_map::operator[]``), so other dtypes are refused.
-PLUGIN_DTYPES: frozenset[torch.dtype] = frozenset({torch.float32, torch.float16, torch.bfloat16})
-
-#: dtypes we hand to TensorRT's DistCollective layer (NCCL has a native type for each).
-NATIVE_DTYPES: frozenset[torch.dtype] = frozenset(
-    {torch.float32, torch.float16, torch.bfloat16, torch.int32}
-)
-
-#: dtypes our plugins (``csrc/``, collective_impl="torch_nccl") carry: each has an NCCL type
-#: (fp8 e4m3 needs NCCL >= 2.24, checked when the plugin runs). Not uint8 (nor bool): TensorRT
-#: does not support either as a plugin output type (NvInferRuntime.h, getOutputDataTypes).
-TORCH_NCCL_DTYPES: frozenset[torch.dtype] = frozenset(
-    {
-        torch.float32,
-        torch.float16,
-        torch.bfloat16,
-        torch.int8,
-        torch.int32,
-        torch.int64,
-        torch.float8_e4m3fn,
-    }
-)
 
 _ALIASES = {
     "fp32": torch.float32,

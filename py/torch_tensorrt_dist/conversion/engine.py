@@ -21,21 +21,18 @@ import torch
 from torch import fx
 
 from torch_tensorrt_dist.backend.settings import check_known_options
-from torch_tensorrt_dist.conversion.availability import (
-    collective_settings,
-    current_impl,
-    require_tensorrt_engine,
-)
+from torch_tensorrt_dist.conversion.availability import require_tensorrt_engine
+from torch_tensorrt_dist.conversion.choice import current_impl
 from torch_tensorrt_dist.conversion.engine_binding import (
     keep_aliased_outputs,
     multidevice_engines,
     pin_engines,
     with_bound_communicator,
 )
-from torch_tensorrt_dist.conversion.mpi_world import check_plugin_world
+from torch_tensorrt_dist.conversion.impl import implementation
 from torch_tensorrt_dist.conversion.nccl_library import preload_torch_nccl
 from torch_tensorrt_dist.conversion.node_args import CollectiveCall, collective_calls
-from torch_tensorrt_dist.conversion.plugin_loader import load_trtllm_plugins
+from torch_tensorrt_dist.conversion.settings import collective_settings
 from torch_tensorrt_dist.errors import DistributedSetupError, EngineUnavailableError
 
 __all__ = ["compile_tensorrt", "decompositions", "engine_group"]
@@ -151,11 +148,13 @@ def compile_tensorrt(
     """Build the engines for one rank's lowered graph; returns a boxed callable (its
     ``trt_module`` attribute is the GraphModule that holds the engines).
 
-    Reads ``settings.collective_impl`` ("auto"|"native"|"plugin"|"torch_nccl"),
+    Reads ``settings.collective_impl`` ("auto" or a registered implementation's name),
     ``settings.plugin_path`` (str | None) and ``settings.torch_tensorrt_options`` (a mapping
-    passed to Torch-TensorRT). With native layers, the engines of this graph (only) are pinned
-    to the group they were built for, and the first call creates that group's communicator and
-    checks every engine is bound to it (``engine_binding.py``).
+    passed to Torch-TensorRT). The chosen implementation prepares first (``prepare``: load its
+    library, register communicators...). With one that binds one communicator per engine
+    (native layers), the engines of this graph (only) are pinned to the group they were built
+    for, and the first call creates that group's communicator and checks every engine is bound
+    to it (``engine_binding.py``).
     """
     _require_torch_tensorrt()
     from torch._functorch.aot_autograd import make_boxed_func
@@ -169,26 +168,22 @@ def compile_tensorrt(
     plugin_path = getattr(settings, "plugin_path", None)
     calls = collective_calls(gm)
     multi = [c for c in calls if len(c.group_ranks) > 1]
-    # --- torch_nccl: auto's choice is engine-wide (native only where one group takes it all);
-    # pin it so every capability validator of this engine sees the same implementation ---
+    # auto's choice is engine-wide (an implementation that binds one communicator first only
+    # where one group takes it all): pin it, so every capability validator of this engine sees
+    # the same implementation
     with collective_settings(impl_setting, plugin_path):
         choice = current_impl(native_takes_all=len({c.group_ranks for c in multi}) <= 1)
-    if choice.impl == "torch_nccl":
-        impl_setting = "torch_nccl"
-    # --- end torch_nccl ---
+    impl = implementation(choice.impl) if choice.impl is not None else None
+    if impl is not None:
+        impl_setting = impl.name
     with collective_settings(impl_setting, plugin_path):
-        if multi and choice.impl is None:
+        if multi and impl is None:
             raise EngineUnavailableError(choice.reason)
         bound = None
-        if multi and choice.impl == "plugin":
-            load_trtllm_plugins(plugin_path)
-            check_plugin_world([c.group_ranks for c in multi])
-        elif multi and choice.impl == "torch_nccl":
-            from torch_tensorrt_dist.conversion.torch_nccl_converter import prepare_torch_nccl
-
-            prepare_torch_nccl(multi)
-        elif multi and choice.impl == "native":
-            bound = engine_group(calls)
+        if multi and impl is not None:
+            impl.prepare(multi, plugin_path)  # load a library, register communicators...
+            if impl.one_communicator_per_engine:
+                bound = engine_group(calls)
         logger.info("TensorRT collectives: %s (%s)", choice.impl, choice.reason)
         trt_settings, engine_cache = _trt_settings(settings, collectives=bool(multi))
         with _bound_group(bound.group_name if bound else None) as pg:

@@ -9,6 +9,8 @@ an engine nothing ever creates that group's communicator. And ``set_distributed_
 *every* multi-device engine of the thread, so a second compiled graph on another group would
 move the first graph's engines. Here, per compiled graph:
 
+* :func:`bound_communicator_ranks` names the group Torch-TensorRT would bind now (what an
+  implementation that binds one communicator per engine decides against);
 * :func:`multidevice_engines` finds the engines of this module only, and :func:`pin_engines`
   pins those to the group (``set_group_name``);
 * :func:`with_bound_communicator` wraps the graph's first call (all ranks are in step there):
@@ -38,6 +40,7 @@ from torch_tensorrt_dist.errors import DistributedSetupError
 
 __all__ = [
     "bind_engines",
+    "bound_communicator_ranks",
     "ensure_communicator",
     "keep_aliased_outputs",
     "multidevice_engines",
@@ -47,6 +50,19 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def bound_communicator_ranks() -> list[int] | None:
+    """Global ranks of the process group Torch-TensorRT binds to engines here (its active
+    ``distributed_context`` group, else the world); None where none is active."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        from torch_tensorrt.distributed._distributed import get_active_group
+    except ImportError:
+        return None
+    group = get_active_group()
+    return None if group is None else list(dist.get_process_group_ranks(group))
 
 
 def _is_multidevice(engine: Any) -> bool:

@@ -13,11 +13,10 @@ from typing import Any
 import torch
 from torch import fx
 
-from torch_tensorrt_dist.conversion.capability import Decision, conversion_decision
 from torch_tensorrt_dist.conversion.table import COLLECTIVES, CollectiveRow
 from torch_tensorrt_dist.errors import UnsupportedCollectiveError
 
-__all__ = ["CollectiveCall", "bind_collective", "collective_calls", "node_decision", "row_of"]
+__all__ = ["CollectiveCall", "bind_collective", "collective_calls", "row_of"]
 
 
 def _targets() -> dict[Any, CollectiveRow]:
@@ -104,34 +103,3 @@ def collective_calls(gm: fx.GraphModule) -> list[CollectiveCall]:
         if row is not None:
             out.append(bind_collective(row, node.args, node.kwargs))
     return out
-
-
-def node_decision(
-    node: fx.Node,
-    impl: str,
-    comm_ranks: Sequence[int] | None = None,
-    native_members: frozenset[str] | None = None,
-) -> Decision:
-    """:func:`conversion_decision` for one FX node (what the capability validators call)."""
-    row = row_of(node.target) if node.op == "call_function" else None
-    if row is None:
-        return Decision(False, f"{node.format_node()} is not a torch.ops.tensorrt_dist collective")
-    try:
-        call = bind_collective(row, node.args, node.kwargs)
-    except UnsupportedCollectiveError as exc:
-        return Decision(False, str(exc))
-    if call.dtype is None:
-        return Decision(False, f"{node.name}: the input has no recorded dtype (meta['val'])")
-    return conversion_decision(
-        call.op,
-        call.dtype,
-        call.group_ranks,
-        impl=impl,
-        reduce_op=call.reduce_op,
-        src=call.src,
-        output_split_sizes=call.output_split_sizes,
-        input_split_sizes=call.input_split_sizes,
-        dim0=call.dim0,
-        comm_ranks=comm_ranks,
-        native_members=native_members,
-    )

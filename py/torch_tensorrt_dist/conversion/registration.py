@@ -9,13 +9,9 @@ converts them with our converters. Where Torch-TensorRT is not installed it does
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib.util
 import logging
-import os
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 from torch import fx
@@ -98,45 +94,6 @@ def _register_pass() -> None:
     _aten_lowering_pass(fuse_collectives_pass, index=pass_index(names))
 
 
-@contextlib.contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    previous = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
-
-
-def _is_building_during_builds() -> None:
-    """TensorRT-LLM's plugins skip their NCCL set-up while ``IS_BUILDING=1``. It must be set
-    while TensorRT builds (the builder may time one rank's plugin alone, and the others would
-    wait for it) and never while an engine is created to run (its plugins would then make no
-    communicator). Torch-TensorRT builds in ``TRTInterpreter.run`` and creates the runtime
-    engine after it returns, so that method (only) runs with the variable set, on every path
-    (our engine and ``backend="torch_tensorrt"``), whenever the plugins are loaded."""
-    from torch_tensorrt.dynamo.conversion._TRTInterpreter import TRTInterpreter
-
-    from torch_tensorrt_dist.conversion.plugin_loader import loaded_trtllm_plugins
-
-    build = TRTInterpreter.run
-    if getattr(build, "_torch_tensorrt_dist", False):
-        return
-
-    @functools.wraps(build)
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if loaded_trtllm_plugins() is None:
-            return build(self, *args, **kwargs)
-        with _environment("IS_BUILDING", "1"):
-            return build(self, *args, **kwargs)
-
-    run._torch_tensorrt_dist = True  # type: ignore[attr-defined]
-    TRTInterpreter.run = run
-
-
 def register_with_torch_tensorrt(strict: bool = False) -> bool:
     """Register the pass and converters once; False (and nothing done) without Torch-TensorRT.
 
@@ -160,10 +117,12 @@ def register_with_torch_tensorrt(strict: bool = False) -> bool:
             import torch_tensorrt  # noqa: F401
 
             from torch_tensorrt_dist.conversion.converters import register_converters
+            from torch_tensorrt_dist.conversion.impl import implementations
 
             _register_pass()
             register_converters()
-            _is_building_during_builds()
+            for impl in implementations():
+                impl.install()  # e.g. the TensorRT-LLM plugins' IS_BUILDING during builds
         except Exception as exc:  # torch_tensorrt raises a bare Exception without libnvinfer
             message = (
                 f"cannot register with the installed Torch-TensorRT ({type(exc).__name__}: "

@@ -12,8 +12,13 @@ import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.validation import check_float, check_int, check_seed
 
-__all__ = ["SamplingConfig", "make_generator", "sample"]
+__all__ = ["TEMPERATURE_RANGE", "SamplingConfig", "make_generator", "sample"]
+
+TEMPERATURE_RANGE = (1e-3, 100.0)
+"""Non-zero temperatures allowed: below, sampling is greedy in all but name (and logits /
+temperature can overflow float32); above, the distribution is uniform noise."""
 
 
 @dataclass(frozen=True)
@@ -21,7 +26,8 @@ class SamplingConfig:
     """How the next token is picked."""
 
     temperature: float = 0.0
-    """0 means greedy (argmax); > 0 samples from softmax(logits / temperature)."""
+    """0 means greedy (argmax); else (in ``TEMPERATURE_RANGE``) samples from
+    softmax(logits / temperature)."""
     top_k: int | None = None
     """Keep only the k most likely tokens (None or 0: all)."""
     top_p: float | None = None
@@ -30,12 +36,18 @@ class SamplingConfig:
     """Seed of the generator every rank creates identically."""
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        # NaN fails every comparison; logits / temperature must stay finite in float32
+        t = self.temperature
+        if not isinstance(t, int | float) or not (
+            t == 0 or TEMPERATURE_RANGE[0] <= t <= TEMPERATURE_RANGE[1]
+        ):
+            low, high = TEMPERATURE_RANGE
+            raise ConfigError(f"temperature must be 0 (greedy) or in [{low:g}, {high:g}], got {t}")
+        if self.top_k is not None:
+            check_int(self.top_k, name="top_k (0: all tokens)", low=0)
+        if self.top_p is not None:
+            check_float(self.top_p, name="top_p", low=0.0, high=1.0, low_open=True)
+        check_seed(self.seed)
 
     @property
     def greedy(self) -> bool:

@@ -11,6 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.validation import (
+    FLOAT32_MAX,
+    INT32_MAX,
+    check_float,
+    check_int,
+    config_bool,
+    config_float,
+    config_int,
+)
 
 __all__ = ["PRESETS", "ModelArgs", "RopeScaling"]
 
@@ -32,8 +41,28 @@ class RopeScaling:
             raise ConfigError(
                 f"RoPE scaling type {self.kind!r} is not supported; use 'llama3', 'linear' or none"
             )
-        if self.factor <= 0:
-            raise ConfigError(f"RoPE scaling factor must be > 0, got {self.factor}")
+        check_float(self.factor, name="RoPE scaling factor", low=1.0, high=FLOAT32_MAX)
+        if self.kind == "llama3":
+            check_float(
+                self.low_freq_factor,
+                name="RoPE low_freq_factor",
+                low=0.0,
+                low_open=True,
+                high=FLOAT32_MAX,
+            )
+            check_float(
+                self.high_freq_factor,
+                name="RoPE high_freq_factor (> low_freq_factor)",
+                low=self.low_freq_factor,
+                low_open=True,
+                high=FLOAT32_MAX,
+            )
+            check_int(
+                self.original_max_position_embeddings,
+                name="RoPE original_max_position_embeddings",
+                low=1,
+                high=INT32_MAX,
+            )
 
 
 @dataclass
@@ -95,6 +124,20 @@ class ModelArgs:
             )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} must be even for RoPE")
+        # float32 RoPE tables and norms: NaN, infinities and values float32 cannot hold refused
+        check_float(
+            self.norm_eps,
+            name="ModelArgs.norm_eps",
+            low=0.0,
+            high=1.0,
+            low_open=True,
+            high_open=True,
+        )
+        check_float(
+            self.rope_theta, name="ModelArgs.rope_theta", low=0.0, high=FLOAT32_MAX, low_open=True
+        )
+        if self.sliding_window is not None:
+            check_int(self.sliding_window, name="ModelArgs.sliding_window", low=1)
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> ModelArgs:
@@ -105,7 +148,10 @@ class ModelArgs:
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], *, max_seq_len: int | None = None) -> ModelArgs:
-        """Translate a Hugging Face ``config.json`` (llama, mistral, qwen2) into ModelArgs."""
+        """Translate a Hugging Face ``config.json`` (llama, mistral, qwen2) into ModelArgs.
+
+        Every field is checked by name (type, range, finite): a missing or null required
+        field, a string where a number belongs, NaN or infinity are refused in one line."""
         model_type = cfg.get("model_type", "llama")
         if model_type not in _SUPPORTED_MODEL_TYPES:
             raise ConfigError(
@@ -115,55 +161,95 @@ class ModelArgs:
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
             raise ConfigError(f"config.json has hidden_act={act!r}; only 'silu' (SwiGLU) works")
-        if cfg.get("mlp_bias"):
+        if config_bool(cfg, "mlp_bias", default=False):
             raise ConfigError("config.json sets mlp_bias=true, which this model does not support")
-        rope = dict(cfg.get("rope_parameters") or {})  # transformers >= 5
-        legacy = cfg.get("rope_scaling") or {}
-        rope = {**legacy, **rope}
-        theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-        if float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))) != 1.0:
+        rope = _rope_fields(cfg)
+        theta = config_float(
+            rope,
+            "rope_theta",
+            default=cfg.get("rope_theta", 10000.0),
+            low=0.0,
+            low_open=True,
+            high=FLOAT32_MAX,
+        )
+        partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+        if (
+            check_float(
+                1.0 if partial is None else partial,
+                name="config.json partial_rotary_factor",
+                low=0.0,
+                high=1.0,
+            )
+            != 1.0
+        ):
             raise ConfigError("partial_rotary_factor != 1 is not supported")
         kind = rope.get("rope_type", rope.get("type", "default"))
         scaling = None
         if kind != "default":
+            src = "config.json " + (
+                "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+            )
             scaling = RopeScaling(
                 kind=str(kind),
-                factor=float(rope.get("factor", 1.0)),
-                low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
-                high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-                original_max_position_embeddings=int(
-                    rope.get("original_max_position_embeddings", 8192)
+                factor=config_float(
+                    rope, "factor", default=1.0, low=1.0, high=FLOAT32_MAX, file=src
+                ),
+                low_freq_factor=config_float(rope, "low_freq_factor", default=1.0, file=src),
+                high_freq_factor=config_float(rope, "high_freq_factor", default=4.0, file=src),
+                original_max_position_embeddings=config_int(
+                    rope, "original_max_position_embeddings", default=8192, file=src
                 ),
             )
-        window = cfg.get("sliding_window")
-        if model_type == "qwen2" and not cfg.get("use_sliding_window", False):
-            window = None
-        elif model_type == "qwen2" and window is not None:
+        window = config_int(cfg, "sliding_window", default=0, low=0)
+        use_window = config_bool(cfg, "use_sliding_window", default=False)
+        if model_type == "qwen2" and not use_window:
+            window = 0
+        elif model_type == "qwen2" and window:
             raise ConfigError(
                 "Qwen2 per-layer sliding windows (use_sliding_window) are not supported"
             )
         eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        n_heads = int(cfg["num_attention_heads"])
+        eos_list = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        eos_ids = tuple(
+            check_int(i, name="config.json eos_token_id", low=0, high=INT32_MAX) for i in eos_list
+        )
+        bos = cfg.get("bos_token_id")
+        n_heads = config_int(cfg, "num_attention_heads")
+        attention_bias = config_bool(cfg, "attention_bias", default=False)
         return cls(
-            dim=int(cfg["hidden_size"]),
-            n_layers=int(cfg["num_hidden_layers"]),
+            dim=config_int(cfg, "hidden_size"),
+            n_layers=config_int(cfg, "num_hidden_layers"),
             n_heads=n_heads,
-            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-            vocab_size=int(cfg["vocab_size"]),
-            intermediate_size=int(cfg["intermediate_size"]),
-            head_dim=int(cfg.get("head_dim") or 0),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            n_kv_heads=config_int(cfg, "num_key_value_heads", default=n_heads, low=0) or n_heads,
+            vocab_size=config_int(cfg, "vocab_size"),
+            intermediate_size=config_int(cfg, "intermediate_size"),
+            head_dim=config_int(cfg, "head_dim", default=0, low=0),
+            norm_eps=config_float(
+                cfg, "rms_norm_eps", default=1e-6, low=0.0, high=1.0, low_open=True, high_open=True
+            ),
             rope_theta=theta,
             rope_scaling=scaling,
-            max_seq_len=int(max_seq_len or cfg.get("max_position_embeddings", 2048)),
-            qkv_bias=bool(cfg.get("attention_bias", False)) or model_type == "qwen2",
-            o_bias=bool(cfg.get("attention_bias", False)) and model_type != "qwen2",
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            sliding_window=int(window) if window else None,
-            bos_token_id=cfg.get("bos_token_id"),
+            max_seq_len=max_seq_len or config_int(cfg, "max_position_embeddings", default=2048),
+            qkv_bias=attention_bias or model_type == "qwen2",
+            o_bias=attention_bias and model_type != "qwen2",
+            tie_embeddings=config_bool(cfg, "tie_word_embeddings", default=False),
+            sliding_window=window or None,
+            bos_token_id=None
+            if bos is None
+            else check_int(bos, name="config.json bos_token_id", low=0, high=INT32_MAX),
             eos_token_ids=eos_ids,
         )
+
+
+def _rope_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The RoPE settings: ``rope_parameters`` (transformers >= 5) over legacy ``rope_scaling``."""
+    parts = []
+    for key in ("rope_scaling", "rope_parameters"):
+        value = cfg.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"config.json {key} must be an object or null, got {value!r}")
+        parts.append(value or {})
+    return {**parts[0], **parts[1]}
 
 
 _LLAMA3_ROPE = RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)

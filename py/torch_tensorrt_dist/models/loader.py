@@ -12,7 +12,6 @@ RoPE layout is HF's own ``rotate_half`` one, so q/k weights load without a permu
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -23,8 +22,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from tqdm import tqdm
 
 from torch_tensorrt_dist.errors import CheckpointError
+from torch_tensorrt_dist.models.checkpoint_files import load_config_json, weight_map
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
+from torch_tensorrt_dist.models.weights_check import check_checkpoint
 from torch_tensorrt_dist.parallel.llama import (
     Embedding,
     LMHead,
@@ -72,40 +73,8 @@ def hf_name(name: str, args: ModelArgs) -> str:
 
 def read_config(path: str | Path, *, max_seq_len: int | None = None) -> ModelArgs:
     """ModelArgs from ``path/config.json``."""
-    cfg_file = Path(path) / "config.json"
-    if not cfg_file.is_file():
-        raise CheckpointError(
-            f"{Path(path)} has no config.json; pass a Hugging Face checkpoint directory "
-            "(config.json + *.safetensors)"
-        )
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_file} is not valid JSON: {exc}") from exc
+    cfg = load_config_json(path)
     return ModelArgs.from_hf_config(cfg, max_seq_len=max_seq_len)
-
-
-def weight_map(path: str | Path) -> dict[str, Path]:
-    """Tensor name -> safetensors file, from the index file or by reading each file's header."""
-    root = Path(path)
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        entries = json.loads(index.read_text()).get("weight_map", {})
-        mapping = {name: root / file for name, file in entries.items()}
-        missing = sorted({str(f.name) for f in mapping.values() if not f.is_file()})
-        if missing:
-            raise CheckpointError(
-                f"{index} names files that are missing: {', '.join(missing)}; download them again"
-            )
-        return mapping
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{root} holds no *.safetensors file; only safetensors is read")
-    mapping = {}
-    for file in files:
-        with SafetensorsReader(file) as f:  # reads the header only
-            mapping.update({name: file for name in f.keys()})  # noqa: SIM118
-    return mapping
 
 
 def _load_into(
@@ -182,6 +151,7 @@ def load_llama(
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist")
     args = read_config(root, max_seq_len=max_seq_len)
+    check_checkpoint(root, args)  # names, shapes, layer count, dtypes: before any allocation
     pg = resolve_tp_group(group, mesh_dim)
     rank, size = (dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else (0, 1)
     layout = tp_layout(args, rank, size, lm_head, embedding)

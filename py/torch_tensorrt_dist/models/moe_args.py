@@ -15,6 +15,7 @@ from typing import Any
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.llama_args import ModelArgs
+from torch_tensorrt_dist.validation import check_int, config_bool, config_int
 
 __all__ = ["MOE_MODEL_TYPES", "MoEArgs", "is_moe_config", "moe_args_from_hf_config"]
 
@@ -74,29 +75,37 @@ def moe_args_from_hf_config(
             f"config.json has model_type={kind!r}; the MoE models supported are "
             f"{', '.join(sorted(MOE_MODEL_TYPES))}"
         )
-    n_layers = int(cfg["num_hidden_layers"])
+    n_layers = config_int(cfg, "num_hidden_layers")
     dense = dict(cfg, model_type=MOE_MODEL_TYPES[kind])
     if kind == "mixtral":
         moe = MoEArgs(
-            n_experts=int(cfg.get("num_local_experts", 8)),
-            top_k=int(cfg.get("num_experts_per_tok", 2)),
-            expert_size=int(cfg["intermediate_size"]),
+            n_experts=config_int(cfg, "num_local_experts", default=8),
+            top_k=config_int(cfg, "num_experts_per_tok", default=2),
+            expert_size=config_int(cfg, "intermediate_size"),
             norm_topk_prob=True,
             sparse_layers=tuple(range(n_layers)),
             style="mixtral",
         )
     else:
-        step = int(cfg.get("decoder_sparse_step", 1))
-        dense_only = {int(i) for i in cfg.get("mlp_only_layers") or []}
-        n_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
-        if step < 1:
-            raise ConfigError(f"config.json has decoder_sparse_step={step}; it must be >= 1")
+        step = config_int(cfg, "decoder_sparse_step", default=1)
+        only = cfg.get("mlp_only_layers") or []
+        if not isinstance(only, list):
+            raise ConfigError(
+                f"config.json mlp_only_layers must be a list of layer indices, got {only!r}"
+            )
+        dense_only = {check_int(i, name="config.json mlp_only_layers entry", low=0) for i in only}
+        n_experts = config_int(
+            cfg,
+            "num_experts",
+            default=config_int(cfg, "num_local_experts", default=0, low=0),
+            low=0,
+        )
         moe = MoEArgs(
             n_experts=n_experts,
-            top_k=int(cfg.get("num_experts_per_tok", 1)),
-            expert_size=int(cfg["moe_intermediate_size"]),
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-            shared_expert_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+            top_k=config_int(cfg, "num_experts_per_tok", default=1),
+            expert_size=config_int(cfg, "moe_intermediate_size"),
+            norm_topk_prob=config_bool(cfg, "norm_topk_prob", default=False),
+            shared_expert_size=config_int(cfg, "shared_expert_intermediate_size", default=0, low=0),
             sparse_layers=tuple(
                 i for i in range(n_layers) if i not in dense_only and (i + 1) % step == 0
             ),
@@ -105,7 +114,7 @@ def moe_args_from_hf_config(
         )
     args = ModelArgs.from_hf_config(dense, max_seq_len=max_seq_len)
     if kind == "qwen2_moe":  # its config says qkv_bias (default true) instead of attention_bias
-        args.qkv_bias = bool(cfg.get("qkv_bias", True))
+        args.qkv_bias = config_bool(cfg, "qkv_bias", default=True)
     if kind == "qwen3_moe":  # q/k/v and o biases both follow attention_bias (default false)
-        args.qkv_bias = args.o_bias = bool(cfg.get("attention_bias", False))
+        args.qkv_bias = args.o_bias = config_bool(cfg, "attention_bias", default=False)
     return args, moe

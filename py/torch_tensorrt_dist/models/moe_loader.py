@@ -14,7 +14,6 @@ read. Checkpoints name experts one tensor each, as transformers' ``save_pretrain
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -24,11 +23,13 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from torch_tensorrt_dist.errors import CheckpointError
+from torch_tensorrt_dist.models.checkpoint_files import load_config_json, weight_map
 from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.models.loader import _load_into, hf_name, weight_map
+from torch_tensorrt_dist.models.loader import _load_into, hf_name
 from torch_tensorrt_dist.models.moe import MoETransformer, SparseMoE
 from torch_tensorrt_dist.models.moe_args import MoEArgs, moe_args_from_hf_config
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader, TensorInfo
+from torch_tensorrt_dist.models.weights_check import check_checkpoint
 from torch_tensorrt_dist.parallel.llama import Embedding, LMHead, ShardSlice, shard_slice, tp_layout
 from torch_tensorrt_dist.parallel.moe import (
     MoEGroups,
@@ -60,13 +61,7 @@ def read_moe_config(
     path: str | Path, *, max_seq_len: int | None = None
 ) -> tuple[ModelArgs, MoEArgs]:
     """``(ModelArgs, MoEArgs)`` from ``path/config.json``."""
-    cfg_file = Path(path) / "config.json"
-    if not cfg_file.is_file():
-        raise CheckpointError(f"{Path(path)} has no config.json; pass a HF checkpoint directory")
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_file} is not valid JSON: {exc}") from exc
+    cfg = load_config_json(path)
     return moe_args_from_hf_config(cfg, max_seq_len=max_seq_len)
 
 
@@ -164,6 +159,10 @@ def _expert_view(reader: SafetensorsReader, key: str) -> None:
         return
     base, e = key.rsplit("@", 1)
     t = reader.info(base)
+    if not t.shape or not 0 <= int(e) < t.shape[0]:
+        raise CheckpointError(
+            f"{reader.path.name}: tensor {base!r} of shape {list(t.shape)} has no expert {e}"
+        )
     stride = (t.end - t.begin) // t.shape[0]
     begin = t.begin + int(e) * stride
     reader.tensors[key] = TensorInfo(t.dtype, t.shape[1:], begin, begin + stride)
@@ -242,6 +241,7 @@ def load_moe(
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist")
     args, moe = read_moe_config(root, max_seq_len=max_seq_len)
+    check_checkpoint(root, args, moe)  # names, shapes, counts, dtypes: before any allocation
     g = groups or _SINGLE
     layout = moe_layout(
         args, moe, ep=g.ep, tp=g.tp, ep_rank=g.ep_rank, tp_rank=g.tp_rank, lm_head=lm_head,

@@ -8,39 +8,25 @@ weights it keeps, and ``bytes_read`` says exactly what it read.
 
 Format: 8-byte little-endian header length N, N bytes of JSON
 ``{name: {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, "__metadata__": ...}``,
-then the data (offsets relative to byte 8 + N).
+then the data (offsets relative to byte 8 + N). The header is checked against every rule of
+the format when the file is opened (``safetensors_header.parse_header``): each tensor's span
+is its own, exactly as long as its shape and dtype need, so no read strays into other bytes.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 import torch
 
 from torch_tensorrt_dist.errors import CheckpointError
+from torch_tensorrt_dist.models.safetensors_header import MAX_HEADER_BYTES, TensorInfo, parse_header
 
 __all__ = ["CheckpointError", "SafetensorsReader", "TensorInfo"]
-
-_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    begin: int  # absolute file offset of the first byte
-    end: int
 
 
 class SafetensorsReader:
@@ -73,25 +59,11 @@ class SafetensorsReader:
         if size < 8:
             raise CheckpointError(f"{self.path} is too short to be a safetensors file")
         (n,) = struct.unpack("<Q", self._pread(8, 0))
-        if n > min(size - 8, 100 * 2**20):
+        if n > min(size - 8, MAX_HEADER_BYTES):
             raise CheckpointError(f"{self.path} is not a safetensors file (header length {n})")
-        try:
-            header = json.loads(self._pread(n, 8))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{self.path} has a corrupt safetensors header: {exc}") from exc
-        tensors = {}
-        for name, meta in header.items():
-            if name == "__metadata__":
-                continue
-            if meta["dtype"] not in _DTYPES:
-                raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {meta['dtype']}")
-            begin, end = (8 + n + int(o) for o in meta["data_offsets"])
-            if end > size:
-                raise CheckpointError(
-                    f"{self.path} is truncated: tensor {name!r} ends at byte {end}, the file has "
-                    f"{size}; download the file again"
-                )
-            tensors[name] = TensorInfo(_DTYPES[meta["dtype"]], tuple(meta["shape"]), begin, end)
+        tensors, self.metadata = parse_header(
+            self._pread(n, 8), where=str(self.path), data_start=8 + n, data_len=size - 8 - n
+        )
         return tensors
 
     def keys(self) -> list[str]:

@@ -16,9 +16,10 @@ routing, so a compiled step stays one graph; no token is dropped.
 
 Why one opaque op for the whole expert block: it is the unit TensorRT has a layer for
 (``IMoELayer``: hidden states, selected experts, scores, stacked gate/up/down weights;
-``conversion/moe_experts.py``), and ``torch._grouped_mm``'s meta kernel in torch 2.14 refuses
-float32, so it could not be traced into an fp32 graph by itself. Inductor calls the op as an
-extern kernel; it contains the matmuls, which Inductor would hand to an extern kernel anyway.
+``conversion/layers/moe_experts.py``), and ``torch._grouped_mm``'s meta kernel in torch 2.14
+refuses float32, so it could not be traced into an fp32 graph by itself. Inductor calls the op
+as an extern kernel; it contains the matmuls, which Inductor would hand to an extern kernel
+anyway.
 """
 
 from __future__ import annotations

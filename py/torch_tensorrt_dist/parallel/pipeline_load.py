@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch_tensorrt_dist.errors import CheckpointError
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.loader import fill_parameters, hf_name, read_config
+from torch_tensorrt_dist.models.weights_check import check_checkpoint
 from torch_tensorrt_dist.parallel.llama import Embedding, LMHead, tp_layout
 from torch_tensorrt_dist.parallel.pipeline import PipelineStage, shard_stage, split_layers
 
@@ -68,6 +69,7 @@ def load_stage(
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist")
     args = read_config(root, max_seq_len=max_seq_len)
+    check_checkpoint(root, args)  # before any allocation
     rank, size = _tp(group)
     layout = tp_layout(args, rank, size, lm_head, embedding)
     model = _build(args, stage, pp, split, "meta")

@@ -2,11 +2,13 @@
 
 * :func:`init_distributed` - process group from torchrun, mpirun or a single process.
 * :func:`launch` - start N ranks of a script, module or function (torchrun or mpirun).
+* :func:`agree` / :func:`agreed` - every rank learns whether a step failed on any rank.
 * :func:`plan_from_env` - the pure reading of launcher variables behind ``init_distributed``.
 """
 
 from __future__ import annotations
 
+from torch_tensorrt_dist.runtime.agree import agree, agreed
 from torch_tensorrt_dist.runtime.distributed import DistInfo, init_distributed
 from torch_tensorrt_dist.runtime.env import DistPlan, is_launched, mpi_world_size, plan_from_env
 from torch_tensorrt_dist.runtime.launcher import LaunchResult, launch
@@ -23,6 +25,8 @@ __all__ = [
     "DistInfo",
     "DistPlan",
     "LaunchResult",
+    "agree",
+    "agreed",
     "collective_timeouts_explained",
     "init_distributed",
     "is_launched",

@@ -1,15 +1,22 @@
-"""Per-rank trampoline: run a script or module and, if it fails, leave a short record.
+"""Per-rank trampoline: run a script, module or function and, if it fails, leave a record.
 
-    python -u _rank_entry.py [--module] TARGET ARGS...
+    python -u _rank_entry.py [--module] TARGET ARGS...      # scripts and modules
+    run_function(fn, *args)                                 # function entries (torchrun)
 
 The launcher starts every rank through this file (by path, so nothing but the standard library
-is imported before the user's program). On a non-zero exit or an uncaught exception it writes
-``rank-<R>.json`` (rank, exit code, wall time as a float, the error's first line) into
-``$TORCH_TENSORRT_DIST_FAILURE_DIR``. The launcher uses those records to tell the rank that
-failed first from the ranks that failed because a peer went away. A rank killed by a signal
-writes nothing; the launcher sees its signal instead. When the program has finished, the rank
-runs Python's exit handlers, flushes its streams and exits without the interpreter's final
-teardown (see ``_end``).
+is imported before the user's program). When the program fails, the rank writes
+``rank-<R>.json`` into ``$TORCH_TENSORRT_DIST_FAILURE_DIR``: its rank, exit code, wall time
+(taken by the rank itself when the error reached this file), host and pid, the error in one line
+(``Type: message``; for a ``SystemExit`` raised ``from`` an error, that error), its traceback,
+whether it is a ``TensorRTDistError`` (a refusal, not a crash), and ``follows``: the rank
+whose failure this one only repeats (an error with a ``failed_rank`` attribute naming another
+rank, see ``runtime.agree``). The launcher uses the records to tell
+the rank that failed first from the ranks that failed because of it, and prints that rank's
+line; the rank itself prints no traceback once its record is written (the launcher shows it
+under ``-v``). A rank killed by a signal, or ended by Ctrl-C, writes nothing.
+
+When the program has finished, a script rank runs Python's exit handlers, flushes its streams
+and exits without the interpreter's final teardown (see ``_end``).
 """
 
 from __future__ import annotations
@@ -17,33 +24,101 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import signal
+import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 FAILURE_DIR_ENV = "TORCH_TENSORRT_DIST_FAILURE_DIR"
 
+#: Longest one-line error kept in a record (the traceback is kept whole, up to _MAX_TRACEBACK).
+_MAX_LINE = 2000
+_MAX_TRACEBACK = 64_000
 
-def _rank() -> str:
+
+def _rank() -> int:
     for name in ("RANK", "OMPI_COMM_WORLD_RANK"):
-        if os.environ.get(name):
-            return os.environ[name]
-    return "0"
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
-def _record(code: int, error: str | None) -> None:
+def _cause(exc: BaseException) -> BaseException | None:
+    """The error a failure is about: ``exc``, or for ``SystemExit`` the error it came from."""
+    if not isinstance(exc, SystemExit):
+        return exc
+    inner = exc.__cause__ or exc.__context__
+    return inner if isinstance(inner, Exception) else None
+
+
+def _trampoline_frame(filename: str) -> bool:
+    """A frame of this file or of runpy (above the program's own frames)."""
+    return filename == __file__ or filename in ("<frozen runpy>", runpy.__file__)
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (the type alone for an empty message)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0].strip() if text else ""
+    name = type(exc).__name__
+    return (f"{name}: {first}" if first else name)[:_MAX_LINE]
+
+
+def describe(exc: BaseException) -> dict[str, Any]:
+    """What a record says about ``exc``: ``error``, ``traceback``, ``follows``, ``refusal``
+    (pure)."""
+    cause = _cause(exc)
+    if cause is None:
+        code = exc.code if isinstance(exc, SystemExit) else None
+        message = str(code).strip() if isinstance(code, str) else ""
+        return {"error": message.splitlines()[0][:_MAX_LINE] if message else None,
+                "traceback": None, "follows": None, "refusal": False}  # fmt: skip
+    follows = getattr(cause, "failed_rank", None)
+    tb = traceback.TracebackException.from_exception(cause)
+    own = [f for f in tb.stack if not _trampoline_frame(f.filename)]
+    tb.stack = traceback.StackSummary.from_list(own or tb.stack)
+    text = "".join(tb.format())[-_MAX_TRACEBACK:]
+    return {
+        "error": one_line(cause),
+        "traceback": text,
+        "follows": follows if isinstance(follows, int) and follows != _rank() else None,
+        # a refusal this package raised on purpose (its message says what to fix), not a crash
+        "refusal": any(c.__name__ == "TensorRTDistError" for c in type(cause).__mro__),
+    }
+
+
+def write_record(code: int, exc: BaseException | None, *, when: float | None = None) -> bool:
+    """Write this rank's record; False where there is no folder to write it to. The folder must
+    exist already: the launcher makes it on its node, and a rank on another node (mpirun over
+    several nodes), where it does not, prints its error itself instead."""
     folder = os.environ.get(FAILURE_DIR_ENV)
-    if not folder:
-        return
-    data = {"rank": int(_rank()), "exit_code": code, "time": time.time(), "error": error}
+    if not folder or not os.path.isdir(folder):
+        return False
+    data: dict[str, Any] = {
+        "rank": _rank(),
+        "exit_code": code,
+        "time": time.time() if when is None else when,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "error": None,
+        "traceback": None,
+        "follows": None,
+        "refusal": False,
+    }
+    if exc is not None:
+        data.update(describe(exc))
     try:
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"rank-{_rank()}.json")
+        path = os.path.join(folder, f"rank-{data['rank']}.json")
         with open(path + ".tmp", "w") as fh:
             json.dump(data, fh)
         os.replace(path + ".tmp", path)
-    except OSError:  # another node's folder, or no space: the exit code still tells
-        pass
+    except OSError:  # no space, or removed: the rank prints its error instead
+        return False
+    return True
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -51,8 +126,42 @@ def _exit_code(exc: SystemExit) -> int:
         return 0
     if isinstance(exc.code, int):
         return exc.code
-    print(exc.code, file=sys.stderr)
     return 1
+
+
+def _fail(exc: BaseException, code: int, when: float) -> None:
+    """Record a failure; say it on stderr only where no launcher will (no record written)."""
+    if write_record(code, exc, when=when):
+        return
+    if isinstance(exc, SystemExit):
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    else:
+        traceback.print_exception(exc)
+
+
+def _stopped() -> None:
+    """End as Python does on an uncaught Ctrl-C: by SIGINT (the launcher's stop, not a cause)."""
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def run_function(fn: Callable[..., Any], *args: Any) -> Any:
+    """Entry of a function rank (torchrun): ``fn(*args)``, recording any failure."""
+    try:
+        return fn(*args)
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        if code:
+            _fail(exc, code, time.time())
+            raise SystemExit(code) from None
+        raise
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # any error of the rank: record it, then fail like Python
+        _fail(exc, 1, time.time())
+        raise SystemExit(1) from None
 
 
 def main(argv: list[str]) -> int:
@@ -63,26 +172,26 @@ def main(argv: list[str]) -> int:
         print("usage: _rank_entry.py [--module] TARGET ARGS...", file=sys.stderr)
         return 2
     target, rest = argv[0], argv[1:]
-    code, error = 0, None
     try:
+        sys.argv = [target, *rest]
         if module:
-            sys.argv = [target, *rest]
             sys.path[0] = os.getcwd()
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            sys.argv = [target, *rest]
             sys.path[0] = os.path.dirname(os.path.abspath(target))
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
-    except BaseException as exc:  # the rank's own error: report it, then fail like Python does
-        traceback.print_exc()
-        code = 1
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        error = f"{type(exc).__name__}: {first}"[:300]
-    if code != 0:
-        _record(code, error)
-    return code
+        if code:
+            _fail(exc, code, time.time())
+        return code
+    except KeyboardInterrupt:
+        _stopped()
+        return 130
+    except BaseException as exc:  # the rank's own error: record it, then fail like Python does
+        _fail(exc, 1, time.time())
+        return 1
+    return 0
 
 
 def _end(code: int) -> None:

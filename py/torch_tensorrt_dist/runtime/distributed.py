@@ -35,7 +35,11 @@ import torch.distributed as dist
 from torch_tensorrt_dist.errors import DistributedSetupError
 from torch_tensorrt_dist.runtime.env import DistPlan, LaunchSource, plan_from_env
 from torch_tensorrt_dist.runtime.nccl_env import find_nccl_library, load_nccl_library
-from torch_tensorrt_dist.runtime.timeouts import resolve_timeout
+from torch_tensorrt_dist.runtime.timeouts import (
+    configured_timeout,
+    note_configured_timeout,
+    resolve_timeout,
+)
 
 __all__ = [
     "DistInfo",
@@ -73,12 +77,6 @@ class DistInfo:
 def default_backend(cuda_available: bool) -> str:
     """``nccl`` with CUDA, ``gloo`` without."""
     return "nccl" if cuda_available else "gloo"
-
-
-def configured_timeout() -> timedelta | None:
-    """The collective timeout :func:`init_distributed` passed to the process group, if any."""
-    info = _state.get("info")
-    return info.timeout if info is not None else None
 
 
 def _uses_nccl(backend: str) -> bool:
@@ -174,6 +172,7 @@ def _info_from_current(plan: DistPlan, backend: str | None) -> DistInfo:
     device = f"cuda:{torch.cuda.current_device()}" if _uses_nccl(current) else "cpu"
     info = DistInfo(rank, world_size, local_rank, local_size, current, plan.source, device, None)
     _state["info"] = info
+    note_configured_timeout(None)
     return info
 
 
@@ -246,6 +245,7 @@ def init_distributed(
         limit,
     )
     _state["info"] = info
+    note_configured_timeout(limit)
     logger.info(
         "rank %d/%d (local %d) up via %s, backend %s, device %s, timeout %.0f s",
         info.rank,

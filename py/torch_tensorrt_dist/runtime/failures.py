@@ -1,4 +1,4 @@
-"""Which rank failed first, and the one line a launcher prints about it (torchrun and mpirun)."""
+"""Which rank failed first, and the lines a launcher prints about it (torchrun and mpirun)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = [
+    "STOP_SIGNALS",
     "FailedRank",
     "LaunchInterrupted",
+    "cause_record",
     "exit_status",
     "format_failure",
     "parse_mpirun_failure",
     "pick_first_failure",
     "read_failure_records",
-    "with_detail",
 ]
 
 
@@ -63,7 +64,8 @@ def exit_status(failure: FailedRank | None, returncode: int) -> int:
 
 
 def format_failure(launcher: str, failure: FailedRank | None, world_size: int) -> str:
-    """One line for stderr naming the failed rank, how it ended, and that the others stopped."""
+    """What to print on stderr: the failed rank's own error in one line (when it left one),
+    then one line naming the rank, how it ended, and that the others were stopped."""
     if failure is None or failure.rank is None:
         head = f"torchtrt-dist run ({launcher}): a rank of {world_size} failed"
         how = f" ({failure.how()})" if failure is not None else ""
@@ -79,7 +81,7 @@ def format_failure(launcher: str, failure: FailedRank | None, world_size: int) -
         f"{failure.how()}; the other ranks were stopped."
     )
     if failure.detail:
-        line += f" Error: {failure.detail}"
+        return f"rank {failure.rank}: {failure.detail}\n{line}"
     return line
 
 
@@ -124,43 +126,62 @@ def read_failure_records(folder: str | None) -> dict[int, dict[str, Any]]:
     return records
 
 
-def pick_first_failure(
-    failed: Mapping[int, FailedRank], records: Mapping[int, Mapping[str, Any]]
-) -> FailedRank | None:
-    """The rank that failed first, from what the launcher saw and what ranks recorded (pure).
+#: Signals a launcher sends to stop the ranks that are left once one has failed.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
-    A failed rank without a record died abruptly (a signal, ``os._exit``, a crash in native
-    code): its peers only fail later, when their connection to it breaks, so it is the root
-    cause. Otherwise the earliest recorded failure wins. ``failed`` may be empty (mpirun named
-    nobody); then the records alone decide.
 
-    Among several abrupt ranks, one ended by SIGTERM or SIGINT comes last: that is how a
-    launcher stops the survivors once a rank has failed (torchrun may then list them as failed
-    too), and Python leaves no record when it dies of SIGTERM.
-    """
-    stop_signals = (signal.SIGTERM, signal.SIGINT)
-    abrupt = sorted(
-        (r for r in failed if r not in records),
-        key=lambda r: (failed[r].signal in stop_signals, r),
-    )
-    if abrupt:
-        return failed[abrupt[0]]
-    if not records:
-        return None
-    rank = min(records, key=lambda r: (float(records[r].get("time", 0.0)), r))
-    rec = records[rank]
-    base = failed.get(rank, FailedRank(rank))
+def _from_record(rank: int, rec: Mapping[str, Any], base: FailedRank | None) -> FailedRank:
+    base = base or FailedRank(rank)
     code = rec.get("exit_code")
     return replace(
         base,
         exit_code=base.exit_code if base.exit_code is not None else code,
+        host=base.host or rec.get("host"),
+        pid=base.pid or rec.get("pid"),
         detail=base.detail or rec.get("error"),
     )
 
 
-def with_detail(failure: FailedRank, records: Mapping[int, Mapping[str, Any]]) -> FailedRank:
-    """``failure`` with the error text its rank recorded, if any."""
-    rec = records.get(failure.rank) if failure.rank is not None else None
-    if rec is None or failure.detail or not rec.get("error"):
-        return failure
-    return replace(failure, detail=str(rec["error"]))
+def pick_first_failure(
+    failed: Mapping[int, FailedRank], records: Mapping[int, Mapping[str, Any]]
+) -> FailedRank | None:
+    """The rank whose failure caused the others, from what the launcher saw (``failed``: exit
+    codes and signals) and what the ranks recorded (``records``) (pure).
+
+    1. A rank that died abruptly (a signal other than a launcher's stop, ``os._exit``, a crash
+       in native code: no record) is the cause: its peers fail only later, when their
+       connection to it breaks, and leave records then.
+    2. Else the earliest record of a rank that failed on its own account. A record that
+       ``follows`` another rank (that rank's failure, repeated by ``runtime.agree`` on every
+       rank) is not a cause; the rank it follows is.
+    3. Else a rank ended by SIGTERM, SIGINT or SIGHUP: that is how a launcher stops the ranks
+       left once one has failed (Python leaves no record then), so it is the cause only when
+       nothing else failed (someone stopped that rank from outside).
+
+    ``failed`` may be empty or name one rank only (mpirun, torchrun's function entries); the
+    records decide then.
+    """
+    abrupt = sorted(r for r in failed if r not in records and failed[r].signal not in STOP_SIGNALS)
+    if abrupt:
+        return failed[abrupt[0]]
+    own = {r: rec for r, rec in records.items() if rec.get("follows") is None}
+    if own:
+        rank = min(own, key=lambda r: (float(own[r].get("time") or 0.0), r))
+        return _from_record(rank, own[rank], failed.get(rank))
+    if records:  # every record follows another rank: that rank's own record is lost
+        first = min(records, key=lambda r: (float(records[r].get("time") or 0.0), r))
+        cause = int(records[first]["follows"])
+        rec = {**records[first], "host": None, "pid": None}
+        return _from_record(cause, rec, failed.get(cause))
+    stopped = sorted(failed)
+    return failed[stopped[0]] if stopped else None
+
+
+def cause_record(
+    failure: FailedRank | None, records: Mapping[int, Mapping[str, Any]]
+) -> Mapping[str, Any] | None:
+    """The record the chosen failure comes from (its traceback), if it left one."""
+    if failure is None or failure.rank is None:
+        return None
+    rec = records.get(failure.rank)
+    return rec if rec is not None and rec.get("follows") is None else None

@@ -6,9 +6,11 @@
     if not result.ok: print(result.message)                        # names the failed rank
 
 Both modes give every rank the NCCL library environment (:mod:`.nccl_env`) and, when
-``timeout`` is given, ``TORCH_TENSORRT_DIST_TIMEOUT``. When a rank fails, the others are stopped
-(torchelastic within its 0.1 s monitor interval, mpirun when it sees the exit) and the result
-names the rank that failed first.
+``timeout`` is given, ``TORCH_TENSORRT_DIST_TIMEOUT``. Every rank runs through
+:mod:`._rank_entry`, which records a failure (its error in one line, traceback, time) in a
+folder made for the launch. When a rank fails, the others are stopped (torchelastic within its
+0.1 s monitor interval, mpirun when it sees the exit) and the result names the rank that failed
+first (:func:`.failures.pick_first_failure`) with its own error and exit status.
 """
 
 from __future__ import annotations
@@ -28,16 +30,16 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
-from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.errors import ConfigError, DistributedSetupError
 from torch_tensorrt_dist.runtime import _rank_entry
 from torch_tensorrt_dist.runtime.failures import (
     FailedRank,
     LaunchInterrupted,
+    cause_record,
     exit_status,
     format_failure,
     pick_first_failure,
     read_failure_records,
-    with_detail,
 )
 from torch_tensorrt_dist.runtime.mpi import (
     FORWARDED_VARS,
@@ -94,7 +96,9 @@ class LaunchOptions:
 
 @dataclass(frozen=True)
 class LaunchResult:
-    """How the job ended. ``returncode`` is 0 on success, else the failed rank's status."""
+    """How the job ended. ``returncode`` is 0 on success, else the status of the rank that
+    failed first; ``message`` then holds that rank's own error (one line, when it left one)
+    and the line naming it."""
 
     returncode: int
     failure: FailedRank | None = None
@@ -102,6 +106,9 @@ class LaunchResult:
     elapsed_s: float = 0.0
     #: Return values by global rank (function entries under torchrun only).
     values: dict[int, Any] = field(default_factory=dict)
+    #: The failed rank's traceback when it died of an unexpected exception, not a refusal of
+    #: this package (every failed rank's traceback is logged at INFO: ``-v``).
+    traceback: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -167,6 +174,7 @@ _TORCHRUN_LOGGERS = (
     "torch.distributed.run",
     "torch.distributed.elastic",
     "torch.distributed.launcher",
+    "torch.multiprocessing",  # "Terminating process N via signal SIGTERM" (function entries)
 )
 
 
@@ -207,9 +215,11 @@ def _run_torchrun(
     module: bool,
     env: Mapping[str, str],
 ) -> tuple[int, dict[int, FailedRank], dict[int, Any]]:
+    from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
     # One node: a fresh id. Several: every node must pass the same id to meet.
@@ -224,10 +234,13 @@ def _run_torchrun(
     env = {**env, **torchrun_env(opts, {**os.environ, **env})}
     with _environ(env), _quiet_torchrun():
         config, cmd, cmd_args = torchrun.config_from_args(parsed)
-        target: Callable[..., Any] | str = entry if callable(entry) else cmd
-        call_args = list(args) if callable(entry) else cmd_args
+        # a function runs under _rank_entry.run_function, which records its failure
+        target: Callable[..., Any] | str = _rank_entry.run_function if callable(entry) else cmd
+        call_args = [entry, *args] if callable(entry) else cmd_args
         try:
             values = elastic_launch(config, target)(*call_args)
+        except (DistNetworkError, DistStoreError, RendezvousError) as exc:
+            raise DistributedSetupError(rendezvous_problem(opts, exc)) from None
         except ChildFailedError as exc:
             host = socket.gethostname()
             failed = {
@@ -246,6 +259,27 @@ def _run_torchrun(
         except SignalException as exc:  # the agent already stopped the workers
             raise LaunchInterrupted(int(exc.sigval)) from None
     return 0, {}, dict(values or {})
+
+
+def rendezvous_problem(opts: LaunchOptions, exc: BaseException) -> str:
+    """One line for a torchrun rendezvous that could not start (pure): a busy port names the
+    option to change."""
+    if opts.rdzv_endpoint:
+        where, option = opts.rdzv_endpoint, "the port of --rdzv-endpoint"
+    else:
+        where = f"{opts.master_addr or '127.0.0.1'}:{opts.master_port or 29500}"
+        option = "--master-port"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "EADDRINUSE" in text or "address already in use" in text.lower():
+        return (
+            f"the rendezvous port {where} is already in use (another job or a process still "
+            f"holding it); choose another {option}, or leave it unset on one node for a free "
+            "port"
+        )
+    return (
+        f"the rendezvous at {where} failed ({type(exc).__name__}: {text}); check that the "
+        "address is this node's or reachable from it and that the port is free"
+    )
 
 
 def _mpi_env_and_command(
@@ -305,8 +339,9 @@ def launch(
         options: the other :class:`LaunchOptions` fields (``nnodes``, ``master_addr``,
             ``hostfile``, ``timeout``, ``env``...).
 
-    Returns a :class:`LaunchResult`; on failure its ``message`` names the rank that failed
-    first and how, and ``returncode`` is that rank's exit status.
+    Returns a :class:`LaunchResult`; on failure its ``message`` gives the error of the rank that
+    failed first (one line, when it left one) and a line naming that rank and how it ended, and
+    ``returncode`` is that rank's exit status.
     """
     opts = (
         nproc
@@ -322,18 +357,12 @@ def launch(
         values: dict[int, Any] = {}
         if opts.launcher == "torchrun":
             code, failed, values = _run_torchrun(opts, entry, args, module, env)
-            records = read_failure_records(failure_dir)
-            first = pick_first_failure(failed, records) if code else None
         else:
             full, cmd = _mpi_env_and_command(opts, _program(str(entry), args, module), env)
             code, parsed = run_mpirun(cmd, full)
-            records = read_failure_records(failure_dir)
-            if code == 0:
-                first = None
-            elif parsed is not None:
-                first = with_detail(parsed, records)
-            else:
-                first = pick_first_failure({}, records)
+            failed = {} if parsed is None or parsed.rank is None else {parsed.rank: parsed}
+        records = read_failure_records(failure_dir)
+        first = pick_first_failure(failed, records) if code else None
     except LaunchInterrupted as exc:
         name = signal.Signals(exc.signum).name
         message = f"torchtrt-dist run ({opts.launcher}): stopped by {name}; the ranks were stopped."
@@ -344,5 +373,24 @@ def launch(
     if code == 0:
         return LaunchResult(0, elapsed_s=elapsed, values=values)
     message = format_failure(opts.launcher, first, opts.world_size)
-    logger.debug("launch failed after %.1f s: %s", elapsed, message)
-    return LaunchResult(exit_status(first, code), first, message, elapsed)
+    cause = cause_record(first, records)
+    trace = cause.get("traceback") if cause else None
+    _log_failure(first, records, trace)
+    logger.debug("launch failed after %.1f s", elapsed)
+    crash = trace if cause is not None and not cause.get("refusal") else None
+    return LaunchResult(exit_status(first, code), first, message, elapsed, traceback=crash)
+
+
+def _log_failure(
+    first: FailedRank | None, records: Mapping[int, Mapping[str, Any]], trace: str | None
+) -> None:
+    """At INFO (``-v``): the failed rank's traceback, and what the other ranks recorded."""
+    if trace:
+        logger.info("rank %s failed first; its traceback:\n%s", first.rank if first else "?",
+                    trace.rstrip())  # fmt: skip
+    for rank in sorted(records):
+        if first is not None and rank == first.rank:
+            continue
+        rec = records[rank]
+        how = f" (repeating rank {rec['follows']})" if rec.get("follows") is not None else ""
+        logger.info("rank %d also failed%s: %s", rank, how, rec.get("error") or "no message")

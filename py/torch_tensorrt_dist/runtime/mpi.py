@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,7 @@ from torch_tensorrt_dist.runtime.failures import (
 
 __all__ = [
     "FORWARDED_VARS",
+    "BannerFilter",
     "MpiCommand",
     "build_mpirun_command",
     "find_mpirun",
@@ -140,14 +142,60 @@ def find_mpirun(name: str = "mpirun") -> str:
     return path
 
 
-def _tee(stream: IO[bytes] | None, tail: collections.deque[str]) -> None:
+_RULE = re.compile(r"^-{70,}\s*$")
+#: Open MPI's own reports of a failed job; the launcher prints one line about it instead.
+_FAILURE_BANNERS = ("Primary job", "mpirun detected", "mpirun noticed", "exited on signal")
+
+
+class BannerFilter:
+    """Drops Open MPI's failure banners (blocks between two rules of dashes that report a
+    failed process) from the stream copied to stderr, keeping everything else in order (pure).
+
+    A block that is not a failure banner, or grows past ``max_block`` lines (a program's own
+    dashes), is passed through as it was.
+    """
+
+    def __init__(self, *, keep: bool = False, max_block: int = 40) -> None:
+        self.keep, self.max_block = keep, max_block
+        self._block: list[str] = []
+
+    def feed(self, line: str) -> list[str]:
+        """The lines to print now that ``line`` arrived."""
+        if self.keep:
+            return [line]
+        if not self._block:
+            if _RULE.match(line):
+                self._block = [line]
+                return []
+            return [line]
+        self._block.append(line)
+        if _RULE.match(line):
+            block, self._block = self._block, []
+            text = "".join(block)
+            if any(word in text for word in _FAILURE_BANNERS):
+                return []
+            return block
+        if len(self._block) > self.max_block:
+            return self.flush()
+        return []
+
+    def flush(self) -> list[str]:
+        """What is still held (at the end of the stream)."""
+        block, self._block = self._block, []
+        return block
+
+
+def _tee(stream: IO[bytes] | None, tail: collections.deque[str], keep: bool) -> None:
     if stream is None:  # not reached: the stream is a pipe
         return
+    banners = BannerFilter(keep=keep)
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", "replace")
-        sys.stderr.write(line)
+        sys.stderr.write("".join(banners.feed(line)))
         sys.stderr.flush()
         tail.append(line)
+    sys.stderr.write("".join(banners.flush()))
+    sys.stderr.flush()
     stream.close()
 
 
@@ -181,14 +229,16 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_mpirun(cmd: Sequence[str], env: Mapping[str, str]) -> tuple[int, FailedRank | None]:
-    """Run ``cmd``, copying mpirun's stderr through; return its status and the failed rank.
+    """Run ``cmd``, copying mpirun's stderr through (without its failure banners, unless
+    INFO logging is on: ``-v``); return its status and the rank mpirun names as failed.
 
     Raises :class:`LaunchInterrupted` when this process gets SIGINT, SIGTERM or SIGHUP (mpirun
     and the ranks are stopped first)."""
     logger.info("running: %s", " ".join(cmd))
     tail: collections.deque[str] = collections.deque(maxlen=400)
     proc = subprocess.Popen(list(cmd), env=dict(env), stderr=subprocess.PIPE)
-    reader = threading.Thread(target=_tee, args=(proc.stderr, tail), daemon=True)
+    keep = logger.isEnabledFor(logging.INFO)  # -v shows mpirun's own failure report
+    reader = threading.Thread(target=_tee, args=(proc.stderr, tail, keep), daemon=True)
     reader.start()
     with _forward_termination(proc) as received:
         try:

@@ -79,6 +79,20 @@ def resolve_timeout(
     return DEFAULT_TIMEOUT
 
 
+_configured: dict[str, timedelta | None] = {}
+
+
+def note_configured_timeout(timeout: timedelta | None) -> None:
+    """Record the collective timeout the process group was created with (None: unknown,
+    another caller initialised torch.distributed). :func:`init_distributed` calls this."""
+    _configured["timeout"] = timeout
+
+
+def configured_timeout() -> timedelta | None:
+    """The collective timeout :func:`init_distributed` passed to the process group, if any."""
+    return _configured.get("timeout")
+
+
 def _explain(exc: BaseException, timeout: timedelta | None, waited: float) -> str:
     limit = f"{timeout.total_seconds():g} s" if timeout is not None else "the configured limit"
     rank = ""
@@ -106,9 +120,7 @@ def collective_timeouts_explained(timeout: timedelta | None = None) -> Iterator[
     configured. Other errors pass through unchanged.
     """
     if timeout is None:
-        from torch_tensorrt_dist.runtime import distributed
-
-        timeout = distributed.configured_timeout()
+        timeout = configured_timeout()
     start = time.monotonic()
     try:
         yield

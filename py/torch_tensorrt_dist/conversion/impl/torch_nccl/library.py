@@ -11,13 +11,12 @@ An explicit argument or variable that names a missing file is an error, never sk
 The library resolves NCCL itself at run time: the ``libnccl.so.2`` torch already loaded
 (``dlopen(..., RTLD_NOLOAD)``), else the ``nvidia-nccl`` wheel's copy that
 ``nccl_library.find_torch_nccl`` names, so torch, TensorRT and the plugins share one NCCL.
-Registering communicators is ``torch_nccl_comms``'s job; this module is the ctypes shell.
+Registering communicators is ``comms.py``'s job; this module is the ctypes shell.
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import logging
 import os
 import threading
@@ -35,7 +34,6 @@ __all__ = [
     "default_build_dir",
     "find_torch_nccl_library",
     "load_torch_nccl_plugins",
-    "torch_nccl_missing",
 ]
 
 logger = logging.getLogger(__name__)
@@ -239,15 +237,3 @@ def load_torch_nccl_plugins(
             _loaded[key] = TorchNcclPlugins(library, found_by, handle)
             logger.debug("loaded %s (found by %s)", library, found_by)
         return _loaded[key]
-
-
-def torch_nccl_missing(path: str | None = None) -> str | None:
-    """None if TensorRT is installed and our plugin library loads here, else why not (what
-    ``collective_impl`` "auto" and "torch_nccl" consult)."""
-    if importlib.util.find_spec("tensorrt") is None:
-        return "TensorRT is not installed (pip install 'torch_tensorrt_dist[tensorrt]')"
-    try:
-        load_torch_nccl_plugins(path)
-    except (EngineUnavailableError, ConfigError) as exc:
-        return str(exc)
-    return None

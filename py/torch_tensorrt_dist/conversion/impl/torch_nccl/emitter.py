@@ -3,7 +3,7 @@
     prepare_torch_nccl(calls)   # before building: library into TensorRT, communicators in
     torch_nccl_layer(trt, ctx, x, call, dtype, name)   # one IPluginV3 layer (add_plugin_v3)
 
-Every field comes from ``torch_nccl_spec.torch_nccl_plugin_spec`` (pure, tested); the layer
+Every field comes from ``spec.torch_nccl_plugin_spec`` (pure, tested); the layer
 is created in TensorRT's build phase, so building makes no NCCL call. Not run against a real
 TensorRT here (no TensorRT on this machine): the ``tensorrt``/``gpu`` tests exercise it.
 """
@@ -15,9 +15,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from torch_tensorrt_dist.conversion.impl.torch_nccl.library import load_torch_nccl_plugins
+from torch_tensorrt_dist.conversion.impl.torch_nccl.spec import torch_nccl_plugin_spec
 from torch_tensorrt_dist.conversion.node_args import CollectiveCall
-from torch_tensorrt_dist.conversion.torch_nccl_plugins import load_torch_nccl_plugins
-from torch_tensorrt_dist.conversion.torch_nccl_spec import torch_nccl_plugin_spec
 from torch_tensorrt_dist.errors import EngineUnavailableError, UnsupportedCollectiveError
 
 __all__ = ["load_into_tensorrt", "prepare_torch_nccl", "torch_nccl_layer"]
@@ -47,7 +47,7 @@ def prepare_torch_nccl(calls: Sequence[CollectiveCall]) -> list[tuple[int, ...]]
     of a group registers it at the same point). Returns the registered groups' ranks."""
     import tensorrt as trt
 
-    from torch_tensorrt_dist.conversion.torch_nccl_comms import register_communicator
+    from torch_tensorrt_dist.conversion.impl.torch_nccl.comms import register_communicator
     from torch_tensorrt_dist.ops.groups import resolve_group
 
     load_into_tensorrt(trt)
@@ -69,7 +69,7 @@ def _ensure_communicator(call: CollectiveCall) -> None:
     ``prepare_torch_nccl`` step); every rank of the group converts this layer, so the
     registering all_reduce is matched."""
     if load_torch_nccl_plugins().lookup(call.group_ranks) is None:
-        from torch_tensorrt_dist.conversion.torch_nccl_comms import register_communicator
+        from torch_tensorrt_dist.conversion.impl.torch_nccl.comms import register_communicator
         from torch_tensorrt_dist.ops.groups import resolve_group
 
         register_communicator(resolve_group(call.group_name))

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from torch_tensorrt_dist.conversion.capability import Decision
+from torch_tensorrt_dist.conversion.interface import Decision
 
 __all__ = ["convert_kv_cache_write", "kv_cache_write_decision", "kv_cache_write_validator"]
 

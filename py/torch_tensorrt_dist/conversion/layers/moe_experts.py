@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import fx
 
-from torch_tensorrt_dist.conversion.capability import Decision
+from torch_tensorrt_dist.conversion.interface import Decision
 from torch_tensorrt_dist.errors import EngineUnavailableError
 
 __all__ = [

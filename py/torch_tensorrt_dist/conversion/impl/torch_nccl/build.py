@@ -114,7 +114,8 @@ def find_include_dirs(
 
 def source_dir() -> str:
     """The source checkout holding ``CMakeLists.txt`` and ``csrc/`` (an editable install)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    here = os.path.dirname(__file__)  # <root>/py/torch_tensorrt_dist/conversion/impl/torch_nccl
+    root = os.path.abspath(os.path.join(here, *[os.pardir] * 5))
     if not os.path.isfile(os.path.join(root, "CMakeLists.txt")) or not os.path.isdir(
         os.path.join(root, "csrc")
     ):

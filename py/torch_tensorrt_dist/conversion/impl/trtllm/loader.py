@@ -205,7 +205,11 @@ def tensorrt_abi_mismatch(path: str | None, tensorrt_major: int | None) -> str |
     ``DT_NEEDED`` names another ``libnvinfer.so.N``), or None."""
     if path is None or tensorrt_major is None:
         return None
-    from torch_tensorrt_dist.conversion.elf import ElfError, needed_libraries, nvinfer_major
+    from torch_tensorrt_dist.conversion.impl.trtllm.elf import (
+        ElfError,
+        needed_libraries,
+        nvinfer_major,
+    )
 
     try:
         built_for = nvinfer_major(needed_libraries(path))

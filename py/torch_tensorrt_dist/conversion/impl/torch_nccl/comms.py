@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torch_tensorrt_dist.conversion.torch_nccl_plugins import (
+from torch_tensorrt_dist.conversion.impl.torch_nccl.library import (
     TorchNcclPlugins,
     load_torch_nccl_plugins,
 )

@@ -19,9 +19,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from torch_tensorrt_dist.conversion.capability import conversion_decision
 from torch_tensorrt_dist.conversion.dtypes import trt_data_type
-from torch_tensorrt_dist.conversion.spec import PluginSpec
+from torch_tensorrt_dist.conversion.impl.torch_nccl.rules import (
+    REDUCE_OP_NUMBER,
+    torch_nccl_decision,
+)
+from torch_tensorrt_dist.conversion.interface import PluginSpec
+from torch_tensorrt_dist.conversion.rules import decide
 from torch_tensorrt_dist.conversion.table import COLLECTIVES
 from torch_tensorrt_dist.errors import UnsupportedCollectiveError
 
@@ -43,8 +47,6 @@ PLUGIN_NAMES: dict[str, str] = {
     "all_to_all": "TrtDistAllToAll",
     "broadcast": "TrtDistBroadcast",
 }
-#: our reduce op name -> ncclRedOp_t number
-REDUCE_OP_NUMBER: dict[str, int] = {"sum": 0, "product": 1, "max": 2, "min": 3, "avg": 4}
 
 
 def _int32(*values: int) -> np.ndarray:
@@ -64,11 +66,10 @@ def torch_nccl_plugin_spec(
 
     ``reduce_op`` None means "sum" (c10d's default); ``root`` is the broadcast source as a rank
     within the group (required for broadcast). Raises :class:`UnsupportedCollectiveError` where
-    the plugins cannot do it exactly (see :func:`conversion_decision` with
-    ``impl="torch_nccl"``).
+    the plugins cannot do it exactly (see ``conversion_decision`` with ``impl="torch_nccl"``).
     """
-    ok, reason = conversion_decision(
-        op, dtype, group_ranks, impl="torch_nccl", reduce_op=reduce_op, src=root, dim0=dim0
+    ok, reason = decide(
+        torch_nccl_decision, op, dtype, group_ranks, reduce_op=reduce_op, src=root, dim0=dim0
     )
     if not ok:
         raise UnsupportedCollectiveError(f"{op} cannot become a torch_nccl plugin: {reason}")

@@ -1,0 +1,57 @@
+"""TensorRT converters of the ops that are not collectives, one module each, one row each in
+:data:`LAYERS` (registered at high priority by ``converters.register_converters``).
+
+    kv_cache.py     aten.index_copy (a decode step's KV-cache write) -> IKVCacheUpdateLayer,
+                    in place, for any batch
+    moe_experts.py  tensorrt_dist.moe_experts (the grouped MoE experts) -> IMoELayer, where
+                    TensorRT and the GPU have it; else the op stays in PyTorch
+
+A new one (a quantized linear, a grouped matmul, ...) is a module here with a pure
+``<what>_decision(node) -> Decision`` (FX metadata only, tested on CPU), the validator and the
+converter around it, and a row below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torch_tensorrt_dist.conversion.layers.kv_cache import (
+    convert_kv_cache_write,
+    kv_cache_write_validator,
+)
+from torch_tensorrt_dist.conversion.layers.moe_experts import (
+    convert_moe_experts,
+    moe_experts_validator,
+)
+from torch_tensorrt_dist.ops.experts import EXPERTS_OP
+
+__all__ = ["LAYERS", "LayerConverter"]
+
+
+@dataclass(frozen=True)
+class LayerConverter:
+    """One Torch-TensorRT converter registration: ``dynamo_tensorrt_converter(target,
+    capability_validator=validator, priority=HIGH, supports_dynamic_shapes=...)(convert)``."""
+
+    target: Any  # the OpOverload it converts
+    validator: Callable[..., bool]  # (node, compilation_settings) -> bool
+    convert: Callable[..., Any]  # (ctx, target, args, kwargs, name) -> ITensor
+    supports_dynamic_shapes: bool
+
+
+LAYERS: tuple[LayerConverter, ...] = (
+    # before Torch-TensorRT's own index_copy converters (batch 1 only): any batch
+    LayerConverter(
+        torch.ops.aten.index_copy.default,
+        kv_cache_write_validator,
+        convert_kv_cache_write,
+        supports_dynamic_shapes=False,
+    ),
+    LayerConverter(
+        EXPERTS_OP, moe_experts_validator, convert_moe_experts, supports_dynamic_shapes=False
+    ),
+)
