@@ -136,7 +136,9 @@ def grouped_experts(
 ) -> Tensor:
     """The op's computation. ``host_rows``: read the number of rows this rank computes on the
     host and drop the others before the gather (free on the CPU); else (no host
-    synchronisation) all T*k rows go through, those of other ranks zeroed after the matmuls,
+    synchronisation of ours; torch's own grouped matmul reads the offsets on the host for
+    dtypes other than bfloat16 on CUDA) all T*k rows go through, those of other ranks zeroed
+    after the matmuls,
     and the sum over the k choices runs in (token, choice) order (deterministic on any device,
     where CUDA's ``index_add_`` is not)."""
     t, k = expert_ids.shape
