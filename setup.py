@@ -41,6 +41,9 @@ setup(
     extras_require={
         "tensorrt": ["torch-tensorrt>=2.14,<2.15"],
         "mpi": ["mpi4py>=3.1"],
+        # what torchtitan's model and parallelize modules import; torchtitan itself goes in
+        # with --no-deps (its own requirements are for training): docs/clients.md
+        "torchtitan": ["tyro>=0.9", "spmd_types==0.2.3"],
         "dev": DEV,
     },
     entry_points={

@@ -40,6 +40,7 @@ __all__ = [
     "UnsupportedCollectiveError",
     "VerificationError",
     "__version__",
+    "compile_blocks",
     "explain",
     "fuse_collectives",
     "init_distributed",
@@ -48,6 +49,7 @@ __all__ = [
 
 _LAZY = {
     "CompileSettings": "torch_tensorrt_dist.backend.settings",
+    "compile_blocks": "torch_tensorrt_dist.backend.blocks",
     "ExplainReport": "torch_tensorrt_dist.backend.explain",
     "explain": "torch_tensorrt_dist.backend.explain",
 }

@@ -44,9 +44,16 @@ from torch_tensorrt_dist.errors import ArtifactError, ConfigError
 from torch_tensorrt_dist.generation.buckets import MIN_BUCKET
 from torch_tensorrt_dist.models.llama import PRESETS, ModelArgs, Transformer
 from torch_tensorrt_dist.parallel.llama import Embedding, LMHead
+from torch_tensorrt_dist.quantization import QuantConfig, check_group_slices, quantize_model
 from torch_tensorrt_dist.runtime.agree import agreed
 
-__all__ = ["CompileResult", "check_output_dir", "compile_artifacts", "default_buckets"]
+__all__ = [
+    "CompileResult",
+    "check_artifact_quantization",
+    "check_output_dir",
+    "compile_artifacts",
+    "default_buckets",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +97,16 @@ def resolve_model(model: str | Path | None) -> tuple[Path | None, str | None]:
         f"model {str(model)!r} is neither a checkpoint directory nor a preset "
         f"({', '.join(sorted(PRESETS))})"
     )
+
+
+def check_artifact_quantization(quantize: QuantConfig | None) -> None:
+    """Artifacts take int8 weights; int4 is refused with the reason."""
+    if quantize is not None and quantize.scheme == "int4":
+        raise ConfigError(
+            "compile --quantize int4: AOTInductor gives every CPU int4 matmul a constant of its "
+            "own (the group size), which packages built without their constants cannot load; "
+            "compile with --quantize int8, or run generate --quantize int4 from the checkpoint"
+        )
 
 
 _ARTIFACT_ENTRY = re.compile(r"^(manifest\.json|tokenizer|rank-\d+|\..*\.tmp)$")
@@ -242,10 +259,13 @@ def compile_artifacts(
     pp: int = 1,
     preset_seed: int = 0,
     wrapper_opt_level: str = "O1",
+    quantize: QuantConfig | None = None,
 ) -> CompileResult:
     """Compile this rank's graphs into ``out``; call on every rank (TP over the whole world).
 
     ``model``: a checkpoint directory or a preset name (random weights from ``preset_seed``).
+    ``quantize``: weight-only quantization of this rank's shard before export (the codes and
+    scales are what ``weights.safetensors`` holds; the manifest records the scheme).
     ``wrapper_opt_level``: see :func:`inductor.compile_graph` (the tests use ``O0``).
     """
     from torch_tensorrt_dist.models.loader import read_config
@@ -262,6 +282,7 @@ def compile_artifacts(
             "artifacts need the KV caches passed to the engines as inputs (a TensorRT engine "
             "freezes buffers), which the model does not do yet; use --engine inductor"
         )
+    check_artifact_quantization(quantize)
     if dtype not in DTYPE_NAMES:
         raise ConfigError(f"dtype {dtype} is not one of {', '.join(DTYPE_NAMES.values())}")
     root = Path(out)
@@ -270,6 +291,7 @@ def compile_artifacts(
     group = dist.group.WORLD if world > 1 else None
     path, preset = resolve_model(model)
     args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
+    check_group_slices(args, tp=world, config=quantize)
     cache_len = min(args.max_seq_len, max_seq_len or min(args.max_seq_len, 256))
     buckets = sorted(set(buckets or default_buckets(cache_len)))
     bad = [b for b in buckets if not 0 < b < cache_len]
@@ -289,6 +311,8 @@ def compile_artifacts(
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     with agreed("loading the checkpoint"):
         net = _load(path, preset, args, group, dtype, device, lm_head, embedding, preset_seed)
+        if quantize is not None:
+            quantize_model(net, quantize, engine="inductor")
         net.setup_caches(max_batch_size, cache_len)
     # each rank writes its files and rank.json; rank 0 reads every entry back from disk
     with agreed("writing the artifacts"):  # every rank's files and rank.json are in place
@@ -318,6 +342,7 @@ def compile_artifacts(
                 tokenizer=_copy_tokenizer(path, root),
                 versions=running_versions(),
                 device=device.type,
+                quantization=None if quantize is None else quantize.to_dict(),
             )
             write_manifest(root, manifest)
             logger.info("wrote %s", manifest_path)

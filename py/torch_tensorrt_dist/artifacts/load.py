@@ -43,7 +43,14 @@ from torch_tensorrt_dist.models.llama_args import ModelArgs, RopeScaling
 from torch_tensorrt_dist.ops.groups import check_group_ranks
 from torch_tensorrt_dist.runtime.agree import agreed
 
-__all__ = ["ArtifactGenerator", "check_groups", "load_generator", "model_args", "open_artifacts"]
+__all__ = [
+    "ArtifactGenerator",
+    "check_groups",
+    "load_generator",
+    "model_args",
+    "open_artifacts",
+    "read_weights",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +156,16 @@ class ArtifactGenerator(Generator):
         return bucket
 
 
+def read_weights(path: Path, device: torch.device) -> dict[str, Tensor]:
+    """A rank's ``weights.safetensors`` (no pickle), each tensor read into its own allocation:
+    ``safetensors.torch.load_file`` returns views of one buffer at the file's offsets, and
+    torch's int8 weight-only CPU kernel crashes on a weight that is not 64-byte aligned."""
+    from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
+
+    with SafetensorsReader(path) as reader:
+        return {k: reader.read(k).to(device) for k in reader.keys()}  # noqa: SIM118
+
+
 def load_generator(
     root: str | Path,
     *,
@@ -184,10 +201,7 @@ def _load_generator(
         else torch.device("cpu")
     )  # fmt: skip
     check_device(manifest, dev.type)
-    from safetensors.torch import load_file  # weights only: no pickle
-
-    constants: dict[str, Tensor] = load_file(str(opened.root / entry.files["weights"].path),
-                                             device=str(dev))  # fmt: skip
+    constants = read_weights(opened.root / entry.files["weights"].path, dev)
     dtype = _DTYPES[manifest.dtype]
     for name, shape in entry.state.items():
         constants[name] = torch.zeros(shape, dtype=dtype, device=dev)

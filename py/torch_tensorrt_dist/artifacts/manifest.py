@@ -41,6 +41,7 @@ __all__ = [
     "atomic_write_bytes",
     "check_device",
     "check_layout",
+    "check_quantization",
     "check_versions",
     "describe_run",
     "manifest_digest",
@@ -115,6 +116,8 @@ class Manifest:
     versions: dict[str, str | None]
     device: str = "cpu"
     """Device type the graphs were compiled for (``cpu`` or ``cuda``)."""
+    quantization: dict[str, Any] | None = None
+    """The weight-only scheme the weights were quantized with (``QuantConfig.to_dict``)."""
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 
@@ -338,6 +341,24 @@ def check_versions(manifest: Manifest, running: Mapping[str, str | None]) -> Non
                 f"the {manifest.engine} artifacts were compiled with {name} {built}, but this "
                 f"process has {name} {here}; install {name}=={built} or recompile here"
             )
+
+
+def check_quantization(manifest: Manifest, requested: Mapping[str, Any] | None) -> None:
+    """A ``--quantize`` request matches the compiled weights (None: take what was compiled)."""
+    if requested is None or dict(requested) == manifest.quantization:
+        return
+    want = requested.get("scheme")
+    if manifest.quantization is None:
+        raise ArtifactError(
+            f"--quantize {want}: the artifacts were compiled without --quantize (their weights "
+            f"are {manifest.dtype}); drop --quantize, or recompile with `torchtrt-dist compile "
+            f"--quantize {want}`"
+        )
+    raise ArtifactError(
+        f"--quantize {want} (group size {requested.get('group_size')}, embeddings "
+        f"{requested.get('embeddings')}) differs from the compiled {manifest.quantization}; "
+        "drop --quantize to use the compiled weights, or recompile with the scheme you want"
+    )
 
 
 def check_device(manifest: Manifest, device_type: str) -> None:

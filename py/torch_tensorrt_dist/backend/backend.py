@@ -10,9 +10,11 @@ reports, and handed to the engine. Inference only: the typed collectives have no
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,44 +24,104 @@ from torch._dynamo.backends.common import aot_autograd
 
 from torch_tensorrt_dist._registration import BACKEND_NAME
 from torch_tensorrt_dist.backend.engines import build_engine, engine_decompositions
-from torch_tensorrt_dist.backend.report import GraphReport, collectives_in, torch_ops_in
+from torch_tensorrt_dist.backend.module_names import ModuleNamer
+from torch_tensorrt_dist.backend.report import (
+    GraphReport,
+    ModuleResolver,
+    collectives_in,
+    torch_ops_in,
+)
 from torch_tensorrt_dist.backend.schedule_check import with_schedule_check
 from torch_tensorrt_dist.backend.settings import CompileSettings
 from torch_tensorrt_dist.backend.verify import reference_graph, with_verification
 from torch_tensorrt_dist.errors import UnsupportedCollectiveError
 from torch_tensorrt_dist.lowering import fuse_collectives, fusion_report
+from torch_tensorrt_dist.lowering.freeze_constants import drop_frozen, freeze_inputs
 from torch_tensorrt_dist.lowering.input_writes import input_writes, reinplace_input_writes
 
-__all__ = ["BACKEND_NAME", "lower_graph", "recording", "torch_tensorrt_dist_backend"]
+__all__ = [
+    "BACKEND_NAME",
+    "lower_graph",
+    "recording",
+    "running_unit",
+    "torch_tensorrt_dist_backend",
+]
 
 logger = logging.getLogger(__name__)
 
 
-_recorders: list[list[GraphReport]] = []
+@dataclass
+class _Recorder:
+    reports: list[GraphReport] = field(default_factory=list)
+    namer: ModuleNamer | None = None
+
+
+_recorders: list[_Recorder] = []
+
+#: the compile unit running now (``explain`` sets it around each per-block unit)
+_unit: contextvars.ContextVar[str] = contextvars.ContextVar("torch_tensorrt_dist_unit", default="")
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[list[GraphReport]]:
-    """Collect a :class:`GraphReport` for every graph the backend lowers inside the block."""
-    reports: list[GraphReport] = []
-    _recorders.append(reports)
+def recording(namer: ModuleNamer | None = None) -> Iterator[list[GraphReport]]:
+    """Collect a :class:`GraphReport` for every graph the backend lowers inside the block.
+
+    Each recorded graph counts its runs (``GraphReport.runs``, per unit in ``units``). With a
+    ``namer``, collectives name their modules as ``namer.root.named_modules()`` does.
+    """
+    recorder = _Recorder(namer=namer)
+    _recorders.append(recorder)
     try:
-        yield reports
+        yield recorder.reports
     finally:
-        _recorders.remove(reports)
+        _recorders.remove(recorder)
 
 
-def lower_graph(gm: fx.GraphModule, settings: CompileSettings) -> GraphReport:
+@contextlib.contextmanager
+def running_unit(name: str) -> Iterator[None]:
+    """Attribute the graph runs inside the block to the compile unit ``name``."""
+    token = _unit.set(name)
+    try:
+        yield
+    finally:
+        _unit.reset(token)
+
+
+def _resolver(gm: fx.GraphModule) -> ModuleResolver | None:
+    """How to name modules in a Dynamo graph, where a recording asked for names."""
+    namer = next((r.namer for r in reversed(_recorders) if r.namer is not None), None)
+    if namer is None:
+        return None
+    roots = namer.roots(gm)
+    return lambda path: namer.resolve(path, roots)
+
+
+def _counting(run: Callable[..., Any], report: GraphReport) -> Callable[..., Any]:
+    """Wrap a boxed engine callable so each run is counted in ``report`` (and its unit)."""
+
+    def counted_run(args: list[Any]) -> Any:
+        report.runs += 1
+        unit = _unit.get()
+        report.units[unit] = report.units.get(unit, 0) + 1
+        return run(args)
+
+    counted_run._boxed_call = True  # type: ignore[attr-defined]
+    return counted_run
+
+
+def lower_graph(
+    gm: fx.GraphModule, settings: CompileSettings, resolve: ModuleResolver | None = None
+) -> GraphReport:
     """Lower an aten graph in place and describe it (shared by the backend and ``explain``)."""
     start = time.perf_counter()
     fuse_collectives(gm, strict=settings.strict)
     report = GraphReport(
         index=0,
-        collectives=collectives_in(gm),
+        collectives=collectives_in(gm, resolve),
         unfused=list(fusion_report(gm).unfused),
         num_nodes=len(gm.graph.nodes),
         input_writes=input_writes(gm),
-        torch_ops=torch_ops_in(gm),
+        torch_ops=torch_ops_in(gm, resolve),
     )
     report.lowering_s = time.perf_counter() - start
     if report.unfused and settings.engine == "tensorrt":
@@ -67,9 +129,9 @@ def lower_graph(gm: fx.GraphModule, settings: CompileSettings) -> GraphReport:
             "collectives the TensorRT engine cannot take were left in the graph: "
             + "; ".join(reason for _, reason in report.unfused)
         )
-    for reports in _recorders:
-        report.index = len(reports)
-        reports.append(report)
+    for recorder in _recorders:
+        report.index = len(recorder.reports)
+        recorder.reports.append(report)
     return report
 
 
@@ -96,9 +158,16 @@ def torch_tensorrt_dist_backend(
 ) -> Callable[..., Any]:
     """Dynamo backend entry point (registered as ``"torch_tensorrt_dist"``)."""
     settings = CompileSettings.from_options(options)
+    resolve = _resolver(gm)
+    recorded = bool(_recorders)
+    trt_freeze = settings.engine == "tensorrt"
 
     def fw_compiler(aten_gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., Any]:
-        report = lower_graph(aten_gm, settings)
+        # TensorRT dequantizes constant weights only: quantized codes and scales become
+        # constants of the graph, and the callable drops those inputs (lowering/freeze_constants)
+        keep = freeze_inputs(aten_gm, inputs, example_inputs) if trt_freeze else None
+        inputs = inputs if keep is None else [inputs[i] for i in keep]
+        report = lower_graph(aten_gm, settings, resolve)
         logger.info(
             "graph %d: %d nodes, %d collectives, %d unfused",
             report.index,
@@ -124,7 +193,8 @@ def torch_tensorrt_dist_backend(
             # ranks that disagree on verify are then a schedule mismatch, not a hang
             issued = report.collectives * (2 if reference is not None else 1)
             engine = with_schedule_check(engine, issued, settings.schedule_timeout_s)
-        return engine
+        engine = engine if keep is None else drop_frozen(engine, keep)
+        return _counting(engine, report) if recorded else engine
 
     compiler = aot_autograd(
         fw_compiler=fw_compiler,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -80,6 +81,11 @@ class GraphReport:
     lowering_s: float = 0.0
     #: graph inputs the graph writes (KV caches): in place, or copied back whole
     input_writes: list[InputWrite] = field(default_factory=list)
+    #: times the graph ran while it was recorded (``explain``: in one call of the model)
+    runs: int = 0
+    #: the compile units it ran in, with how often (``""``: the whole model; per-block
+    #: compile: ``layers.0``, ``layers.1``, ... when one graph serves every block)
+    units: dict[str, int] = field(default_factory=dict)
     #: ops a TensorRT engine leaves to PyTorch (each splits the engine), with the reason
     torch_ops: list[TorchOpInfo] = field(default_factory=list)
 
@@ -123,16 +129,29 @@ def _tensorrt_decisions(gm: fx.GraphModule) -> dict[fx.Node, dict[str, str | Non
 _DYNAMO_ROOT = re.compile(r"^[LG]\['[^']*'\]\.?")
 
 
-def module_path(node: fx.Node) -> str:
-    """The path of the innermost module ``node`` came from, as ``named_modules`` spells it."""
+#: names the module a Dynamo path (``L['self'].layers['0'].attention...``) reaches, or None
+ModuleResolver = Callable[[str], "str | None"]
+
+
+def module_path(node: fx.Node, resolve: ModuleResolver | None = None) -> str:
+    """The name of the innermost module ``node`` came from, as ``named_modules`` spells it.
+
+    ``resolve`` (see ``backend/module_names.py``) follows the Dynamo path through closures,
+    bound methods, ``functools.partial`` and hooks; without it, or where it cannot, the path is
+    shown as Dynamo recorded it, less its root (``L['self']``).
+    """
     stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return ""
+    if not stack:  # code of the frame's own forward: a module compiled on its own, or the top
+        name = resolve("L['self']") if resolve is not None else None
+        return name or ""
     path = str(list(stack.values())[-1][0])
-    return _DYNAMO_ROOT.sub("", path)
+    name = resolve(path) if resolve is not None else None
+    return name if name is not None else _DYNAMO_ROOT.sub("", path)
 
 
-def collectives_in(gm: fx.GraphModule) -> list[CollectiveInfo]:
+def collectives_in(
+    gm: fx.GraphModule, resolve: ModuleResolver | None = None
+) -> list[CollectiveInfo]:
     """The typed collectives of a lowered graph, in graph order."""
     out = []
     decisions = _tensorrt_decisions(gm)
@@ -156,14 +175,14 @@ def collectives_in(gm: fx.GraphModule) -> list[CollectiveInfo]:
                 shape=shape,
                 bytes=numel * dtype.itemsize,
                 node=node.name,
-                module=module_path(node),
+                module=module_path(node, resolve),
                 tensorrt=decisions[node],
             )
         )
     return out
 
 
-def torch_ops_in(gm: fx.GraphModule) -> list[TorchOpInfo]:
+def torch_ops_in(gm: fx.GraphModule, resolve: ModuleResolver | None = None) -> list[TorchOpInfo]:
     """The grouped MoE experts ops of a graph that would stay in PyTorch under TensorRT here."""
     from torch_tensorrt_dist.conversion.layers.moe_experts import node_moe_decision
     from torch_tensorrt_dist.ops.experts import EXPERTS_OP
@@ -180,7 +199,7 @@ def torch_ops_in(gm: fx.GraphModule) -> list[TorchOpInfo]:
             TorchOpInfo(
                 op="moe_experts",
                 node=node.name,
-                module=module_path(node),
+                module=module_path(node, resolve),
                 dtype=_dtype_name(val.dtype) if isinstance(val, torch.Tensor) else "",
                 shape=tuple(int(s) for s in val.shape) if isinstance(val, torch.Tensor) else (),
                 reason=decision.reason,

@@ -54,6 +54,12 @@ def _cold_start() -> list[Figure]:
     return cold_start()
 
 
+def _quantize() -> list[Figure]:
+    from torch_tensorrt_dist.bench.quantize import quantize_figures
+
+    return quantize_figures()
+
+
 def _gpu() -> list[Figure]:
     from torch_tensorrt_dist.bench.gpu import gpu
 
@@ -69,6 +75,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "verify": _verify,
     "moe": _moe,
     "cold_start": _cold_start,
+    "quantize": _quantize,
     "gpu": _gpu,
 }
 

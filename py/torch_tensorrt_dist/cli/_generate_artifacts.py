@@ -30,10 +30,12 @@ def plan_artifacts(ns: argparse.Namespace) -> list[list[int]]:
     from torch_tensorrt_dist.artifacts.load import model_args
     from torch_tensorrt_dist.artifacts.manifest import (
         check_layout,
+        check_quantization,
         pick_bucket,
         read_manifest,
         verify_files,
     )
+    from torch_tensorrt_dist.cli._quantize import requested
     from torch_tensorrt_dist.generation import SamplingConfig
     from torch_tensorrt_dist.runtime import is_launched, plan_from_env
 
@@ -49,6 +51,8 @@ def plan_artifacts(ns: argparse.Namespace) -> list[list[int]]:
     else:  # the ranks this command will start
         world = (ns.tp or manifest.tp) * (ns.pp or manifest.pp)
     check_layout(manifest, world_size=world, tp=ns.tp, pp=ns.pp)
+    quant = requested(ns)
+    check_quantization(manifest, None if quant is None else quant.to_dict())
     ns.tp, ns.pp = manifest.tp, manifest.pp
     if manifest.tokenizer:  # before the tokenizer is parsed: a damaged file is named
         verify_files(root, manifest.tokenizer)
@@ -87,7 +91,8 @@ def rank_main(ns: argparse.Namespace) -> int:
         on_step=on_step,
     )
     fields = {"tp": ns.tp, "pp": ns.pp, "engine": gen.engine, "load_s": gen.load_s,
-              "dtype": gen.manifest.dtype, "model": f"artifacts:{ns.artifacts}"}  # fmt: skip
+              "dtype": gen.manifest.dtype, "model": f"artifacts:{ns.artifacts}",
+              "quantize": gen.manifest.quantization}  # fmt: skip
     out.result(result, fields, f"[tp={ns.tp} {gen.engine}] load {gen.load_s:.2f} s,")
     if world > 1:
         dist.destroy_process_group()

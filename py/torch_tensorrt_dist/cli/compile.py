@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from torch_tensorrt_dist.cli._failures import print_launch_failure, refuse, world_size
+from torch_tensorrt_dist.cli._quantize import add_quantize_args, requested
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError
 from torch_tensorrt_dist.validation import check_int
 
@@ -59,6 +60,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--embedding", choices=("vocab_parallel", "replicated"), default="vocab_parallel"
     )
+    add_quantize_args(p)
     p.add_argument("--out", required=True, help="artifact directory to write")
     p.add_argument("--json", action="store_true", help="print one JSON object on rank 0")
     p.set_defaults(func=run)
@@ -91,6 +93,7 @@ def _rank_main(ns: argparse.Namespace) -> int:
         lm_head=ns.lm_head,
         embedding=ns.embedding,
         pp=ns.pp,
+        quantize=requested(ns),
     )
     if int(os.environ.get("RANK", "0")) == 0:
         summary = {"manifest": str(result.manifest), "compile_s": result.seconds, "tp": ns.tp}
@@ -103,6 +106,16 @@ def _rank_main(ns: argparse.Namespace) -> int:
 
         dist.destroy_process_group()
     return 0
+
+
+def _check_quantize(ns: argparse.Namespace, path: Any, preset: str | None) -> None:
+    from torch_tensorrt_dist.artifacts.build import check_artifact_quantization
+    from torch_tensorrt_dist.cli._quantize import check_quantize
+    from torch_tensorrt_dist.models.llama import ModelArgs
+    from torch_tensorrt_dist.models.loader import read_config
+
+    args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
+    check_artifact_quantization(check_quantize(ns, args, tp=ns.tp))
 
 
 def _rank_entry(ns: argparse.Namespace) -> None:
@@ -140,7 +153,9 @@ def run(ns: argparse.Namespace) -> int:
             )
         from torch_tensorrt_dist.artifacts.build import check_output_dir, resolve_model
 
-        resolve_model(ns.model)  # a wrong --model or --out fails here, before any rank starts
+        # a wrong --model, --out or --quantize fails here, before any rank starts
+        path, preset = resolve_model(ns.model)
+        _check_quantize(ns, path, preset)
         if not launched:
             check_output_dir(ns.out)
         if ns.tp == 1 or launched:

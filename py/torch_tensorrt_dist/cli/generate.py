@@ -26,6 +26,7 @@ import torch
 
 from torch_tensorrt_dist.cli._failures import print_launch_failure, refuse, world_size
 from torch_tensorrt_dist.cli._output import Output
+from torch_tensorrt_dist.cli._quantize import add_quantize_args, check_quantize, quantize_rank
 from torch_tensorrt_dist.cli.generate_moe import load_moe_rank, plan_moe
 from torch_tensorrt_dist.errors import (
     ConfigError,
@@ -137,6 +138,7 @@ def register(subparsers: Any) -> None:
         help="time the first call too (compilation lands in ttft_s)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on rank 0")
+    add_quantize_args(p)
     p.add_argument(
         "--artifacts",
         default=None,
@@ -196,6 +198,11 @@ def _plan(ns: argparse.Namespace) -> _Plan:
     if path is not None:  # config.json against the headers, before anything is allocated
         check_checkpoint(path, args, None if moe is None else moe[1])
     tp_layout(args, 0, ns.tp, ns.lm_head, ns.embedding)  # heads / MLP divisible by tp
+    quant = check_quantize(
+        ns, args, tp=ns.tp, expert_size=None if moe is None else moe[1].expert_size
+    )
+    if quant is not None and (ns.pp > 1 or ns.split):
+        raise ConfigError("--quantize with --pp is not supported yet; quantize with --tp only")
     if ns.pp > 1 or ns.split:
         from torch_tensorrt_dist.parallel.pipeline import check_mesh, split_layers
 
@@ -290,6 +297,7 @@ def _rank_main(ns: argparse.Namespace) -> int:
                 lm_head=ns.lm_head,
                 embedding=ns.embedding,
             ).to(device)
+        quant = None if ns.pp > 1 else quantize_rank(model, ns, engine=ns.engine)
         tok = load_tokenizer(plan.path, vocab_size=plan.args.vocab_size)
     stop_ids = tok.eos_ids or plan.args.eos_token_ids
     out = Output(ns, tok, len(plan.prompts), stop_ids, rank)
@@ -339,8 +347,10 @@ def _rank_main(ns: argparse.Namespace) -> int:
         )
     model_name = str(plan.path) if plan.path else f"preset:{plan.preset} (random weights)"
     fields = {"tp": ns.tp, "pp": ns.pp, "ep": ns.ep, "engine": ns.engine, "compile_s": compile_s,
-              "dtype": ns.dtype, "model": model_name}  # fmt: skip
-    status = f"[pp={ns.pp} tp={ns.tp} engine={ns.engine}]"
+              "dtype": ns.dtype, "model": model_name,
+              "quantize": None if quant is None else quant.to_dict()}  # fmt: skip
+    q = "" if quant is None else f" {quant.describe()}"
+    status = f"[pp={ns.pp} tp={ns.tp} engine={ns.engine}{q}]"
     out.result(result, fields, status + (f" compile {compile_s:.1f} s," if compile_s else ""))
     if world > 1:
         dist.destroy_process_group()  # a normal end; after an error the launcher stops the ranks

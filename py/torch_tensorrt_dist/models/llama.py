@@ -225,20 +225,33 @@ def mask_and_positions(
     return mask[:, None], positions
 
 
+def _lookup(ids: Tensor, weight: Tensor, scales: Tensor | None) -> Tensor:
+    if scales is None:
+        return F.embedding(ids, weight)
+    # int8 rows, one scale per row (quantization.QuantizedEmbedding): only the rows looked up
+    return F.embedding(ids, weight).to(scales.dtype) * F.embedding(ids, scales[:, None])
+
+
 def embed_tokens(
-    tokens: Tensor, weight: Tensor, group: dist.ProcessGroup | None, start: int = 0
+    tokens: Tensor,
+    weight: Tensor,
+    group: dist.ProcessGroup | None,
+    start: int = 0,
+    *,
+    scales: Tensor | None = None,
 ) -> Tensor:
     """The embedding lookup; vocabulary-parallel when ``group`` is set.
 
     tokens: [B, S] int64, weight: [V, dim], or this rank's rows ``[start, start + V/tp)``
     (padded) -> [B, S, dim]. A rank embeds the tokens its rows hold, zeros for the others, and
     one all-reduce(sum) assembles the rows: exact, as each token has one non-zero term.
+    ``scales`` [V or V/tp]: ``weight`` holds int8 rows, dequantized as they are looked up.
     """
     if group is None:
-        return F.embedding(tokens, weight)
+        return _lookup(tokens, weight, scales)
     local = tokens - start
     mine = (local >= 0) & (local < weight.shape[0])  # [B, S]
-    rows = F.embedding(torch.where(mine, local, torch.zeros_like(local)), weight)
+    rows = _lookup(torch.where(mine, local, torch.zeros_like(local)), weight, scales)
     return funcol.all_reduce(rows.masked_fill(~mine[..., None], 0), "sum", group)
 
 
@@ -255,12 +268,28 @@ class VocabEmbedding(nn.Embedding):
         return embed_tokens(tokens, self.weight, self.group, self.start)
 
 
-def lm_logits(x: Tensor, head: Tensor, group: dist.ProcessGroup | None, vocab_size: int) -> Tensor:
+def lm_logits(
+    x: Tensor,
+    head: Tensor,
+    group: dist.ProcessGroup | None,
+    vocab_size: int,
+    *,
+    scales: Tensor | None = None,
+) -> Tensor:
     """``x @ head.T``; with a vocabulary-parallel head (``group`` set), the shards are gathered.
 
-    x: [B, S, dim], head: [V or V/tp (padded), dim] -> logits [B, S, V].
+    x: [B, S, dim], head: [V or V/tp (padded), dim] -> logits [B, S, V]. ``scales``: ``head``
+    holds int8 rows with one scale per row (``--quantize-embeddings``), a weight-only matmul.
     """
-    logits = F.linear(x, head)  # [B, S, V] or [B, S, V_shard]
+    if scales is None:
+        logits = F.linear(x, head)  # [B, S, V] or [B, S, V_shard]
+    else:
+        # bfloat16 on CPU: torch's CPU weight-only kernels are vectorised for it only
+        dt = torch.bfloat16 if x.device.type == "cpu" else x.dtype
+        flat = torch.ops.aten._weight_int8pack_mm(
+            x.reshape(-1, x.shape[-1]).to(dt), head, scales.to(dt)
+        )
+        logits = flat.to(x.dtype).view(*x.shape[:-1], head.shape[0])
     if group is None:
         return logits
     b, s, v = logits.shape
@@ -297,7 +326,7 @@ class Transformer(nn.Module):
                 f"max_seq_len={max_seq_len} exceeds the model's limit {self.args.max_seq_len} "
                 "(max_position_embeddings); ask for fewer tokens"
             )
-        weight = self.tok_embeddings.weight
+        weight = self.norm.weight  # the model dtype (a quantized embedding holds int8)
         dtype = dtype or weight.dtype
         for block in self.blocks:
             attn = block.attention
@@ -338,5 +367,6 @@ class Transformer(nn.Module):
         if last_only:
             x = x[:, -1:]
         x = self.norm(x)
-        head = self.tok_embeddings.weight if self.output is None else self.output.weight
-        return lm_logits(x, head, self.group, self.args.vocab_size)
+        head = self.tok_embeddings if self.output is None else self.output
+        scales = getattr(head, "scales", None)  # quantized (--quantize-embeddings): int8 rows
+        return lm_logits(x, head.weight, self.group, self.args.vocab_size, scales=scales)

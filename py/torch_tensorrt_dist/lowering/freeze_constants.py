@@ -1,0 +1,95 @@
+"""Freeze marked weights into an aten graph as constants (for the TensorRT engine).
+
+TensorRT dequantizes per channel or per block only a build-time constant: a weight that is an
+engine input cannot feed ``IDequantizeLayer`` that way. Dynamo hands our backend the real
+tensors of the module's parameters and buffers as graph inputs, and AOTAutograd keeps them as
+placeholders, in the same order. Tensors the quantization marks (:func:`mark_frozen`: codes
+and scales) are turned into ``get_attr`` constants of the graph, and the compiled callable drops
+those inputs (:func:`drop_frozen`), as Inductor's freezing does::
+
+    keep = freeze_inputs(aten_gm, fake_inputs, real_inputs)     # indices of remaining inputs
+    run = drop_frozen(compiled, keep)                           # called with every input
+
+Pure FX; nothing here imports TensorRT.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+__all__ = ["drop_frozen", "freeze_inputs", "frozen_indices", "is_frozen", "mark_frozen"]
+
+logger = logging.getLogger(__name__)
+
+_ATTR = "_tensorrt_dist_frozen"
+
+
+def mark_frozen(*tensors: torch.Tensor) -> None:
+    """Mark tensors (quantized codes, their scales) to become constants of TensorRT graphs."""
+    for t in tensors:
+        setattr(t, _ATTR, True)
+
+
+def is_frozen(t: object) -> bool:
+    return isinstance(t, torch.Tensor) and bool(getattr(t, _ATTR, False))
+
+
+def frozen_indices(real_inputs: Sequence[Any]) -> list[int]:
+    """Positions of the marked tensors among a graph's (real) example inputs."""
+    return [i for i, t in enumerate(real_inputs) if is_frozen(t)]
+
+
+def freeze_inputs(
+    gm: fx.GraphModule, inputs: Sequence[Any], real_inputs: Sequence[Any]
+) -> list[int] | None:
+    """Replace the placeholders of marked inputs by constants (buffers of ``gm``); return the
+    indices of the inputs that remain, or None (nothing changed) when nothing is marked or the
+    graph's inputs do not line up one to one with ``real_inputs`` (then the weights stay
+    inputs and the converters leave those matmuls to PyTorch, saying why)."""
+    frozen = frozen_indices(real_inputs)
+    if not frozen:
+        return None
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    if len(placeholders) != len(real_inputs) or len(inputs) != len(real_inputs):
+        logger.warning(
+            "cannot freeze %d quantized weights: the graph has %d inputs, Dynamo gave %d",
+            len(frozen), len(placeholders), len(real_inputs),
+        )  # fmt: skip
+        return None
+    for i in frozen:
+        fake, real = inputs[i], real_inputs[i]
+        if tuple(fake.shape) != tuple(real.shape) or fake.dtype != real.dtype:
+            logger.warning(
+                "cannot freeze quantized weights: input %d is %s%s in the graph but %s%s in the "
+                "module", i, fake.dtype, list(fake.shape), real.dtype, list(real.shape),
+            )  # fmt: skip
+            return None
+    for n, i in enumerate(frozen):
+        node = placeholders[i]
+        name = f"_frozen_weight_{n}"
+        gm.register_buffer(name, real_inputs[i])  # the module's own tensor, not a copy
+        with gm.graph.inserting_before(node):
+            const = gm.graph.get_attr(name)
+        const.meta = dict(node.meta)
+        node.replace_all_uses_with(const)
+        gm.graph.erase_node(node)
+    gm.recompile()
+    return [i for i in range(len(real_inputs)) if i not in set(frozen)]
+
+
+def drop_frozen(fn: Callable[..., Any], keep: Sequence[int]) -> Callable[..., Any]:
+    """A boxed callable over all inputs that calls the frozen graph's ``fn`` with the kept."""
+    keep = list(keep)
+
+    def run(args: list[Any]) -> Any:
+        kept = [args[i] for i in keep]
+        args.clear()  # boxed calling convention: the callee owns the list
+        return fn(kept)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run

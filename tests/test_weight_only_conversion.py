@@ -1,0 +1,147 @@
+"""The TensorRT side of weight-only quantization, without TensorRT: freezing the codes into the
+graph as constants, the converter's decision on captured graphs, and the layout of the
+constants it builds (checked against the dequantized reference)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+from torch_tensorrt_dist.conversion.layers.weight_only import (
+    INT4_OP,
+    INT8_OP,
+    trt_scales,
+    trt_weight,
+    weight_only_decision,
+    weight_only_spec,
+)
+from torch_tensorrt_dist.generation.generate import decode_example, decode_step
+from torch_tensorrt_dist.lowering.freeze_constants import drop_frozen, freeze_inputs
+from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+from torch_tensorrt_dist.quantization import QuantConfig, quantize_model
+from torch_tensorrt_dist.quantization.tensors import (
+    dequantize_int4,
+    dequantize_int8,
+    pack_int4,
+    quantize_int4,
+    quantize_int8,
+    unpack_int4,
+)
+
+ARGS = ModelArgs(
+    dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64, intermediate_size=128,
+    max_seq_len=32,
+)  # fmt: skip
+
+
+def test_int8_spec_and_constants() -> None:
+    spec = weight_only_spec("int8", torch.bfloat16, (96, 64), (96,))
+    assert (spec.weight_type, spec.weight_shape, spec.scale_shape, spec.axis) == (
+        "INT8", (64, 96), (96,), 1
+    )  # fmt: skip
+    assert (spec.dequantize_to, spec.cast_to) == ("BF16", None)
+    w = torch.randn(96, 64)
+    q, s = quantize_int8(w)
+    constant, scale = trt_weight(spec, q), trt_scales(spec, s)
+    assert constant.shape == (64, 96) and scale.dtype == torch.float32
+    # what IDequantizeLayer computes with axis 1 on [K, N]: row k, column n times scale[n]
+    assert torch.equal(constant.float() * scale[None, :], dequantize_int8(q, s).t())
+
+
+@pytest.mark.parametrize(("x_dtype", "cast"), [(torch.float32, None), (torch.bfloat16, "BF16")])
+def test_int4_spec_and_constants(x_dtype: torch.dtype, cast: str | None) -> None:
+    w = torch.randn(48, 128)
+    q, s = quantize_int4(w, 32)
+    stored = pack_int4(q)  # [48, 64]
+    spec = weight_only_spec("int4", x_dtype, tuple(stored.shape), tuple(s.shape), 32)
+    assert (spec.in_features, spec.out_features, spec.block_size) == (128, 48, 32)
+    assert (spec.weight_shape, spec.scale_shape, spec.axis) == ((128, 48), (4, 48), 0)
+    assert (spec.dequantize_to, spec.cast_to) == ("FLOAT", cast)
+    constant, scale = trt_weight(spec, stored), trt_scales(spec, s)
+    assert constant.shape == (128, 24) and constant.dtype == torch.uint8
+    # blocks of 32 rows along axis 0 of [K, N]: element (k, n) times scale[k // 32, n]
+    blocked = unpack_int4(constant).float() * scale.repeat_interleave(32, dim=0)
+    assert torch.equal(blocked, dequantize_int4(q, s, 32).t())
+
+
+def test_spec_refuses_what_tensorrt_cannot_take() -> None:
+    with pytest.raises(ValueError, match="pairs"):
+        weight_only_spec("int4", torch.float32, (47, 64), (47, 4), 32)
+    with pytest.raises(ValueError, match="do not make groups of 48"):
+        weight_only_spec("int4", torch.float32, (48, 64), (48, 4), 48)
+    with pytest.raises(ValueError, match="int8 scales"):
+        weight_only_spec("int8", torch.float32, (48, 64), (64,))
+    with pytest.raises(ValueError, match=r"activations of torch\.int32"):
+        weight_only_spec("int8", torch.int32, (48, 64), (48,))
+
+
+def _capture(model: torch.nn.Module, *, freeze: bool) -> tuple[Any, Any]:
+    """The aten decode graph the TensorRT engine gets (weights frozen as our backend does),
+    and its compiled result on the example inputs."""
+    graphs = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        def fw(aten_gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+            keep = freeze_inputs(aten_gm, inputs, example_inputs) if freeze else None
+            graphs.append(aten_gm)
+            run = aten_gm.forward
+
+            def boxed(args: list[Any]) -> Any:
+                out = run(*args)
+                args.clear()
+                return out
+
+            boxed._boxed_call = True  # type: ignore[attr-defined]
+            return boxed if keep is None else drop_frozen(boxed, keep)
+
+        return aot_autograd(fw_compiler=fw, inference_compiler=fw)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(decode_step(model), backend=backend, fullgraph=True)(*decode_example(1))
+    torch._dynamo.reset()
+    return graphs[-1], out
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_frozen_decode_graph_converts_every_quantized_matmul(scheme: str) -> None:
+    torch.manual_seed(0)
+    model = Transformer(ARGS).eval()
+    quantize_model(model, QuantConfig(scheme, 32 if scheme == "int4" else None), engine="tensorrt")
+    model.setup_caches(1, 16)
+    with torch.no_grad():
+        expected = decode_step(model)(*decode_example(1))
+    model.setup_caches(1, 16)
+    gm, out = _capture(model, freeze=True)
+    assert torch.equal(out, expected)  # the frozen graph computes the same
+    op = INT8_OP if scheme == "int8" else INT4_OP
+    nodes = list(gm.graph.find_nodes(op="call_function", target=op))
+    assert len(nodes) == 7
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    assert not [p for p in placeholders if p.meta["val"].dtype in (torch.int8, torch.uint8)]
+    decisions = [weight_only_decision(n, tensorrt_version=(11, 1)) for n in nodes]
+    assert all(d.convertible for d in decisions), decisions
+    weight = "INT8 [64, 64] dequantized (per output channel)" if scheme == "int8" else (
+        "INT4 [64, 64] dequantized (blocks of 32)"
+    )  # fmt: skip
+    assert decisions[0].reason.startswith(weight)  # wq: [K, N] = [64, 64]
+
+
+def test_unfrozen_or_old_or_refittable_is_left_to_pytorch_with_the_reason() -> None:
+    torch.manual_seed(0)
+    model = Transformer(ARGS).eval()
+    quantize_model(model, QuantConfig("int4", 32), engine="tensorrt")
+    model.setup_caches(1, 16)
+    gm, _ = _capture(model, freeze=False)
+    node = next(iter(gm.graph.find_nodes(op="call_function", target=INT4_OP)))
+    assert "codes are not a constant of the graph" in weight_only_decision(node).reason
+    model.setup_caches(1, 16)
+    gm, _ = _capture(model, freeze=True)
+    node = next(iter(gm.graph.find_nodes(op="call_function", target=INT4_OP)))
+    old = weight_only_decision(node, tensorrt_version=(9, 3))
+    assert not old.convertible and "needs 10.0 or newer" in old.reason
+    refit = weight_only_decision(node, tensorrt_version=(11, 1), immutable_weights=False)
+    assert not refit.convertible and "immutable_weights=True" in refit.reason
