@@ -142,6 +142,32 @@ def test_converter_utils_and_source_ir(torch_trt_src: Path) -> None:
     assert "ATEN" in _class_names(_module(torch_trt_src, "dynamo/_SourceIR.py"), "SourceIR")
 
 
+@pytest.mark.parametrize(
+    "rel,name,params",
+    [
+        # layers/moe_experts.convert_moe_experts: impl.<module>.<fn>(ctx, target, source_ir,
+        # name, ...)
+        ("elementwise/ops.py", "sub", ["lhs_val", "rhs_val"]),
+        ("elementwise/ops.py", "ge", ["lhs_val", "rhs_val"]),
+        ("elementwise/ops.py", "lt", ["lhs_val", "rhs_val"]),
+        ("elementwise/ops.py", "logical_and", ["lhs_val", "rhs_val"]),
+        ("condition/ops.py", "where", ["input", "other", "condition"]),
+        ("cast.py", "to_copy", ["input", "dtype"]),
+        ("shuffle.py", "reshape", ["input", "shape"]),
+        ("permutation.py", "permute", ["input", "permutation"]),
+    ],
+)
+def test_impl_functions_the_moe_converter_calls(
+    torch_trt_src: Path, rel: str, name: str, params: list[str]
+) -> None:
+    tree = _module(torch_trt_src, f"dynamo/conversion/impl/{rel}")
+    positional = _params(_function(tree, name))[0]
+    assert positional[: 4 + len(params)] == ["ctx", "target", "source_ir", "name", *params]
+    package = rel.split("/")[0].removesuffix(".py")
+    init = (torch_trt_src / "dynamo/conversion/impl/__init__.py").read_text()
+    assert package in init
+
+
 def test_distributed_runtime_hooks(torch_trt_src: Path) -> None:
     # availability.bound_communicator_ranks / engine._bound_group / set_distributed_mode
     tree = _module(torch_trt_src, "distributed/_distributed.py")
@@ -181,6 +207,8 @@ def test_backend_entry_points(torch_trt_src: Path) -> None:
         "PluginField", "PluginFieldCollection", "PluginFieldType", "INT32", "INT8", "FLOAT32",
         # the runtime side Torch-TensorRT uses for native layers
         "set_communicator",
+        # layers/moe_experts.convert_moe_experts
+        "add_moe", "set_gated_weights", "MoEActType", "SILU",
     ],
 )
 def test_tensorrt_bindings_names(trt_bindings: bytes, name: str) -> None:

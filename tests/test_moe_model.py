@@ -43,6 +43,12 @@ def test_explain_ep2_tp4_on_fake_world_of_8(capsys: pytest.CaptureFixture[str]) 
     moe = [r for r in rows if r[1] == list(range(8))]
     assert moe == [("all_reduce", list(range(8)), f"layers.{i}.feed_forward") for i in (0, 1)]
     assert ("all_reduce", [4, 5, 6, 7], "layers.1.attention") in rows
+    # decode (2 tokens x top 2 <= 4 local experts) gathers weights: plain TensorRT layers; the
+    # prefill's grouped experts op stays in PyTorch without TensorRT, each layer's, with why
+    assert report["decode"]["torch_ops"] == []
+    split = report["prefill"]["torch_ops"]
+    assert [op["module"] for op in split] == ["layers.0.feed_forward", "layers.1.feed_forward"]
+    assert all(op["reason"].startswith("no TensorRT here; IMoELayer needs") for op in split)
 
 
 def test_each_ep_rank_reads_only_its_experts(mixtral: Path) -> None:

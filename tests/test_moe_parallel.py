@@ -79,7 +79,8 @@ def test_tp1_logits_and_tokens_equal_transformers(ckpts: dict[str, Any]) -> None
             logits = model(torch.tensor([PROMPTS[0]]), torch.arange(len(PROMPTS[0])))
         torch.testing.assert_close(logits, ckpts[name]["logits"], atol=1e-5, rtol=0)
         gen = Generator(model, max_batch_size=1, cache_len=64)
-        for mode in ("dense", "routed"):  # what plain PyTorch runs, what a compiled decode runs
+        # plain PyTorch runs grouped (auto), a compiled decode routed; dense is the reference
+        for mode in ("dense", "routed", "grouped"):
             for moe in model.sparse_blocks:
                 moe.compute = mode
             tokens = [gen.generate([p], max_new_tokens=MAX_NEW).tokens[0] for p in PROMPTS]

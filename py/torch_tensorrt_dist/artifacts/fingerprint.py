@@ -22,6 +22,7 @@ import torch
 from torch_tensorrt_dist._version import __version__
 from torch_tensorrt_dist.artifacts.manifest import FORMAT_VERSION
 from torch_tensorrt_dist.errors import CheckpointError
+from torch_tensorrt_dist.ops.collectives import COLLECTIVE_OPS
 
 __all__ = ["args_hash", "checkpoint_hash", "collective_schedule", "running_versions"]
 
@@ -89,6 +90,9 @@ def args_hash(args: Any, seed: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+_COLLECTIVES = frozenset(COLLECTIVE_OPS.values())
+
+
 def collective_schedule(gm: torch.fx.GraphModule) -> list[str]:
     """The graph's collectives in order, as ``op(group, dtype, shape)`` strings."""
     out = []
@@ -97,6 +101,8 @@ def collective_schedule(gm: torch.fx.GraphModule) -> list[str]:
             continue
         if node.target.namespace not in ("_c10d_functional", "tensorrt_dist"):
             continue
+        if node.target.namespace == "tensorrt_dist" and node.target not in _COLLECTIVES:
+            continue  # our other ops (MoE experts, weight-only matmuls) are not collectives
         name = node.target._opname
         if name == "wait_tensor":
             continue

@@ -25,7 +25,12 @@ from torch._dynamo.backends.common import aot_autograd
 from torch_tensorrt_dist._registration import BACKEND_NAME
 from torch_tensorrt_dist.backend.engines import build_engine, engine_decompositions
 from torch_tensorrt_dist.backend.module_names import ModuleNamer
-from torch_tensorrt_dist.backend.report import GraphReport, ModuleResolver, collectives_in
+from torch_tensorrt_dist.backend.report import (
+    GraphReport,
+    ModuleResolver,
+    collectives_in,
+    torch_ops_in,
+)
 from torch_tensorrt_dist.backend.schedule_check import with_schedule_check
 from torch_tensorrt_dist.backend.settings import CompileSettings
 from torch_tensorrt_dist.backend.verify import reference_graph, with_verification
@@ -116,6 +121,7 @@ def lower_graph(
         unfused=list(fusion_report(gm).unfused),
         num_nodes=len(gm.graph.nodes),
         input_writes=input_writes(gm),
+        torch_ops=torch_ops_in(gm, resolve),
     )
     report.lowering_s = time.perf_counter() - start
     if report.unfused and settings.engine == "tensorrt":

@@ -30,7 +30,7 @@ from torch_tensorrt_dist.backend.backend import BACKEND_NAME, recording, running
 from torch_tensorrt_dist.backend.collective_events import EagerCollective, untyped
 from torch_tensorrt_dist.backend.explain_format import format_report
 from torch_tensorrt_dist.backend.module_names import ModuleNamer
-from torch_tensorrt_dist.backend.report import CollectiveInfo, GraphReport
+from torch_tensorrt_dist.backend.report import CollectiveInfo, GraphReport, TorchOpInfo
 
 __all__ = ["ExplainReport", "compiled_units", "explain"]
 
@@ -61,6 +61,11 @@ class ExplainReport:
     @property
     def unfused(self) -> list[tuple[str, str]]:
         return [item for g in self.graphs for item in g.unfused]
+
+    @property
+    def torch_ops(self) -> list[TorchOpInfo]:
+        """Ops a TensorRT engine would leave to PyTorch here (each splits the engine)."""
+        return [op for g in self.graphs for op in g.torch_ops]
 
     @property
     def total_bytes(self) -> int:
@@ -109,6 +114,9 @@ class ExplainReport:
             "collectives_per_call": self.collectives_per_call,
             "outside_graphs": None if outside is None else [c.as_dict() for c in outside],
             "unfused": [list(u) for u in self.unfused],
+            "torch_ops": [
+                {"graph": g.index, **op.as_dict()} for g in self.graphs for op in g.torch_ops
+            ],
             "total_bytes": self.total_bytes,
             "bytes_per_call": self.bytes_per_call,
             "tensorrt_impl": {"impl": self.tensorrt_impl[0], "reason": self.tensorrt_impl[1]},

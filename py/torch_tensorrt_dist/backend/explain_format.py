@@ -6,7 +6,12 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from torch_tensorrt_dist.backend.collective_events import EagerCollective
-from torch_tensorrt_dist.backend.report import CollectiveInfo, GraphReport, format_table
+from torch_tensorrt_dist.backend.report import (
+    CollectiveInfo,
+    GraphReport,
+    TorchOpInfo,
+    format_table,
+)
 
 __all__ = ["ExplainedCall", "format_report", "unit_pattern"]
 
@@ -101,6 +106,26 @@ def _collectives_field(report: ExplainedCall) -> str:
     )
 
 
+def _split_lines(graphs: list[GraphReport]) -> list[str]:
+    """Per graph: the ops TensorRT leaves to PyTorch, grouped by reason."""
+    lines = []
+    for g in graphs:
+        if not g.torch_ops:
+            continue
+        n = len(g.torch_ops)
+        lines.append(
+            f"  graph {g.index}: {n} op(s) stay in PyTorch, so a TensorRT engine splits into up "
+            f"to {n + 1} engines around them:"
+        )
+        by_reason: dict[str, list[TorchOpInfo]] = {}
+        for op in g.torch_ops:
+            by_reason.setdefault(op.reason, []).append(op)
+        for reason, ops in by_reason.items():
+            where = ", ".join(op.module or "(top)" for op in ops)
+            lines.append(f"    {ops[0].op} {ops[0].dtype} in {where}: {reason}")
+    return lines
+
+
 def format_report(report: ExplainedCall) -> str:
     where = f" (rank {report.rank} of {report.world_size})" if report.rank is not None else ""
     lines = [
@@ -120,6 +145,7 @@ def format_report(report: ExplainedCall) -> str:
                 + (f": {', '.join(w.input for w in back)}" if back else "")
             )
     lines += [f"  unfused {node}: {reason}" for node, reason in report.unfused]
+    lines += _split_lines(report.graphs)
     if report.collectives:
         rows = [
             [

@@ -13,7 +13,15 @@ from torch import fx
 from torch_tensorrt_dist.lowering.input_writes import InputWrite
 from torch_tensorrt_dist.ops.collectives import COLLECTIVE_OPS
 
-__all__ = ["CollectiveInfo", "GraphReport", "collectives_in", "format_table", "module_path"]
+__all__ = [
+    "CollectiveInfo",
+    "GraphReport",
+    "TorchOpInfo",
+    "collectives_in",
+    "format_table",
+    "module_path",
+    "torch_ops_in",
+]
 
 _OP_NAMES = {overload: name for name, overload in COLLECTIVE_OPS.items()}
 
@@ -45,6 +53,22 @@ class CollectiveInfo:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class TorchOpInfo:
+    """A non-collective op that TensorRT cannot take here: it runs in PyTorch and Torch-TensorRT
+    splits the graph's engine around it (``conversion/layers/moe_experts.py``)."""
+
+    op: str
+    node: str
+    module: str
+    dtype: str
+    shape: tuple[int, ...]
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class GraphReport:
     """One captured graph: its collectives and what the lowering left unfused."""
@@ -62,6 +86,8 @@ class GraphReport:
     #: the compile units it ran in, with how often (``""``: the whole model; per-block
     #: compile: ``layers.0``, ``layers.1``, ... when one graph serves every block)
     units: dict[str, int] = field(default_factory=dict)
+    #: ops a TensorRT engine leaves to PyTorch (each splits the engine), with the reason
+    torch_ops: list[TorchOpInfo] = field(default_factory=list)
 
     @property
     def copied_back(self) -> list[InputWrite]:
@@ -151,6 +177,32 @@ def collectives_in(
                 node=node.name,
                 module=module_path(node, resolve),
                 tensorrt=decisions[node],
+            )
+        )
+    return out
+
+
+def torch_ops_in(gm: fx.GraphModule, resolve: ModuleResolver | None = None) -> list[TorchOpInfo]:
+    """The grouped MoE experts ops of a graph that would stay in PyTorch under TensorRT here."""
+    from torch_tensorrt_dist.conversion.layers.moe_experts import node_moe_decision
+    from torch_tensorrt_dist.ops.experts import EXPERTS_OP
+
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not EXPERTS_OP:
+            continue
+        decision = node_moe_decision(node)
+        if decision.convertible:
+            continue
+        val = node.meta.get("val")
+        out.append(
+            TorchOpInfo(
+                op="moe_experts",
+                node=node.name,
+                module=module_path(node, resolve),
+                dtype=_dtype_name(val.dtype) if isinstance(val, torch.Tensor) else "",
+                shape=tuple(int(s) for s in val.shape) if isinstance(val, torch.Tensor) else (),
+                reason=decision.reason,
             )
         )
     return out

@@ -61,7 +61,7 @@ def moe_communication(
     size = dtype.itemsize
     for ep, tp in layouts:
         report = explain_moe(
-            args, moe_args, ep=ep, tp=tp, rank=ep * tp - 1, batch=batch, dtype=dtype
+            args, moe_args, ep=ep, tp=tp, rank=ep * tp - 1, batch=batch, dtype=dtype, prefill=0
         )
         moe = report.moe_collectives()
         n = len(moe_args.sparse_layers)
@@ -181,4 +181,6 @@ def moe_load_memory(layouts: tuple[tuple[int, int], ...] = ((2, 1), (2, 2))) -> 
 
 
 def moe_figures() -> list[Figure]:
-    return moe_communication() + moe_load_memory()
+    from torch_tensorrt_dist.bench.moe_speed import moe_speed
+
+    return moe_communication() + moe_load_memory() + moe_speed()

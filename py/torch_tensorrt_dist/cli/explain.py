@@ -138,7 +138,8 @@ def register(sub: Any) -> None:
         "--seq",
         type=int,
         default=16,
-        help="sequence length (mlp-sp; llama --graph prefill: the bucket)",
+        help="sequence length (mlp-sp; llama --graph prefill: the bucket; "
+        "moe: prefill tokens, 0: none)",
     )
     p.add_argument(
         "--graph",
@@ -275,7 +276,7 @@ def _run_moe(args: argparse.Namespace) -> int:
         moe = MoEArgs(8, 2, 4 * args.dim, sparse_layers=tuple(range(args.layers)))
     report = explain_moe(
         margs, moe, ep=ep, tp=tp, rank=args.rank, batch=args.batch, dtype=_DTYPES[args.dtype],
-        lm_head=args.lm_head, embedding=args.embedding,
+        lm_head=args.lm_head, embedding=args.embedding, prefill=args.seq,
     )  # fmt: skip
     print(json.dumps(report.as_dict(), indent=2) if args.json else report)
     return 0

@@ -1,12 +1,14 @@
-"""``explain_moe``: what one rank of an ``ep x tp`` MoE job compiles for a decode step.
+"""``explain_moe``: what one rank of an ``ep x tp`` MoE job compiles for decode and prefill.
 
     report = explain_moe(args, moe, ep=2, tp=4, rank=5)   # a fake world of 8 ranks
-    print(report)   # the rank's experts, its decode graph's collectives, their groups
+    print(report)   # the rank's experts, its graphs' collectives, their groups
 
 It joins a fake process group as ``rank`` of ``ep * tp``, builds that rank's shard of the model
-(on the meta device, then empty storage: only shapes matter), and compiles the decode step with
-``explain``. Attention's collectives must be on the rank's TP group and each MoE layer's one
-all-reduce on the EP x TP group; ``groups_ok`` says whether they are.
+(on the meta device, then empty storage: only shapes matter), and compiles the decode step and
+a ``prefill``-token prefill step with ``explain``. Attention's collectives must be on the rank's
+TP group and each MoE layer's one all-reduce on the EP x TP group; ``groups_ok`` says whether
+they are (decode). The prefill graph holds the grouped experts op (``ops/experts.py``) once per
+MoE layer; where TensorRT cannot take it, the report says so and why (the engine splits).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 
 from torch_tensorrt_dist.backend.explain import ExplainReport, explain
 from torch_tensorrt_dist.backend.fake_world import fake_world
-from torch_tensorrt_dist.generation.generate import decode_example, decode_step
+from torch_tensorrt_dist.generation.generate import decode_example, decode_step, prefill_step
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe import MoETransformer
 from torch_tensorrt_dist.models.moe_args import MoEArgs
@@ -44,6 +46,8 @@ class MoEExplainReport:
     moe_ranks: list[int]
     sparse_layers: list[int]
     decode: ExplainReport
+    prefill: ExplainReport | None = None
+    prefill_tokens: int = 0
 
     def moe_collectives(self) -> list[Any]:
         return [c for c in self.decode.collectives if list(c.group_ranks) == self.moe_ranks]
@@ -82,6 +86,8 @@ class MoEExplainReport:
             "groups": self.groups,
             "groups_ok": self.groups_ok,
             "decode": self.decode.as_dict(),
+            "prefill_tokens": self.prefill_tokens,
+            "prefill": self.prefill.as_dict() if self.prefill is not None else None,
         }
 
     def __str__(self) -> str:
@@ -97,8 +103,15 @@ class MoEExplainReport:
                 *("  " + ln for ln in str(self.decode).splitlines()),
                 f"  graphs: {self.decode.graph_count}, groups: {len(self.groups)}, "
                 f"each collective on its expected group: {'yes' if self.groups_ok else 'NO'}",
+                *self._prefill_lines(),
             ]
         )
+
+    def _prefill_lines(self) -> list[str]:
+        if self.prefill is None:
+            return []
+        head = f"prefill step ({self.prefill_tokens} tokens):"
+        return [head, *("  " + ln for ln in str(self.prefill).splitlines())]
 
 
 def explain_moe(
@@ -110,12 +123,14 @@ def explain_moe(
     rank: int,
     batch: int = 1,
     cache_len: int = 64,
+    prefill: int = 16,
     dtype: torch.dtype = torch.float32,
     lm_head: LMHead = "vocab_parallel",
     embedding: Embedding = "vocab_parallel",
 ) -> MoEExplainReport:
     """Explain rank ``rank`` of an ``ep x tp`` MoE job on a fake process group (in a process
-    where torch.distributed is not initialised)."""
+    where torch.distributed is not initialised): its decode step, and a prefill of ``prefill``
+    tokens (0: none)."""
     moe_layout(args, moe, ep=ep, tp=tp, lm_head=lm_head, embedding=embedding)  # sizes divide
     with fake_world(rank, ep * tp):
         groups = moe_groups(make_moe_mesh(ep, tp, "cpu"))
@@ -128,10 +143,20 @@ def explain_moe(
                 p.zero_()
         model.setup_caches(batch, cache_len)
         report = explain(decode_step(model), *decode_example(batch, cache_len // 2))
+        first = None
+        if prefill:
+            example = (
+                torch.zeros(batch, prefill, dtype=torch.long),
+                torch.arange(prefill),
+                torch.zeros(batch, dtype=torch.long),
+            )
+            first = explain(prefill_step(model), *example)
         layout = moe_layout(
             args, moe, ep=ep, tp=tp, ep_rank=groups.ep_rank, tp_rank=groups.tp_rank,
             lm_head=lm_head, embedding=embedding,
         )  # fmt: skip
         tp_ranks = [rank // tp * tp + t for t in range(tp)]
         moe_ranks = list(range(ep * tp))
-    return MoEExplainReport(rank, layout, tp_ranks, moe_ranks, list(moe.sparse_layers), report)
+    return MoEExplainReport(
+        rank, layout, tp_ranks, moe_ranks, list(moe.sparse_layers), report, first, prefill
+    )

@@ -7,11 +7,13 @@ Attention, norms, KV cache, embedding and LM head are the Llama ones, so ``Gener
 ``explain`` and the tensor-parallel plan work unchanged.
 
 Static shapes and exact results: each rank computes its experts (``expert_start`` onwards) for
-every token and weighs each by the token's routing weight for that expert, zero when the token
-was not routed there ("dense"); in a compiled graph where tokens x top_k is below the local
-expert count (decode) it computes only each token's k choices, gathering their weights by index
-("routed"). No token is
-ever dropped, no shape depends on the routing, and prefill and decode stay one graph each.
+the tokens routed to them only: the ``T x k`` (token, choice) rows are sorted by expert and
+multiplied by one grouped matmul per projection (``ops/experts.py``, "grouped"); in a compiled
+graph where tokens x top_k is at most the local expert count (decode) it gathers each token's k
+experts' weights by index instead ("routed", which Inductor fuses into one kernel). "dense"
+(every local expert for every token, zero weight where not routed) stays as the reference. No
+token is ever dropped, no shape depends on the routing, and prefill and decode stay one graph
+each.
 Under expert x tensor parallelism (``parallel/moe.py``) the partial sums of all ranks meet
 in ONE all-reduce over the EP x TP group (``group``); the docs (``docs/moe.md``) say why this
 beats an all-to-all dispatch for batch-1 decode.
@@ -29,11 +31,24 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.llama import RMSNorm, Transformer
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs
+from torch_tensorrt_dist.ops.experts import moe_experts
 
-__all__ = ["MoETransformer", "QKNormLinear", "SharedExpert", "SparseMoE", "route", "top_k_routing"]
+__all__ = [
+    "COMPUTE_MODES",
+    "MoETransformer",
+    "QKNormLinear",
+    "SharedExpert",
+    "SparseMoE",
+    "route",
+    "top_k_routing",
+]
+
+#: the expert compute forms of :class:`SparseMoE` (``compute``; "auto" picks one per graph)
+COMPUTE_MODES = ("grouped", "routed", "dense")
 
 
 def top_k_routing(logits: Tensor, top_k: int, norm_topk_prob: bool) -> tuple[Tensor, Tensor]:
@@ -106,11 +121,13 @@ class SparseMoE(nn.Module):
         self.w2 = nn.Parameter(torch.empty(e, d, i))
         self.shared = SharedExpert(d, moe.shared_expert_size) if moe.shared_expert_size else None
         self.expert_start = 0  # global index of this rank's first expert
-        #: "dense": every local expert for every token (zero weight where not routed);
-        #: "routed": only each token's k choices, their weights gathered by index (zero weight
-        #: for a choice another rank owns); "auto": routed in a compiled graph where T x k <
-        #: local experts (decode), else dense (plain PyTorch materialises the gathered weights,
-        #: which costs more than it saves). Both are exact and static-shape.
+        #: "grouped": rows sorted by expert, one grouped matmul per projection, each expert
+        #: multiplies only its tokens (``ops/experts.py``); "routed": each token's k choices,
+        #: their weights gathered by index (zero weight for a choice another rank owns);
+        #: "dense": every local expert for every token (zero weight where not routed); "auto":
+        #: routed in a compiled graph where T x k <= local experts (decode: Inductor fuses the
+        #: gather into the matmul), else grouped (plain PyTorch would copy the gathered
+        #: weights). All are exact and static-shape.
         self.compute = "auto"
         self.group: dist.ProcessGroup | None = None  # EP x TP group; set by parallel.moe
 
@@ -122,18 +139,28 @@ class SparseMoE(nn.Module):
         # x: [B, S, D] (the same on every rank of the group) -> [B, S, D]
         b, s, d = x.shape
         h = x.reshape(b * s, d)  # [T, D]
-        routed = self.compute == "routed" or (
-            self.compute == "auto"
-            and torch.compiler.is_compiling()  # decided once per traced graph
-            and b * s * self.top_k < self.local_experts
-        )
-        out = self._routed(h) if routed else self._dense(h)  # [T, D]
+        forms = {"grouped": self._grouped, "routed": self._routed, "dense": self._dense}
+        mode = self.compute_for(b * s)
+        if mode not in forms:
+            raise ConfigError(f"SparseMoE.compute={mode!r}; use one of {[*forms, 'auto']}")
+        out = forms[mode](h)  # [T, D]
         if self.shared is not None:
             out = out + self.shared(h)
         if self.group is not None:
             # the one collective of the layer's MLP: every expert's and TP shard's partial sum
             out = funcol.all_reduce(out, "sum", self.group)
         return out.view(b, s, d)
+
+    def compute_for(self, tokens: int) -> str:
+        """The compute form for ``tokens`` tokens (``compute`` unless it is "auto")."""
+        if self.compute != "auto":
+            return self.compute
+        compiling = torch.compiler.is_compiling()  # decided once per traced graph
+        return "routed" if compiling and tokens * self.top_k <= self.local_experts else "grouped"
+
+    def _grouped(self, h: Tensor) -> Tensor:
+        top_w, top_i = top_k_routing(self.gate(h), self.top_k, self.norm_topk_prob)  # [T, k]
+        return moe_experts(h, top_i, top_w, self.w1, self.w3, self.w2, self.expert_start)
 
     def _dense(self, h: Tensor) -> Tensor:
         weights = route(

@@ -1,14 +1,17 @@
-"""Typed collective ops (``torch.ops.tensorrt_dist.*``) and process-group resolution."""
+"""Typed collective ops (``torch.ops.tensorrt_dist.*``), the grouped MoE experts op, and
+process-group resolution."""
 
 from torch_tensorrt_dist.ops.collectives import (
     COLLECTIVE_OPS,
     REDUCE_OPS,
     normalize_reduce_op,
 )
+from torch_tensorrt_dist.ops.experts import EXPERTS_OP
 from torch_tensorrt_dist.ops.groups import check_group_ranks, group_ranks, resolve_group
 
 __all__ = [
     "COLLECTIVE_OPS",
+    "EXPERTS_OP",
     "REDUCE_OPS",
     "check_group_ranks",
     "group_ranks",

@@ -15,9 +15,9 @@ Layout (``E x T`` ranks, TP innermost):
     shared expert (Qwen2-MoE) column/row-parallel over the whole EP x TP group (1/(ep x tp) each)
     MoE output                ONE all-reduce(sum) over the EP x TP group of [B, S, dim]
 
-Every rank computes its experts for all (replicated) tokens with zero weight where a token was
-not routed, so shapes never depend on the routing; docs/moe.md compares this with an
-all-to-all dispatch.
+Every rank holds all (replicated) tokens and computes its experts for the tokens routed to them
+(``ops/experts.py``; zero for the others), so shapes never depend on the routing; docs/moe.md
+compares this with an all-to-all dispatch.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@
                     in place, for any batch
     weight_only.py  aten._weight_int8pack_mm / tensorrt_dist.int4_weight_only_mm (quantized
                     linears) -> IDequantizeLayer on constant INT8 / INT4 weights -> matmul
+    moe_experts.py  tensorrt_dist.moe_experts (the grouped MoE experts) -> IMoELayer, where
+                    TensorRT and the GPU have it; else the op stays in PyTorch
 
 A new one (a quantized linear, a grouped matmul, ...) is a module here with a pure
 ``<what>_decision(node) -> Decision`` (FX metadata only, tested on CPU), the validator and the
@@ -31,12 +33,17 @@ from torch_tensorrt_dist.conversion.layers.kv_cache_rows import (
     convert_kv_cache_put,
     kv_cache_put_validator,
 )
+from torch_tensorrt_dist.conversion.layers.moe_experts import (
+    convert_moe_experts,
+    moe_experts_validator,
+)
 from torch_tensorrt_dist.conversion.layers.weight_only import (
     INT4_OP,
     INT8_OP,
     convert_weight_only,
     weight_only_validator,
 )
+from torch_tensorrt_dist.ops.experts import EXPERTS_OP
 
 __all__ = ["LAYERS", "LayerConverter"]
 
@@ -70,4 +77,7 @@ LAYERS: tuple[LayerConverter, ...] = (
     # weight-only quantized linears (quantization/): dequantize constant codes into the matmul
     LayerConverter(INT8_OP, weight_only_validator, convert_weight_only, False),
     LayerConverter(INT4_OP, weight_only_validator, convert_weight_only, False),
+    LayerConverter(
+        EXPERTS_OP, moe_experts_validator, convert_moe_experts, supports_dynamic_shapes=False
+    ),
 )

@@ -1,0 +1,39 @@
+"""A MoE prefill on a real TensorRT engine (skipped where TensorRT or a GPU is absent): the
+grouped experts op becomes IMoELayer on SM 10.x/11.x, elsewhere it runs in PyTorch between
+engines; either way the logits equal the PyTorch model's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_tensorrt_dist.backend import recording
+from torch_tensorrt_dist.conversion.layers.moe_experts import moe_layer_environment
+from torch_tensorrt_dist.generation.generate import compile_step, prefill_step
+from torch_tensorrt_dist.models.llama_args import ModelArgs
+from torch_tensorrt_dist.models.moe_args import MoEArgs
+from torch_tensorrt_dist.models.moe_loader import random_moe
+
+ARGS = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, max_seq_len=64)
+MOE = MoEArgs(n_experts=8, top_k=2, expert_size=64, sparse_layers=(0, 1))
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+def test_prefill_with_grouped_experts_on_tensorrt_equals_pytorch() -> None:
+    engine_model = random_moe(ARGS, MOE, seed=0, dtype=torch.bfloat16).cuda()
+    reference = random_moe(ARGS, MOE, seed=0, dtype=torch.bfloat16).cuda()
+    for model in (engine_model, reference):
+        model.setup_caches(1, 32)
+    tokens = torch.arange(1, 17, device="cuda")[None] % ARGS.vocab_size
+    pos, pad = torch.arange(16, device="cuda"), torch.zeros(1, dtype=torch.long, device="cuda")
+    with torch.no_grad(), recording() as graphs:
+        got = compile_step(prefill_step(engine_model), "tensorrt")(tokens, pos, pad)
+        want = prefill_step(reference)(tokens, pos, pad)
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+    env = moe_layer_environment()
+    split = [op.module for g in graphs for op in g.torch_ops]
+    if env.compute_capability and env.compute_capability[0] in (10, 11):
+        assert split == []  # one IMoELayer per MoE layer, inside the engine
+    else:
+        assert split == ["layers.0.feed_forward", "layers.1.feed_forward"]
