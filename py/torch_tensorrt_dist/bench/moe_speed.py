@@ -122,7 +122,7 @@ def _our_decode(model: Any, form: str) -> Callable[[], dict[str, Any]]:
     from torch_tensorrt_dist.generation.generate import compile_step, decode_step
 
     decode = compile_step(decode_step(model), "inductor")
-    n, pad = PREFILL[0], torch.zeros(1, dtype=torch.long)
+    n = PREFILL[0]
 
     def run() -> dict[str, Any]:
         for moe in model.sparse_blocks:
@@ -130,7 +130,7 @@ def _our_decode(model: Any, form: str) -> Callable[[], dict[str, Any]]:
         tok = model(_prompt(n), torch.arange(n))[:, -1].argmax(-1, keepdim=True)
         tokens, start = [], time.perf_counter()
         for i in range(DECODE):
-            tok = decode(tok, torch.tensor([n + i]), pad).argmax(-1, keepdim=True)
+            tok = decode(tok, torch.tensor([n + i])).argmax(-1, keepdim=True)
             tokens.append(int(tok))
         return {"tokens": tokens, "s_per_step": (time.perf_counter() - start) / DECODE}
 
@@ -142,12 +142,13 @@ def _our_prefill(model: Any, form: str, n: int) -> tuple[Callable[[], Any], floa
     from torch_tensorrt_dist.generation.generate import compile_step, prefill_step
 
     step = compile_step(prefill_step(model), "inductor")
-    ids, pos, pad = _prompt(n), torch.arange(n), torch.zeros(1, dtype=torch.long)
+    # the serving prefill: the prompt into KV row 0, logits of its last token
+    ids, slot, last = _prompt(n), torch.tensor([0]), torch.tensor([n - 1])
 
     def run() -> Any:
         for moe in model.sparse_blocks:
             moe.compute = form
-        return step(ids, pos, pad)
+        return step(ids, slot, last)
 
     start = time.perf_counter()
     run()

@@ -20,7 +20,12 @@ import torch
 
 from torch_tensorrt_dist.backend.explain import ExplainReport, explain
 from torch_tensorrt_dist.backend.fake_world import fake_world
-from torch_tensorrt_dist.generation.generate import decode_example, decode_step, prefill_step
+from torch_tensorrt_dist.generation.generate import (
+    decode_example,
+    decode_step,
+    prefill_example,
+    prefill_step,
+)
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe import MoETransformer
 from torch_tensorrt_dist.models.moe_args import MoEArgs
@@ -145,12 +150,8 @@ def explain_moe(
         report = explain(decode_step(model), *decode_example(batch, cache_len // 2))
         first = None
         if prefill:
-            example = (
-                torch.zeros(batch, prefill, dtype=torch.long),
-                torch.arange(prefill),
-                torch.zeros(batch, dtype=torch.long),
-            )
-            first = explain(prefill_step(model), *example)
+            # one prompt of ``prefill`` tokens into row 0 (the serving prefill)
+            first = explain(prefill_step(model), *prefill_example(prefill))
         layout = moe_layout(
             args, moe, ep=ep, tp=tp, ep_rank=groups.ep_rank, tp_rank=groups.tp_rank,
             lm_head=lm_head, embedding=embedding,
