@@ -48,8 +48,10 @@ def test_peer_loss_is_told_by_the_error_or_what_it_came_from() -> None:
     for error in (GLOO_RESET, GLOO_CLOSED, AOTI_WAIT, "BrokenPipeError: [Errno 32] Broken pipe"):
         assert is_peer_loss({"error": error}), error
     store = "DistNetworkError: failed to recv, got 0 bytes. Connection was likely closed."
-    chained = {"error": "ScheduleMismatchError: could not reach the c10d store",
-               "traceback": f"Traceback ...\n{store}\n\nThe above exception was the direct ..."}  # fmt: skip
+    chained = {
+        "error": "ScheduleMismatchError: could not reach the c10d store",
+        "traceback": f"Traceback ...\n{store}\n\nThe above exception was the direct cause ...",
+    }
     assert is_peer_loss(chained)
     assert is_peer_loss({"error": "DistributedSetupError: rank 0: ...", "peer_lost": True})
     # the rank's own errors, a collective that timed out, a frame that only calls wait_tensor

@@ -10,8 +10,9 @@ from torch_tensorrt_dist.errors import ConfigError, RankFailedError
 
 
 def _torchrun(rank: int, world: int = 4, local: int = 2) -> dict[str, str]:
-    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank % local),
-            "LOCAL_WORLD_SIZE": str(local), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}  # fmt: skip
+    env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": rank % local}
+    env |= {"LOCAL_WORLD_SIZE": local, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 1}
+    return {name: str(value) for name, value in env.items()}
 
 
 def test_who_prints_a_refusal() -> None:
