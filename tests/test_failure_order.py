@@ -108,6 +108,10 @@ def test_a_rank_aborted_after_the_refusal_is_not_the_cause() -> None:
     failed = {0: FailedRank(0, signal=6, pid=100), 1: FailedRank(1, signal=9, pid=101)}
     exits = {0: ExitEvent(0, 10.6, signal=6), 1: ExitEvent(1, 10.2, signal=9)}
     assert pick_first_failure(failed, {}, exits) == FailedRank(1, signal=9, pid=101)
+    # a rank that said "exit 0" and then crashed in its last instant: the launcher's report wins
+    exits = {1: ExitEvent(1, 10.2, said=True, exit_code=0, pid=101, host="vm")}
+    first = pick_first_failure({1: FailedRank(1, signal=6)}, {}, exits)
+    assert first == FailedRank(1, signal=6, pid=101, host="vm")
 
 
 def test_exits_that_are_not_failures_are_not_causes() -> None:

@@ -210,13 +210,9 @@ def _seen(
         return got
     if got is None:
         return ev.failed_rank()
-    return replace(
-        got,
-        exit_code=got.exit_code if got.exit_code is not None else ev.exit_code,
-        signal=got.signal if got.signal is not None else ev.signal,
-        host=got.host or ev.host,
-        pid=got.pid or ev.pid,
-    )
+    if got.exit_code is None and got.signal is None:  # the launcher's report wins, if it has one
+        got = replace(got, exit_code=ev.exit_code, signal=ev.signal)
+    return replace(got, host=got.host or ev.host, pid=got.pid or ev.pid)
 
 
 def _time(value: Any) -> float:
@@ -258,14 +254,12 @@ def pick_first_failure(
             seen = _seen(r, failed, exits)
             causes.append(((1, _time(rec.get("time")), r), _from_record(r, rec, seen)))
     for r in sorted((set(failed) | set(exits)) - set(records)):
-        got, ev = failed.get(r), exits.get(r)
-        if got is not None and got.signal in STOP_SIGNALS:
+        ev, seen = exits.get(r), _seen(r, failed, exits)
+        if seen is None or seen.signal in STOP_SIGNALS:
             continue
-        if ev is None:
-            causes.append(((0, 0.0, r), failed[r]))
-        elif ev.failure() or (ev.failure() is None and got is not None):
-            causes.append(((1, ev.time, r), _seen(r, failed, exits)))  # type: ignore[arg-type]
-        elif ev.failure() is None:
+        if r in failed or (ev is not None and ev.failure()):  # the launcher's report first
+            causes.append(((1, ev.time, r) if ev is not None else (0, 0.0, r), seen))
+        elif ev is not None and ev.failure() is None:
             unknown.append((ev.time, r))
     if causes:
         return min(causes, key=lambda c: c[0])[1]
