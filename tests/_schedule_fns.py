@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ def _outcome(fn: Any) -> dict[str, Any]:
 
 
 def mismatched(rank: int, world: int, scenario: str, timeout_s: float) -> dict[str, Any]:
-    """``shape``: rank 1 feeds a different batch; ``late``: rank 1 arrives after the timeout;
+    """``shape``: rank 1 feeds a different batch; ``late``: rank 1 arrives after rank 0 timed out;
     ``same``: both agree (the check passes and the result is right)."""
     torch.manual_seed(0)
     full = MLP(16, 32)
@@ -40,11 +41,18 @@ def mismatched(rank: int, world: int, scenario: str, timeout_s: float) -> dict[s
         options={"engine": "eager", "schedule_timeout_s": timeout_s},
     )
 
+    store = torch.distributed.distributed_c10d._get_default_store()
+    late = scenario == "late"
+
     def run() -> None:
-        if scenario == "late" and rank == 1:
-            time.sleep(timeout_s + 3)
-        with torch.no_grad():
-            out = compiled(x)
-            torch.testing.assert_close(out, full(x), rtol=1e-5, atol=1e-5)
+        if late and rank == 1:  # arrives once rank 0 has given up (not after a fixed delay)
+            store.wait(["rank-0-gave-up"], timedelta(seconds=120))
+        try:
+            with torch.no_grad():
+                out = compiled(x)
+                torch.testing.assert_close(out, full(x), rtol=1e-5, atol=1e-5)
+        finally:
+            if late and rank == 0:
+                store.set("rank-0-gave-up", "1")
 
     return _outcome(run)

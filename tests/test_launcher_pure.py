@@ -243,9 +243,18 @@ def test_run_mpirun_copies_stderr_and_names_the_rank(capfd: pytest.CaptureFixtur
 
 def test_sigterm_to_the_launcher_stops_mpirun() -> None:
     child = [sys.executable, "-c", "import time; time.sleep(60)"]
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    ours = signal.getsignal(signal.SIGTERM)
+
+    def stop_once_forwarded() -> None:
+        # SIGTERM only once run_mpirun forwards it (a fixed delay could hit pytest itself)
+        deadline = time.monotonic() + 60
+        while signal.getsignal(signal.SIGTERM) is ours and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if signal.getsignal(signal.SIGTERM) is not ours:
+            os.kill(os.getpid(), signal.SIGTERM)
+
     start = time.monotonic()
-    timer.start()
+    threading.Thread(target=stop_once_forwarded, daemon=True).start()
     with pytest.raises(LaunchInterrupted) as err:
         run_mpirun(child, os.environ)
     assert err.value.signum == signal.SIGTERM

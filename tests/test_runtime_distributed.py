@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,10 @@ def _agree_then_time_out(rank: int, world_size: int, timeout_s: float) -> dict[s
         "timeout": info.timeout.total_seconds() if info.timeout else None,
         "sum": x.item(),
     }
-    if rank == 1:  # never joins the next collective, but stays alive past the timeout
-        time.sleep(timeout_s + 3.0)
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 1:  # never joins the next collective, but stays alive until rank 0 timed out
+        store.wait(["timed-out"], timedelta(seconds=120))
+        store.set("seen", "1")  # rank 0 hosts the store: it waits for this before leaving
         return out
     start = time.monotonic()
     try:
@@ -97,6 +100,8 @@ def _agree_then_time_out(rank: int, world_size: int, timeout_s: float) -> dict[s
     except CollectiveTimeoutError as exc:
         out["error"] = str(exc)
     out["waited"] = time.monotonic() - start
+    store.set("timed-out", "1")
+    store.wait(["seen"], timedelta(seconds=120))
     return out
 
 

@@ -4,18 +4,26 @@ failure, in the launching process and in a rank.
 A rank that our launcher started does not print its error: it leaves the error to its failure
 record (``runtime/_rank_entry.py``) by exiting through ``SystemExit(code) from error``, and the
 launcher prints the line of the rank that failed first. A rank started by another launcher
-(plain ``torchrun`` or ``mpirun``), and the single process, print ``error: ...`` themselves.
+(plain ``torchrun`` or ``mpirun``), and the single process, print ``error: ...`` themselves,
+once per node for what every rank refuses alike (:func:`prints_refusal`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from torch_tensorrt_dist.runtime._rank_entry import FAILURE_DIR_ENV
 
-__all__ = ["print_launch_failure", "refuse", "reported_by_launcher", "world_size"]
+__all__ = [
+    "print_launch_failure",
+    "prints_refusal",
+    "refuse",
+    "reported_by_launcher",
+    "world_size",
+]
 
 
 def world_size() -> int:
@@ -33,12 +41,46 @@ def reported_by_launcher() -> bool:
     return bool(os.environ.get(FAILURE_DIR_ENV)) and is_launched(os.environ)
 
 
+def prints_refusal(exc: BaseException, env: Mapping[str, str], *, joined: bool) -> bool:
+    """Whether this process prints its refusal ``exc`` itself (pure; ``joined``: the process
+    group is initialised). Under another launcher every rank runs the command: what it refuses
+    before joining the world (options, the world's size and layout) every rank refuses alike,
+    so only the lowest local rank of each node prints it. After joining, a step that failed
+    on one rank fails on all (``runtime.agree``): the failed rank prints its own error, and the
+    ranks that only repeat it (``failed_rank``) stay quiet where that rank is on their node."""
+    from torch_tensorrt_dist.errors import TensorRTDistError
+    from torch_tensorrt_dist.runtime import is_launched, plan_from_env
+
+    if not is_launched(env):
+        return True
+    try:
+        # only the ranks are read: a missing rendezvous address is refused (alike) elsewhere
+        plan = plan_from_env({"MASTER_ADDR": "-", "MASTER_PORT": "1", **env})
+    except TensorRTDistError:  # variables that do not fit: say it everywhere
+        return True
+    failed = getattr(exc, "failed_rank", None)
+    if isinstance(failed, int) and failed != plan.rank:
+        first_here = (
+            plan.rank - plan.local_rank
+        )  # torchrun and mpirun number a node's ranks in a row
+        if first_here <= failed < first_here + plan.local_world_size:
+            return False
+        return plan.local_rank == 0
+    return joined or plan.local_rank == 0
+
+
+def _joined() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
 def refuse(exc: BaseException, code: int, prefix: str = "error") -> int:
-    """Print ``prefix: exc`` and return ``code``; in a rank our launcher reports, exit with
-    ``code`` instead, carrying ``exc`` to the launcher."""
+    """Print ``prefix: exc`` (where :func:`prints_refusal` says so) and return ``code``; in a
+    rank our launcher reports, exit with ``code`` instead, carrying ``exc`` to the launcher."""
     if reported_by_launcher():
         raise SystemExit(code) from exc
-    print(f"{prefix}: {exc}", file=sys.stderr, flush=True)
+    if prints_refusal(exc, os.environ, joined=_joined()):
+        print(f"{prefix}: {exc}", file=sys.stderr, flush=True)
     return code
 
 

@@ -15,12 +15,18 @@ the rank that failed first from the ranks that failed because of it, and prints 
 line; the rank itself prints no traceback once its record is written (the launcher shows it
 under ``-v``). A rank killed by a signal, or ended by Ctrl-C, writes nothing.
 
+Each rank also connects to the launcher's exit watch (``exits.sock`` in that folder, see
+``runtime/exit_watch.py``), says its rank and pid, and says ``exit <code>`` when it ends here;
+the connection closes when the process dies, so the launcher sees the order in which the ranks
+ended, killed ones included.
+
 When the program has finished, a script rank runs Python's exit handlers, flushes its streams
 and exits without the interpreter's final teardown (see ``_end``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import runpy
@@ -33,6 +39,8 @@ from collections.abc import Callable
 from typing import Any
 
 FAILURE_DIR_ENV = "TORCH_TENSORRT_DIST_FAILURE_DIR"
+#: The exit watch's Unix socket, in the failure folder.
+EXIT_SOCKET_NAME = "exits.sock"
 
 #: Longest one-line error kept in a record (the traceback is kept whole, up to _MAX_TRACEBACK).
 _MAX_LINE = 2000
@@ -76,7 +84,8 @@ def describe(exc: BaseException) -> dict[str, Any]:
         code = exc.code if isinstance(exc, SystemExit) else None
         message = str(code).strip() if isinstance(code, str) else ""
         return {"error": message.splitlines()[0][:_MAX_LINE] if message else None,
-                "traceback": None, "follows": None, "refusal": False}  # fmt: skip
+                "traceback": None, "follows": None, "refusal": False,
+                "peer_lost": False}  # fmt: skip
     follows = getattr(cause, "failed_rank", None)
     tb = traceback.TracebackException.from_exception(cause)
     own = [f for f in tb.stack if not _trampoline_frame(f.filename)]
@@ -88,6 +97,8 @@ def describe(exc: BaseException) -> dict[str, Any]:
         "follows": follows if isinstance(follows, int) and follows != _rank() else None,
         # a refusal this package raised on purpose (its message says what to fix), not a crash
         "refusal": any(c.__name__ == "TensorRTDistError" for c in type(cause).__mro__),
+        # it failed because a peer had gone (the launcher then looks for that peer)
+        "peer_lost": bool(getattr(cause, "peer_lost", False)),
     }
 
 
@@ -108,6 +119,7 @@ def write_record(code: int, exc: BaseException | None, *, when: float | None = N
         "traceback": None,
         "follows": None,
         "refusal": False,
+        "peer_lost": False,
     }
     if exc is not None:
         data.update(describe(exc))
@@ -119,6 +131,43 @@ def write_record(code: int, exc: BaseException | None, *, when: float | None = N
     except OSError:  # no space, or removed: the rank prints its error instead
         return False
     return True
+
+
+_watch: socket.socket | None = None
+
+
+def _forget_watch() -> None:
+    """In a child forked from the rank: drop the rank's connection (only the rank's own death
+    may close it)."""
+    global _watch
+    if _watch is not None:
+        _watch.close()
+        _watch = None
+
+
+def announce() -> None:
+    """Connect to the launcher's exit watch, if there is one, and say who this rank is."""
+    global _watch
+    folder = os.environ.get(FAILURE_DIR_ENV)
+    path = os.path.join(folder, EXIT_SOCKET_NAME) if folder else ""
+    if _watch is not None or not path or not os.path.exists(path):
+        return
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # not inherited by exec'd programs
+    try:
+        conn.connect(path)
+        conn.sendall(f"{_rank()} {os.getpid()}\n".encode())
+    except OSError:  # no watch: the records and the launcher's own report decide
+        conn.close()
+        return
+    _watch = conn
+    os.register_at_fork(after_in_child=_forget_watch)
+
+
+def _say_exit(code: int) -> None:
+    """Tell the exit watch that this rank ends here with ``code`` (not killed)."""
+    if _watch is not None:
+        with contextlib.suppress(OSError):
+            _watch.sendall(f"exit {code}\n".encode())
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -149,19 +198,25 @@ def _stopped() -> None:
 
 def run_function(fn: Callable[..., Any], *args: Any) -> Any:
     """Entry of a function rank (torchrun): ``fn(*args)``, recording any failure."""
+    announce()
     try:
-        return fn(*args)
+        value = fn(*args)
     except SystemExit as exc:
         code = _exit_code(exc)
         if code:
             _fail(exc, code, time.time())
+        _say_exit(code)
+        if code:
             raise SystemExit(code) from None
         raise
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # any error of the rank: record it, then fail like Python
         _fail(exc, 1, time.time())
+        _say_exit(1)
         raise SystemExit(1) from None
+    _say_exit(0)
+    return value
 
 
 def main(argv: list[str]) -> int:
@@ -172,6 +227,7 @@ def main(argv: list[str]) -> int:
         print("usage: _rank_entry.py [--module] TARGET ARGS...", file=sys.stderr)
         return 2
     target, rest = argv[0], argv[1:]
+    announce()
     try:
         sys.argv = [target, *rest]
         if module:
@@ -202,9 +258,9 @@ def _end(code: int) -> None:
     without an active exception", SIGABRT; pytorch/pytorch#179291), which the launcher would
     report as a failed job (measured here: 1 launch in 12 of the simple example)."""
     import atexit
-    import contextlib
 
     atexit._run_exitfuncs()
+    _say_exit(code)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed by the program
             stream.flush()

@@ -101,11 +101,13 @@ def agree(
     except (RuntimeError, OSError) as exc:  # DistStoreError, DistNetworkError, a timeout
         if failure is not None:
             raise failure from None
-        raise DistributedSetupError(
+        lost = DistributedSetupError(
             f"rank {rank}: could not learn the other ranks' verdicts on {step} through the c10d "
             f"store within {limit.total_seconds():g} s ({one_line(exc)}); a rank has probably "
             "failed or exited before it: its error is the cause"
-        ) from exc
+        )
+        lost.peer_lost = True  # type: ignore[attr-defined]  # launchers look for that rank
+        raise lost from exc
     if failure is not None:
         raise failure
     if failed:

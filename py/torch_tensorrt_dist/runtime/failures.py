@@ -12,11 +12,13 @@ from typing import Any
 
 __all__ = [
     "STOP_SIGNALS",
+    "ExitEvent",
     "FailedRank",
     "LaunchInterrupted",
     "cause_record",
     "exit_status",
     "format_failure",
+    "is_peer_loss",
     "parse_mpirun_failure",
     "pick_first_failure",
     "read_failure_records",
@@ -129,6 +131,63 @@ def read_failure_records(folder: str | None) -> dict[int, dict[str, Any]]:
 #: Signals a launcher sends to stop the ranks that are left once one has failed.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
+#: What an error (or an error it came from) says when the rank failed only because a peer
+#: had gone: gloo's, NCCL's and the c10d store's broken connections. Lower case.
+PEER_LOSS_MARKS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "connection refused",
+    "connection was likely closed",
+    "remote process exited",
+    "ncclremoteerror",
+    "communicator was aborted",
+)
+#: The same, in the error's own line only: a compiled graph's collective wait that failed
+#: (AOTInductor hides the cause behind "aoti_torch_cpu__c10d_functional_wait_tensor(...) API
+#: call failed"; the peer's exit is what makes it fail).
+PEER_LOSS_ERROR_MARKS = ("wait_tensor",)
+
+
+@dataclass(frozen=True)
+class ExitEvent:
+    """A rank's end as the launcher saw it (``runtime.exit_watch``): ``time`` on the
+    launcher's clock (``time.time()``, the clock the records use: the same node), ``said``
+    whether the rank ended through the trampoline (which then gave ``exit_code``), else how
+    the kernel ended it where the launcher could read it (``signal``, ``exit_code``)."""
+
+    rank: int
+    time: float
+    said: bool = False
+    exit_code: int | None = None
+    signal: int | None = None
+    pid: int | None = None
+    host: str | None = None
+
+    def failure(self) -> bool | None:
+        """True: it failed (a signal other than a launcher's stop, or a non-zero code); False:
+        it ended well or was stopped; None: it ended without a word, how is not known."""
+        if self.signal is not None:
+            return self.signal not in STOP_SIGNALS
+        if self.exit_code is not None:
+            return self.exit_code != 0
+        return None
+
+    def failed_rank(self) -> FailedRank:
+        return FailedRank(
+            self.rank, exit_code=self.exit_code, signal=self.signal, host=self.host, pid=self.pid
+        )
+
+
+def is_peer_loss(record: Mapping[str, Any]) -> bool:
+    """Whether a record tells of a rank that failed because a peer had gone (a broken
+    connection, see :data:`PEER_LOSS_MARKS`, or an error marked ``peer_lost``) (pure)."""
+    if record.get("peer_lost"):
+        return True
+    error = str(record.get("error") or "").lower()
+    text = f"{error}\n{record.get('traceback') or ''}".lower()
+    return any(m in text for m in PEER_LOSS_MARKS) or any(m in error for m in PEER_LOSS_ERROR_MARKS)
+
 
 def _from_record(rank: int, rec: Mapping[str, Any], base: FailedRank | None) -> FailedRank:
     base = base or FailedRank(rank)
@@ -142,37 +201,79 @@ def _from_record(rank: int, rec: Mapping[str, Any], base: FailedRank | None) -> 
     )
 
 
-def pick_first_failure(
-    failed: Mapping[int, FailedRank], records: Mapping[int, Mapping[str, Any]]
+def _seen(
+    rank: int, failed: Mapping[int, FailedRank], exits: Mapping[int, ExitEvent]
 ) -> FailedRank | None:
-    """The rank whose failure caused the others, from what the launcher saw (``failed``: exit
-    codes and signals) and what the ranks recorded (``records``) (pure).
+    """How ``rank`` ended, from the launcher's own report and the exit watch together."""
+    got, ev = failed.get(rank), exits.get(rank)
+    if ev is None:
+        return got
+    if got is None:
+        return ev.failed_rank()
+    if got.exit_code is None and got.signal is None:  # the launcher's report wins, if it has one
+        got = replace(got, exit_code=ev.exit_code, signal=ev.signal)
+    return replace(got, host=got.host or ev.host, pid=got.pid or ev.pid)
 
-    1. A rank that died abruptly (a signal other than a launcher's stop, ``os._exit``, a crash
-       in native code: no record) is the cause: its peers fail only later, when their
-       connection to it breaks, and leave records then.
-    2. Else the earliest record of a rank that failed on its own account. A record that
-       ``follows`` another rank (that rank's failure, repeated by ``runtime.agree`` on every
-       rank) is not a cause; the rank it follows is.
-    3. Else a rank ended by SIGTERM, SIGINT or SIGHUP: that is how a launcher stops the ranks
-       left once one has failed (Python leaves no record then), so it is the cause only when
-       nothing else failed (someone stopped that rank from outside).
 
-    ``failed`` may be empty or name one rank only (mpirun, torchrun's function entries); the
+def _time(value: Any) -> float:
+    return float(value or 0.0)
+
+
+def pick_first_failure(
+    failed: Mapping[int, FailedRank],
+    records: Mapping[int, Mapping[str, Any]],
+    exits: Mapping[int, ExitEvent] | None = None,
+) -> FailedRank | None:
+    """The rank whose failure caused the others (pure), from what the launcher saw
+    (``failed``: exit codes and signals; ``exits``: when each rank on this node ended, and
+    how) and what the ranks recorded (``records``).
+
+    1. The causes are the ranks that failed on their own account: a record that neither
+       ``follows`` another rank (that rank's failure, repeated by ``runtime.agree``) nor tells
+       of a lost peer (:func:`is_peer_loss`: a connection reset, a collective that broke when
+       a peer exited), and a rank that died abruptly (a signal other than a launcher's stop,
+       ``os._exit``, a crash in native code: no record). The first cause wins: by its record's
+       time, or for an abrupt death the time the exit watch saw it end. An abrupt death of
+       unknown time (no exit watch: another node) comes first, as its peers fail only when
+       their connection to it breaks.
+    2. Else a record that follows another rank names that rank (its own record is lost).
+    3. Else the earliest record of a lost peer (the peer that went left nothing).
+    4. Else a rank ended by SIGTERM, SIGINT or SIGHUP: that is how a launcher stops the ranks
+       left once one has failed, so it is the cause only when nothing else failed (someone
+       stopped that rank from outside).
+
+    ``failed`` may be empty or name one rank only (mpirun names the first exit it noticed,
+    which under load is not always the first; torchrun's function entries); ``exits`` and the
     records decide then.
     """
-    abrupt = sorted(r for r in failed if r not in records and failed[r].signal not in STOP_SIGNALS)
-    if abrupt:
-        return failed[abrupt[0]]
-    own = {r: rec for r, rec in records.items() if rec.get("follows") is None}
-    if own:
-        rank = min(own, key=lambda r: (float(own[r].get("time") or 0.0), r))
-        return _from_record(rank, own[rank], failed.get(rank))
-    if records:  # every record follows another rank: that rank's own record is lost
-        first = min(records, key=lambda r: (float(records[r].get("time") or 0.0), r))
-        cause = int(records[first]["follows"])
-        rec = {**records[first], "host": None, "pid": None}
-        return _from_record(cause, rec, failed.get(cause))
+    exits = exits or {}
+    causes: list[tuple[tuple[int, float, int], FailedRank]] = []
+    unknown: list[tuple[float, int]] = []
+    for r, rec in records.items():
+        if rec.get("follows") is None and not is_peer_loss(rec):
+            seen = _seen(r, failed, exits)
+            causes.append(((1, _time(rec.get("time")), r), _from_record(r, rec, seen)))
+    for r in sorted((set(failed) | set(exits)) - set(records)):
+        ev, seen = exits.get(r), _seen(r, failed, exits)
+        if seen is None or seen.signal in STOP_SIGNALS:
+            continue
+        if r in failed or (ev is not None and ev.failure()):  # the launcher's report first
+            causes.append(((1, ev.time, r) if ev is not None else (0, 0.0, r), seen))
+        elif ev is not None and ev.failure() is None:
+            unknown.append((ev.time, r))
+    if causes:
+        return min(causes, key=lambda c: c[0])[1]
+    following = {r: rec for r, rec in records.items() if rec.get("follows") is not None}
+    if following:  # every record follows another rank: that rank's own record is lost
+        first = min(following, key=lambda r: (_time(following[r].get("time")), r))
+        cause = int(following[first]["follows"])
+        rec = {**following[first], "host": None, "pid": None}
+        return _from_record(cause, rec, _seen(cause, failed, exits))
+    if unknown:  # it ended first without a word, its peers only lost it
+        return exits[min(unknown)[1]].failed_rank()
+    if records:  # only lost peers, and the rank that went left no trace
+        first = min(records, key=lambda r: (_time(records[r].get("time")), r))
+        return _from_record(first, records[first], _seen(first, failed, exits))
     stopped = sorted(failed)
     return failed[stopped[0]] if stopped else None
 

@@ -8,9 +8,10 @@
 Both modes give every rank the NCCL library environment (:mod:`.nccl_env`) and, when
 ``timeout`` is given, ``TORCH_TENSORRT_DIST_TIMEOUT``. Every rank runs through
 :mod:`._rank_entry`, which records a failure (its error in one line, traceback, time) in a
-folder made for the launch. When a rank fails, the others are stopped (torchelastic within its
-0.1 s monitor interval, mpirun when it sees the exit) and the result names the rank that failed
-first (:func:`.failures.pick_first_failure`) with its own error and exit status.
+folder made for the launch, and tells the launcher's :mod:`.exit_watch` when it ends. When a
+rank fails, the others are stopped (torchelastic within its 0.1 s monitor interval, mpirun when
+it sees the exit) and the result names the rank that failed first
+(:func:`.failures.pick_first_failure`) with its own error and exit status.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any, Literal
 
 from torch_tensorrt_dist.errors import ConfigError, DistributedSetupError
 from torch_tensorrt_dist.runtime import _rank_entry
+from torch_tensorrt_dist.runtime.exit_watch import ExitWatch
 from torch_tensorrt_dist.runtime.failures import (
     FailedRank,
     LaunchInterrupted,
@@ -355,14 +357,15 @@ def launch(
     try:
         env = _rank_env(opts, failure_dir)
         values: dict[int, Any] = {}
-        if opts.launcher == "torchrun":
-            code, failed, values = _run_torchrun(opts, entry, args, module, env)
-        else:
-            full, cmd = _mpi_env_and_command(opts, _program(str(entry), args, module), env)
-            code, parsed = run_mpirun(cmd, full)
-            failed = {} if parsed is None or parsed.rank is None else {parsed.rank: parsed}
+        with ExitWatch(failure_dir) as watch:
+            if opts.launcher == "torchrun":
+                code, failed, values = _run_torchrun(opts, entry, args, module, env)
+            else:
+                full, cmd = _mpi_env_and_command(opts, _program(str(entry), args, module), env)
+                code, parsed = run_mpirun(cmd, full)
+                failed = {} if parsed is None or parsed.rank is None else {parsed.rank: parsed}
         records = read_failure_records(failure_dir)
-        first = pick_first_failure(failed, records) if code else None
+        first = pick_first_failure(failed, records, watch.events()) if code else None
     except LaunchInterrupted as exc:
         name = signal.Signals(exc.signum).name
         message = f"torchtrt-dist run ({opts.launcher}): stopped by {name}; the ranks were stopped."

@@ -1,0 +1,59 @@
+"""A command started on every rank by another launcher (plain torchrun, mpirun) prints what
+every rank refuses alike once per node, and a rank's own refusal where it happened."""
+
+from __future__ import annotations
+
+import pytest
+
+from torch_tensorrt_dist.cli._failures import prints_refusal
+from torch_tensorrt_dist.errors import ConfigError, RankFailedError
+
+
+def _torchrun(rank: int, world: int = 4, local: int = 2) -> dict[str, str]:
+    env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": rank % local}
+    env |= {"LOCAL_WORLD_SIZE": local, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 1}
+    return {name: str(value) for name, value in env.items()}
+
+
+def test_who_prints_a_refusal() -> None:
+    same = ConfigError("--pp 1 x --tp 1 needs 1 ranks, but the launcher started 4")
+    # before joining the world every rank refuses alike: the lowest local rank of each node
+    assert [prints_refusal(same, _torchrun(r), joined=False) for r in range(4)] == [
+        True, False, True, False,
+    ]  # fmt: skip
+    # after joining, a rank's own error is its own
+    own = ConfigError("rank-3/weights.safetensors is corrupt")
+    assert prints_refusal(own, _torchrun(3), joined=True)
+    # ranks repeating rank 3's failure (runtime.agree): quiet on rank 3's node (node 1),
+    # said once on the other node
+    repeat = RankFailedError("rank 3 failed the artifact check: ...", failed_rank=3)
+    assert [prints_refusal(repeat, _torchrun(r), joined=True) for r in range(3)] == [
+        True, False, False,
+    ]  # fmt: skip
+    # Open MPI's names, one node
+    mpi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}  # fmt: skip
+    assert not prints_refusal(same, mpi, joined=False)
+    assert prints_refusal(same, {**mpi, "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                                 "OMPI_COMM_WORLD_RANK": "0"}, joined=False)  # fmt: skip
+    # one process, or variables that do not fit: always said
+    assert prints_refusal(same, {}, joined=False)
+    assert prints_refusal(same, {**_torchrun(1), "LOCAL_RANK": "9"}, joined=False)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_generate_under_plain_torchrun_refuses_once(
+    rank: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # what each of `torchrun --nproc-per-node 2 -m torch_tensorrt_dist generate --tp 1` does
+    from torch_tensorrt_dist.cli import main
+    from torch_tensorrt_dist.runtime._rank_entry import FAILURE_DIR_ENV
+
+    monkeypatch.delenv(FAILURE_DIR_ENV, raising=False)
+    for name, value in _torchrun(rank, world=2).items():
+        monkeypatch.setenv(name, value)
+    args = ["generate", "--engine", "none", "--tp", "1", "--max-new-tokens", "2", "--prompt", "hi"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    said = "error: --pp 1 x --tp 1 needs 1 ranks, but the launcher started 2; generate uses every"
+    assert err.startswith(said) if rank == 0 else err == ""
