@@ -25,7 +25,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 KEY = "test-key"
-CACHE = 128
+CACHE = 256  # the demo model's positions: the longest hold in the queue test
 PROMPTS = [
     "The return statement",
     "A class definition defines a class object",
@@ -173,7 +173,7 @@ def _post(server: Server, body: Any, *, key: str | None = KEY, path: str = "comp
         ({"prompt": "x", "temperature": -1}, 400, r"temperature must be a finite number in \[0, 2"),
         ({"prompt": "x", "top_p": 0}, 400, r"top_p must be a finite number in \(0, 1\]"),
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
-        ({"prompt": "x", "max_tokens": 200}, 400, r"exceeds the KV cache length 128"),
+        ({"prompt": "x", "max_tokens": 300}, 400, r"exceeds the KV cache length 256"),
         ({"prompt": "x", "logprobs": 2}, 400, "logprobs is not supported"),
         ({"prompt": [5000]}, 400, r"outside \[0, 1024\)"),
         ({"prompt": ["a", "b"]}, 400, "one prompt per request"),
@@ -213,18 +213,21 @@ def _wait_metric(server: Server, name: str, value: float, timeout: float = 30) -
 
 def test_full_queue_is_429_and_clients_that_leave_free_their_rows(server: Server) -> None:
     """4 rows + 8 waiting fill the server; the 13th request gets 429; then every client
-    disconnects and the rows come free."""
+    disconnects and the rows come free. The rows fill first, then the queue: requests that
+    arrive before the step loop admits any wait in the queue, so 12 at once would overflow it."""
     stop = threading.Event()
     started = threading.Semaphore(0)
-
+    statuses: list[int] = []
     errors: list[Exception] = []
 
     def hold() -> None:  # a streaming request that reads until told, then goes away
-        # greedy, this prompt runs 110 tokens without an end-of-text token
-        body = {"prompt": PROMPTS[1], "max_tokens": 110, "temperature": 0, "stream": True}
+        # greedy, this prompt runs 247 tokens without an end-of-text token: the 4 running rows
+        # stay busy (and the 8 others queued) for seconds after the 13th request
+        body = {"prompt": PROMPTS[1], "max_tokens": 240, "temperature": 0, "stream": True}
         try:
             with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120,
                               headers={"Authorization": f"Bearer {KEY}"}) as res:  # fmt: skip
+                statuses.append(res.status_code)
                 started.release()
                 for _ in res.iter_lines():
                     if stop.is_set():
@@ -233,14 +236,19 @@ def test_full_queue_is_429_and_clients_that_leave_free_their_rows(server: Server
             errors.append(exc)
 
     threads = [threading.Thread(target=hold, daemon=True) for _ in range(12)]
-    for t in threads:
+    for t in threads[:4]:
+        t.start()
+    _wait_metric(server, "torchtrt_running_rows", 4.0)
+    for t in threads[4:]:
         t.start()
     for _ in range(12):
         assert started.acquire(timeout=60)
-    _wait_metric(server, "torchtrt_running_rows", 4.0)
+    assert statuses == [200] * 12
+    _wait_metric(server, "torchtrt_queue_depth", 8.0)
     res = _post(server, {"prompt": "x", "max_tokens": 2})
     assert res.status_code == 429 and "busy" in res.json()["error"]["message"]
     assert _metric(server, "torchtrt_queue_depth") == 8.0
+    assert _metric(server, "torchtrt_running_rows") == 4.0
     stop.set()
     for t in threads:
         t.join(60)
