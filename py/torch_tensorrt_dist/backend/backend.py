@@ -198,6 +198,7 @@ def torch_tensorrt_dist_backend(
             reinplace_input_writes(aten_gm)  # Inductor does this itself
         reference = reference_graph(aten_gm) if _verifies(settings) else None
         engine = build_engine(aten_gm, inputs, settings)
+        report.engine_module = getattr(engine, "trt_module", None)
         if reference is not None:  # inside the schedule check: that runs first
             engine = with_verification(
                 engine,

@@ -89,6 +89,9 @@ class GraphReport:
     units: dict[str, int] = field(default_factory=dict)
     #: ops a TensorRT engine leaves to PyTorch (each splits the engine), with the reason
     torch_ops: list[TorchOpInfo] = field(default_factory=list)
+    #: engine='tensorrt': the GraphModule Torch-TensorRT built (its engine submodules and the
+    #: PyTorch parts between them), for checks on what really went into the engines
+    engine_module: Any = field(default=None, repr=False, compare=False)
 
     @property
     def copied_back(self) -> list[InputWrite]:
