@@ -19,10 +19,11 @@ matmul's second input directly.
 What TensorRT documents, and what it does not:
 
 * **INT4**: weight-only quantization is a TensorRT feature (the 10.0 release notes; the
-  headers' block dequantization for kINT4, a scale of the input's rank). TensorRT's block
-  quantization takes blocks of 64 or 128 rows only, so a model quantized with group size 32
-  (valid for the inductor and eager engines) keeps those matmuls in PyTorch here, saying so
-  (:func:`weight_only_decision`; the CLI refuses ``--engine tensorrt --group-size 32``). The
+  headers' block dequantization for kINT4, a scale of the input's rank). TensorRT's
+  documentation gives INT4 weight-only block sizes of 64 and 128 (the headers state no limit),
+  so a model quantized with group size 32 (valid for the inductor and eager engines) keeps
+  those matmuls in PyTorch here, saying so (:func:`weight_only_decision`; the CLI refuses
+  ``--engine tensorrt --group-size 32``). The
   INT4 dequantize outputs float32 and a cast follows: upstream Torch-TensorRT's example
   ``examples/dynamo/torchao/int4_utils.py`` (Torch-TensorRT 2.14 itself has no INT4
   converter) builds its blocked INT4 dequantize that way, noting that a float32 output is what
