@@ -221,12 +221,12 @@ def convert_moe_experts(ctx: Any, target: Any, args: Any, kwargs: Any, name: str
         ew.ge(ctx, target, src, f"{name}_ge", local, 0),
         ew.lt(ctx, target, src, f"{name}_lt", local, experts),
     )  # fmt: skip
-    # where() takes tensors on both sides (it reads .shape of each): 0-d constants
+    # where() takes tensors on both sides (it reads .shape of each): [1] constants, broadcast
     local = impl.cast.to_copy(ctx, target, src, f"{name}_ids32", local, torch.int32)
-    zero_id = torch.tensor(0, dtype=torch.int32)
+    zero_id = torch.zeros(1, dtype=torch.int32)
     local = impl.condition.where(ctx, target, src, f"{name}_ids0", local, zero_id, mine)
     hidden = tensor(x, "x")
-    zero_score = torch.tensor(0.0, dtype=torch.float32)
+    zero_score = torch.zeros(1, dtype=torch.float32)
     scores = impl.condition.where(
         ctx, target, src, f"{name}_w0", tensor(scores, "w"), zero_score, mine
     )
