@@ -198,6 +198,22 @@ def test_cli_rank_1_refusal_stops_every_rank_before_any_text(
     )
 
 
+def test_cli_rank_0_refusal_stops_every_rank_before_any_text(
+    built: dict[str, Any], capfd: pytest.CaptureFixture[str]
+) -> None:
+    bad = built["out"].parent / "entry"  # rank-0/rank.json: one byte flipped
+    args = ["generate", "--artifacts", str(bad), "--prompt", TEXT, "--max-new-tokens", "2"]
+    assert main(args) == 2
+    captured = capfd.readouterr()
+    assert captured.out == ""
+    error, named = captured.err.strip().splitlines()[-2:]
+    assert error.startswith("error: rank 0: ArtifactError: rank-0/rank.json (") and (
+        "is corrupt: sha256 " in error
+    ), error
+    assert named.startswith("torchtrt-dist run (torchrun): rank 0 of 2 (on ")
+    assert "Traceback" not in captured.err
+
+
 @pytest.mark.mpi
 def test_cli_rank_1_refusal_under_mpirun(built: dict[str, Any]) -> None:
     bad = built["out"].parent / "corrupt"  # rank-1/decode.pt2: one byte flipped
