@@ -11,6 +11,7 @@ import torch
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer, rope_inv_freq
 from torch_tensorrt_dist.models.loader import load_llama, random_llama
+from torch_tensorrt_dist.models.row_masks import prefill_slot_mask
 
 from . import _llama_ckpt
 
@@ -29,6 +30,31 @@ def test_logits_match_transformers(name: str, tmp_path: Path) -> None:
         out = model(tokens, torch.arange(20))
     assert out.shape == ref.shape
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(_llama_ckpt.CONFIGS))
+def test_slot_prefill_is_causal_attention_over_its_own_keys(name: str, tmp_path: Path) -> None:
+    """The slot prefill (plain causal attention, or the window's mask where a sliding window
+    is shorter than the prompt) gives transformers' logits of the prompt's last token, into
+    any row, right-padded to a bucket."""
+    hf = _llama_ckpt.save_checkpoint(name, tmp_path)
+    model = load_llama(tmp_path, progress=False)
+    model.setup_caches(3, 64)
+    window = model.args.sliding_window
+    gen = torch.Generator().manual_seed(4)
+    for n, bucket in ((5, 8), (13, 16)):
+        tokens = torch.randint(0, model.args.vocab_size, (1, n), generator=gen)
+        padded = torch.cat([tokens, torch.zeros(1, bucket - n, dtype=torch.long)], dim=1)
+        with torch.no_grad():
+            ref = hf(tokens).logits[:, -1]
+            out = model.prefill_slot(padded, torch.tensor([2]), torch.tensor([n - 1]))
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+        masked = prefill_slot_mask(model.args, model.key_slots, bucket)
+        assert (masked is None) == (window is None or bucket <= window)
+    if window is not None:
+        mask = prefill_slot_mask(model.args, model.key_slots, 8)
+        assert mask is not None and mask.shape == (1, 1, 8, 8)
+        assert mask[0, 0, 7].tolist() == [False, False, True, True, True, True, True, True]
 
 
 def test_prefill_then_decode_matches_full_forward(tmp_path: Path) -> None:

@@ -28,7 +28,9 @@ from torch_tensorrt_dist.serving.bridge import (
     Piece,
     QueueFull,
     ServerState,
+    Sink,
     Submission,
+    deliver,
 )
 from torch_tensorrt_dist.serving.chat import ChatTemplate, load_chat_template
 from torch_tensorrt_dist.serving.loop import Leader, StepLoop
@@ -217,3 +219,46 @@ def test_leader_drain_refuses_waiting_and_a_join_that_does_not_fit(gen: Generato
     assert finished == sinks[1:3] and refused == [sinks[3]]
     assert refused[0].items[-1].status == 503  # type: ignore[union-attr]
     assert all(sum(x.tokens for x in s.items) == 30 for s in finished)  # type: ignore[union-attr]
+
+
+def test_deferred_text_is_rendered_later_and_equals_the_immediate_text(gen: Generator) -> None:
+    """Rank 0 leaves the text of rows without stop strings for after the next header; rows
+    with stop strings decode theirs at once (it decides their finish on every rank)."""
+    tok = ByteTokenizer(256)
+    texts: dict[bool, list[list[str]]] = {}
+    for defer in (False, True):
+        slots = gen.slots(tokenizer=tok, text=True)
+        slots.defer_text = defer
+        plain = Request(0, (72, 105, 33), 8)
+        stopped = Request(1, (72, 105, 33), 8, stop=("\x00\x00\x00",))  # never hit
+        pieces = [slots.join(plain, 0), slots.join(stopped, 1)]
+        while slots.active:
+            pieces += slots.decode()
+        unrendered = [e.text for e in pieces if e.rid == 0]
+        slots.render()
+        if defer:
+            assert set(unrendered) == {""}  # nothing decoded for the plain row yet
+        texts[defer] = [[e.text for e in pieces if e.rid == rid] for rid in (0, 1)]
+    assert texts[True] == texts[False]
+    ref = gen.generate([[72, 105, 33]], max_new_tokens=8).tokens[0]
+    assert "".join(texts[True][0]) == "".join(texts[True][1]) == tok.decode(ref)
+
+
+def test_deliver_wakes_each_event_loop_once_per_batch() -> None:
+    class Loop:
+        def __init__(self) -> None:
+            self.calls: list[Any] = []
+
+        def call_soon_threadsafe(self, fn: Any, *args: Any) -> None:
+            self.calls.append((fn, args))
+
+    loops = [Loop(), Loop()]
+    sinks = [Sink(loops[0]), Sink(loops[0]), Sink(loops[1])]  # type: ignore[arg-type]
+    deliver([(sinks[0], Piece("a", 1)), (sinks[1], Piece("b", 1)), (sinks[2], Failed(503, "x")),
+             (sinks[0], Piece("c", 1, "length"))])  # fmt: skip
+    assert [len(loop.calls) for loop in loops] == [1, 1]
+    for loop in loops:
+        fn, args = loop.calls[0]
+        fn(*args)
+    got = [[q.get_nowait() for _ in range(q.qsize())] for q in (s.queue for s in sinks)]
+    assert got == [[Piece("a", 1), Piece("c", 1, "length")], [Piece("b", 1)], [Failed(503, "x")]]

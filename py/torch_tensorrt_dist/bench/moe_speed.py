@@ -18,9 +18,10 @@ Qwen3-MoE-shaped checkpoint again at EP 2 x TP 1 on 2 gloo ranks (each its 32 ex
 thread each). transformers and ours run in turn, call by call, so that a shared machine's load
 falls on both alike; a figure is the ratio of the fastest of ``REPEATS`` runs (the spread and
 the ratio of CPU times, steadier on a loaded machine, are in the note). Logits are compared with
-transformers' at every size, decode tokens with its greedy tokens. The attention of our
-prefill masks a static KV cache: the bench sizes the cache to the prompt plus the decode steps
-(transformers' cache grows with the sequence), so that it compares the rest of the step.
+transformers' at every size, decode tokens with its greedy tokens. Our prefill attends
+causally to the prompt's own keys (``is_causal``, as transformers does); the decode masks a
+static KV cache, which the bench sizes to the prompt plus the decode steps (transformers' cache
+grows with the sequence), so that it compares the rest of the step.
 """
 
 from __future__ import annotations
@@ -169,8 +170,8 @@ def measure(
     ours: dict[str, Any] = {}
     with torch.no_grad():
         for n in PREFILL:
-            # a cache just long enough, as transformers' grows with the sequence: attention
-            # over the whole static cache would add a cost this benchmark does not measure
+            # a cache just long enough, as transformers' grows with the sequence (the prefill
+            # attends to the prompt's own keys only; the size matters to the decode after it)
             model.setup_caches(1, n + DECODE)
             fns: dict[str, Callable[[], Any]] = {}
             compile_s = {}

@@ -94,6 +94,10 @@ class Slots:
         self._prefill, self._decode, self._bucket = prefill, decode, bucket
         self.rows, self.cache_len, self.device = rows, cache_len, torch.device(device)
         self.tokenizer, self.text = tokenizer, text
+        #: leave the text of requests without stop strings (which only shows it, and decides
+        #: nothing) to :meth:`render`, so a server can announce its next step first
+        self.defer_text = False
+        self._unrendered: list[tuple[Emitted, StopText, int | None]] = []
         self._by_slot: list[_Row | None] = [None] * rows
         self._by_rid: dict[int, _Row] = {}
 
@@ -183,19 +187,43 @@ class Slots:
 
     def _advance(self, row: _Row, token: int) -> Emitted:
         row.out.append(token)
-        req, text, hit = row.req, "", False
-        if token not in req.stop_ids and row.text is not None:
-            text, hit = row.text.push(token)
+        req, piece, hit = row.req, "", False
+        shown = token not in req.stop_ids
+        if row.text is not None and req.stop and shown:  # stop strings decide the finish: now
+            piece, hit = row.text.push(token)
         finish = None
-        if hit or token in req.stop_ids:
+        if hit or not shown:
             finish = "stop"
         elif len(row.out) >= req.max_new_tokens:
             finish = "length"
+        emitted = Emitted(req.rid, [token], "", finish)
+        if row.text is not None and req.stop:
+            if finish is not None and not hit:
+                piece += row.text.flush()  # what was held back for a stop string that never came
+            emitted.text = piece if self.text else ""
+        elif row.text is not None:  # text only to show it: now, or at render()
+            job = (emitted, row.text, token if shown else None)
+            if self.defer_text:
+                self._unrendered.append(job)
+            else:
+                self._render(job)
         if finish is not None:
-            if row.text is not None and not hit:
-                text += row.text.flush()  # what was held back for a stop string that never came
             self._free(row)
-        return Emitted(req.rid, [token], text if self.text else "", finish)
+        return emitted
+
+    def render(self) -> None:
+        """Fill in the text of what was emitted since the last call (``defer_text``)."""
+        for job in self._unrendered:
+            self._render(job)
+        self._unrendered.clear()
+
+    @staticmethod
+    def _render(job: tuple[Emitted, StopText, int | None]) -> None:
+        emitted, text, token = job
+        piece = text.push(token)[0] if token is not None else ""
+        if emitted.finish is not None:
+            piece += text.flush()  # bytes that never completed a character, as decode shows
+        emitted.text = piece
 
     def _free(self, row: _Row) -> None:
         self._by_slot[row.slot] = None

@@ -5,7 +5,9 @@
     rest = tail.flush()                # at the end (stop token, length): what was held back
 
 Text that could still become a stop string is held back until it cannot; text that ends inside
-a multi-byte character (the tokenizer decodes it to U+FFFD) waits for the next token. When a
+a multi-byte character (the tokenizer decodes it to U+FFFD) waits for the next token. The text
+comes from an incremental :class:`~torch_tensorrt_dist.generation.detok.Detokenizer`, so a
+token costs the same at the end of a long request as at its start. When a
 stop string appears, the text before it is the last piece and the stop string is never shown.
 The function of the ids alone: every rank that runs it gets the same answer.
 """
@@ -15,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.generation.detok import Detokenizer
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
 __all__ = ["MAX_STOP_STRINGS", "StopText", "check_stop_strings", "held_back"]
 
 #: OpenAI's limit on ``stop`` strings per request.
 MAX_STOP_STRINGS = 4
-_INCOMPLETE = "\ufffd"
 
 
 def check_stop_strings(stop: Sequence[str]) -> tuple[str, ...]:
@@ -45,45 +47,54 @@ def held_back(text: str, stop: Sequence[str]) -> int:
 
 
 class StopText:
-    """The text of one request's generated ids, released piece by piece."""
+    """The text of one request's generated ids, released piece by piece.
+
+    Each token costs one incremental decode (:class:`Detokenizer`: a window of a few ids) and
+    a stop-string search over the text not released yet plus the last ``len(stop) - 1``
+    characters released, so a request's text costs time linear in its length."""
 
     def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()) -> None:
-        self._tok = tokenizer
+        self._detok = Detokenizer(tokenizer)
         self._stop = check_stop_strings(stop)
-        self._ids: list[int] = []
-        self._text = ""
-        self._sent = 0  # characters of _text already released
+        self._keep = max((len(s) for s in self._stop), default=1) - 1
+        self._pieces: list[str] = []  # released
+        self._tail = ""  # the last ``_keep`` characters released
+        self._pending = ""  # decoded, held back: it could still become a stop string
 
     @property
     def text(self) -> str:
         """Everything released so far."""
-        return self._text[: self._sent]
+        return "".join(self._pieces)
 
     def push(self, token: int) -> tuple[str, bool]:
         """Add one generated id; return (new text to show, a stop string was reached)."""
-        self._ids.append(token)
-        text = self._tok.decode(self._ids)
-        if text.endswith(_INCOMPLETE):
-            return "", False  # inside a multi-byte character: wait for the next token
-        self._text = text
-        if self._stop:
-            # a stop string can only start in the unreleased part (or overlap its start)
-            start = max(0, self._sent - max(len(s) for s in self._stop) + 1)
-            hits = [i for i in (text.find(s, start) for s in self._stop) if i >= 0]
-            if hits:
-                end = max(min(hits), self._sent)
-                piece, self._sent = text[self._sent : end], end
-                self._text = text[:end]
-                return piece, True
+        delta = self._detok.push(token)
+        if not delta:
+            return "", False  # inside a multi-byte character (or no text): wait
+        if not self._stop:
+            self._pieces.append(delta)
+            return delta, False
+        # a stop string can only start in the unreleased part (or overlap its start)
+        text, sent = self._tail + self._pending + delta, len(self._tail)
+        hits = [i for i in (text.find(s) for s in self._stop) if i >= 0]
+        if hits:
+            end = max(min(hits), sent)
+            return self._release(text[sent:end], ""), True
         end = len(text) - held_back(text, self._stop)
-        if end <= self._sent:
+        if end <= sent:
+            self._pending = text[sent:]
             return "", False
-        piece, self._sent = text[self._sent : end], end
-        return piece, False
+        return self._release(text[sent:end], text[end:]), False
 
     def flush(self) -> str:
         """The held-back text, at the end of a request that did not stop on a stop string
         (bytes that never completed a character show as U+FFFD, as ``decode`` gives them)."""
-        self._text = self._tok.decode(self._ids) if self._ids else self._text
-        piece, self._sent = self._text[self._sent :], len(self._text)
+        return self._release(self._pending + self._detok.flush(), "")
+
+    def _release(self, piece: str, pending: str) -> str:
+        self._pending = pending
+        if piece:
+            self._pieces.append(piece)
+            if self._keep:
+                self._tail = (self._tail + piece)[-self._keep :]
         return piece

@@ -1,7 +1,9 @@
-"""Incremental detokenisation: the new text of each row after every generated token."""
+"""Incremental detokenisation: the new text of each row after every generated token
+(one :class:`~torch_tensorrt_dist.generation.detok.Detokenizer` per row)."""
 
 from __future__ import annotations
 
+from torch_tensorrt_dist.generation.detok import Detokenizer
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
 __all__ = ["TextStream"]
@@ -11,9 +13,7 @@ class TextStream:
     """Feeds token ids, returns only the text not yet returned (whole characters only)."""
 
     def __init__(self, tokenizer: Tokenizer, rows: int) -> None:
-        self._tok = tokenizer
-        self._ids: list[list[int]] = [[] for _ in range(rows)]
-        self._sent = [0] * rows
+        self._rows = [Detokenizer(tokenizer) for _ in range(rows)]
         self._done = [False] * rows
 
     def push(self, step_ids: list[int], stop_ids: tuple[int, ...] = ()) -> list[str]:
@@ -27,11 +27,6 @@ class TextStream:
                 self._done[row] = True
                 pieces.append("")
                 continue
-            self._ids[row].append(tok)
-            text = self._tok.decode(self._ids[row])
-            if text.endswith("\ufffd"):
-                pieces.append("")  # an incomplete UTF-8 sequence: wait for the next token
-                continue
-            pieces.append(text[self._sent[row] :])
-            self._sent[row] = len(text)
+            # '' while a UTF-8 sequence is incomplete: it waits for the next token
+            pieces.append(self._rows[row].push(tok))
         return pieces

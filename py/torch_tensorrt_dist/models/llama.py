@@ -153,12 +153,13 @@ class Attention(nn.Module):
         x: Tensor,
         cos: Tensor,
         sin: Tensor,
-        mask: Tensor,
+        mask: Tensor | None,
         cache_pos: Tensor,
         write: KVWrite = "shared",
     ) -> Tensor:
         # x: [B, S, dim]; cos/sin: [B, S, D]; mask: [B, 1, S, L] (bool); cache_pos: [S]
-        # (write="rows": pos [B], S = 1; write="slot": slot [1], B = 1, mask [1, 1, S, S])
+        # (write="rows": pos [B], S = 1; write="slot": slot [1], B = 1, mask [1, 1, S, S] or
+        # None: causal over the prompt's own keys, computed without its upper triangle)
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)  # [B, Hq, S, D]
         k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, S, D]
@@ -175,7 +176,8 @@ class Attention(nn.Module):
         rep = self.n_heads // self.n_kv_heads
         k = k.repeat_interleave(rep, dim=1)  # [B, Hq, L, D]
         v = v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, Hq, S, D]
+        # [B, Hq, S, D]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         y = self.wo(y.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
         y = _all_reduce(y, self.group)  # 1st all-reduce of the layer
         return y if self.wo_bias is None else y + self.wo_bias
@@ -207,7 +209,7 @@ class TransformerBlock(nn.Module):
         x: Tensor,
         cos: Tensor,
         sin: Tensor,
-        mask: Tensor,
+        mask: Tensor | None,
         cache_pos: Tensor,
         write: KVWrite = "shared",
     ) -> Tensor:
@@ -403,7 +405,8 @@ class Transformer(nn.Module):
         """
         self._check_caches()
         s = tokens.shape[1]
-        mask = prefill_slot_mask(self.args, self.key_slots, s)  # [1, 1, S, S]
+        # None (causal attention over the prompt's own k/v) unless a sliding window binds
+        mask = prefill_slot_mask(self.args, self.key_slots, s)  # [1, 1, S, S] or None
         x = self.tok_embeddings(tokens)  # [1, S, dim]
         cos = self.rope_cos[:s][None].to(x.dtype)  # [1, S, D]
         sin = self.rope_sin[:s][None].to(x.dtype)

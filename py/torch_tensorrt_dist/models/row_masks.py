@@ -28,12 +28,15 @@ def decode_rows_mask(args: ModelArgs, key_slots: Tensor, pos: Tensor) -> Tensor:
     return mask[:, None, None, :]
 
 
-def prefill_slot_mask(args: ModelArgs, key_slots: Tensor, length: int) -> Tensor:
-    """Causal mask [1, 1, S, S] (bool) of a prefill over slots ``[0, S)``: the prompt is
-    right-padded, so its tokens never see the padding after them."""
+def prefill_slot_mask(args: ModelArgs, key_slots: Tensor, length: int) -> Tensor | None:
+    """The mask of a prefill over slots ``[0, S)``: None where plain causal attention is exact
+    (no sliding window, or one of at least S positions), for ``is_causal`` attention, which
+    skips the upper triangle; else the causal mask within the window, [1, 1, S, S] (bool).
+    The prompt is right-padded, so its tokens never see the padding after them."""
+    window = args.sliding_window
+    if window is None or length <= window:
+        return None
     j = key_slots[:length]
     i = j[:, None]
-    mask = j[None, :] <= i
-    if args.sliding_window is not None:
-        mask = mask & (j[None, :] > i - args.sliding_window)
+    mask = (j[None, :] <= i) & (j[None, :] > i - window)
     return mask[None, None]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Protocol
 
@@ -17,6 +18,8 @@ from torch_tensorrt_dist.errors import CheckpointError, ConfigError
 __all__ = ["ByteTokenizer", "HFTokenizer", "Tokenizer", "load_tokenizer"]
 
 logger = logging.getLogger(__name__)
+
+_BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
 
 
 class Tokenizer(Protocol):
@@ -60,6 +63,14 @@ class HFTokenizer:
         except Exception as exc:  # tokenizers raises its own Exception subclass
             raise CheckpointError(f"cannot read {path}: {exc}") from exc
         self.eos_ids = eos_ids
+        #: ids whose text can still change with the next ids: byte-fallback pieces
+        #: (``<0xC3>``), which ``decode`` turns into text a whole run at a time (an invalid run
+        #: becomes one U+FFFD per byte, characters that were complete included)
+        self.unstable_ids: frozenset[int] = frozenset()
+        if getattr(self._tok.model, "byte_fallback", False):
+            self.unstable_ids = frozenset(
+                i for piece, i in self._tok.get_vocab().items() if _BYTE_PIECE.fullmatch(piece)
+            )
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Ids of ``text``; ``add_special_tokens=False`` for text that holds its own (a

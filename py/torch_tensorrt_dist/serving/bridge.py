@@ -4,6 +4,7 @@
     inbox.submit(Submission(...))          # HTTP thread; QueueFull when the queue is full
     items = inbox.take(timeout=0.5)        # step loop: new submissions and cancels
     sink.put(Piece("text", 1, None))       # step loop -> the request's asyncio queue
+    deliver([(sink, piece), ...])          # a step's pieces, one wake-up of the HTTP loop
 
 The HTTP layer never waits on the step loop and the step loop never waits on HTTP: requests go
 through a thread-safe queue, and each request's pieces come back through its own asyncio queue
@@ -23,7 +24,17 @@ from typing import Literal
 
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
 
-__all__ = ["Cancel", "Failed", "Inbox", "Piece", "QueueFull", "ServerState", "Sink", "Submission"]
+__all__ = [
+    "Cancel",
+    "Failed",
+    "Inbox",
+    "Piece",
+    "QueueFull",
+    "ServerState",
+    "Sink",
+    "Submission",
+    "deliver",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +67,36 @@ class Sink:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.queue: asyncio.Queue[Piece | Failed] = asyncio.Queue()
-        self._loop = loop
+        self.loop = loop
 
     def put(self, item: Piece | Failed) -> None:
         try:
-            self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:  # the event loop has closed: nobody is listening any more
             logger.debug("dropped %r: the HTTP event loop is closed", item)
+
+
+def deliver(items: list[tuple[Sink, Piece | Failed]]) -> None:
+    """Put each item in its sink, with one wake-up of each event loop for all of them (a
+    decode step's pieces: one ``call_soon_threadsafe`` per step, not one per request). A sink
+    without an event loop gets its ``put`` called."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Sink, Piece | Failed]]] = {}
+    for sink, item in items:
+        loop = getattr(sink, "loop", None)
+        if loop is None:
+            sink.put(item)
+        else:
+            by_loop.setdefault(loop, []).append((sink, item))
+    for loop, batch in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, batch)
+        except RuntimeError:  # the event loop has closed: nobody is listening any more
+            logger.debug("dropped %d items: the HTTP event loop is closed", len(batch))
+
+
+def _put_all(batch: list[tuple[Sink, Piece | Failed]]) -> None:
+    for sink, item in batch:
+        sink.queue.put_nowait(item)
 
 
 _ids = itertools.count()

@@ -5,8 +5,10 @@
 
 A step is: one control exchange (``control.py``), then on every rank the same cancels and
 joins (each join's prefill samples the request's first token), then one decode of every running
-row. Rank 0 publishes the joins' first tokens before the decode, and the decode's tokens after
-it. Requests wait in rank 0's FIFO until a slot is free; slots are given lowest first.
+row. Rank 0 publishes the joins' first tokens before the decode, and the decode's tokens once
+the next step's header has gone out (their text, where no stop string needs it to decide the
+finish, is decoded only then: the other ranks need not wait for it). Requests wait in rank 0's
+FIFO until a slot is free; slots are given lowest first.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from torch_tensorrt_dist.serving.bridge import (
     Inbox,
     Piece,
     ServerState,
+    Sink,
     Submission,
+    deliver,
 )
 from torch_tensorrt_dist.serving.control import ControlChannel, StepEvents
 
@@ -127,33 +131,49 @@ class Leader:
         self.waiting: deque[Submission] = deque()
         self.running: dict[int, Submission] = {}
         self._last_token: dict[int, float] = {}
+        #: a decode step's output, published once the next step's header has gone out
+        self._pending: list[tuple[Submission, Emitted]] = []
         self._deadline: float | None = None
         self._seeds = random.SystemRandom()
 
     def run(self) -> None:
-        """Steps until a drain (``state`` draining) has finished; raises on a failed rank."""
+        """Steps until a drain (``state`` draining) has finished; raises on a failed rank.
+
+        The text of a decode step is rendered and handed to HTTP after the next step's control
+        header has gone out, so the other ranks start that step while rank 0 detokenizes (a
+        join's first token is still published before the step's decode)."""
+        self.loop.slots.defer_text = True
         while True:
+            if self._pending and not self.loop.slots.active:
+                self._publish(self._pending)  # no step follows: tell them before waiting idle
+                self._pending = []
             events = self._plan()
             start = time.perf_counter()
             events = self.loop.channel.exchange(events)
+            self._publish(self._pending)
+            self._pending = []
             emitted, refused = self.loop.apply(events)
             for rid, message in refused:
                 self.running.pop(rid).sink.put(Failed(400, message))
-            self._publish(emitted)
-            self._publish(self.loop.decode(start))
+            self._publish(self._collect(emitted))
+            self._pending = self._collect(self.loop.decode(start))
             if self.on_step is not None:
                 self.on_step(self)
             if events.stop:
+                self._publish(self._pending)
                 return
 
     def fail_all(self, status: int, message: str) -> None:
-        """Answer every request queued, waiting or running (a rank failed)."""
+        """Answer every request queued, waiting, running or finished but not yet told (a rank
+        failed)."""
         self.waiting.extend(i for i in self.inbox.take(0.0) if isinstance(i, Submission))
-        for sub in [*self.waiting, *self.running.values()]:
-            sub.sink.put(Failed(status, message))
+        told = [sub for sub, e in self._pending if e.finish is not None]
+        deliver([(sub.sink, Failed(status, message))
+                 for sub in [*self.waiting, *self.running.values(), *told]])  # fmt: skip
         self.inbox.left(len(self.waiting))
         self.waiting.clear()
         self.running.clear()
+        self._pending = []
 
     def _plan(self) -> StepEvents:
         busy = self.loop.slots.active or self.waiting
@@ -206,16 +226,31 @@ class Leader:
         events.stop = True
         return events
 
-    def _publish(self, emitted: list[Emitted]) -> None:
-        now = time.perf_counter()
+    def _collect(self, emitted: list[Emitted]) -> list[tuple[Submission, Emitted]]:
+        """The running requests' part of ``emitted``; those that finished stop running here
+        (their slots are free already)."""
+        out = []
         for e in emitted:
             sub = self.running.get(e.rid)
             if sub is None:
                 continue  # cancelled in this very step
+            out.append((sub, e))
+            if e.finish is not None:
+                del self.running[e.rid]
+        return out
+
+    def _publish(self, items: list[tuple[Submission, Emitted]]) -> None:
+        """Render the text of ``items`` and hand it to HTTP (one wake-up of its loop)."""
+        if not items:
+            return
+        self.loop.slots.render()
+        now = time.perf_counter()
+        pieces: list[tuple[Sink, Piece | Failed]] = []
+        for sub, e in items:
             if self.on_token is not None:  # (request, now, the previous token's time or None)
                 self.on_token(sub, now, self._last_token.get(e.rid))
             self._last_token[e.rid] = now
-            sub.sink.put(Piece(e.text, len(e.tokens), e.finish))
+            pieces.append((sub.sink, Piece(e.text, len(e.tokens), e.finish)))
             if e.finish is not None:
-                del self.running[e.rid]
                 self._last_token.pop(e.rid, None)
+        deliver(pieces)

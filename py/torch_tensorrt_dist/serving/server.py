@@ -14,12 +14,14 @@ rank 0 (a rank died), every request in flight gets a 503 and the rank exits non-
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import signal
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 
@@ -35,6 +37,12 @@ from torch_tensorrt_dist.serving.metrics import Metrics
 __all__ = ["ServeConfig", "ServeResult", "serve_rank"]
 
 logger = logging.getLogger(__name__)
+
+#: Rank 0's thread switch interval while serving (Python's default is 5 ms). The step loop
+#: releases the interpreter lock inside every collective; when the HTTP thread holds it then,
+#: the loop waits for it until the HTTP thread's interval ends, and every other rank waits with
+#: it. 0.5 ms bounds that wait per handover.
+GIL_SWITCH_S = 5e-4
 
 
 @dataclass(frozen=True)
@@ -145,7 +153,8 @@ def _lead(
             state.set("ready")
             if on_ready is not None:
                 on_ready(http.url, warm)
-        leader.run()
+        with _gil_switch(GIL_SWITCH_S):
+            leader.run()
     except Exception as exc:  # a failed collective (a rank died) or a failed graph
         reason = _reason(exc)
         logger.error("the step loop failed: %s", reason)
@@ -156,6 +165,17 @@ def _lead(
         return ServeResult(1, f"rank 0: failed: {reason}", signals.first, exc)
     http.stop()
     return ServeResult(0, loop.stats.summary(0, loop.channel.payload_steps), signals.first)
+
+
+@contextlib.contextmanager
+def _gil_switch(interval_s: float) -> Iterator[None]:
+    """Python's thread switch interval set to ``interval_s`` while the step loop runs."""
+    saved = sys.getswitchinterval()
+    sys.setswitchinterval(interval_s)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(saved)
 
 
 def _reason(exc: BaseException) -> str:

@@ -1,0 +1,185 @@
+"""Incremental detokenization: the released text equals ``tokenizer.decode(ids)``, whatever the
+tokenizer (byte, byte-level BPE, SentencePiece with byte fallback), at a bounded cost per token;
+stop strings split across tokens are found on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torch_tensorrt_dist.generation.detok import INCOMPLETE, Detokenizer
+from torch_tensorrt_dist.generation.stops import StopText
+from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+from torch_tensorrt_dist.models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+
+TEXTS = [
+    "the café serves crème brûlée and naïve ideas",
+    "hello world, the quick brown fox 😀 jumps",
+    "日本語 text mixes scripts — and dashes",
+    "  leading spaces,\nnew lines\n\nand   runs of spaces ",
+]
+
+
+def _sentencepiece(path: Path) -> Path:
+    """A Llama-style tokenizer.json: Metaspace pieces, byte fallback, a decoder that strips
+    the sequence's leading space."""
+    import json
+
+    from tokenizers import Tokenizer as HF
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    specials = ["<unk>", "<s>", "</s>"]
+    base = HF(models.BPE(unk_token="<unk>"))
+    base.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    base.train_from_iterator(
+        TEXTS[:2] * 5, trainers.BpeTrainer(vocab_size=120, special_tokens=specials,
+                                           show_progress=False)
+    )  # fmt: skip
+    model = json.loads(base.to_str())["model"]
+    vocab, merges = model["vocab"], [tuple(m) for m in model["merges"]]
+    for b in range(256):
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    tok = HF(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
+    tok.add_special_tokens(specials)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Sequence([
+        decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+        decoders.Strip(" ", 1, 0),
+    ])  # fmt: skip
+    tok.save(str(path))
+    return path
+
+
+class Counting:
+    """A tokenizer that counts the ids it decodes."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok, self.eos_ids, self.decoded = tok, tok.eos_ids, 0
+        self.unstable_ids = getattr(tok, "unstable_ids", frozenset())
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: list[int]) -> str:
+        self.decoded += len(ids)
+        return self.tok.decode(ids)
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Tokenizer, int]]:
+    """name -> (tokenizer, vocabulary size); the HF ones have special tokens 0..2 / 0..1."""
+    sp = _sentencepiece(tmp_path_factory.mktemp("sp") / "tokenizer.json")
+    return {
+        "byte": (ByteTokenizer(300), 300),  # ids >= 256 decode to nothing, as specials do
+        "bytelevel-bpe": (HFTokenizer(demo_checkpoint_path() / "tokenizer.json"), 1024),
+        "sentencepiece": (HFTokenizer(sp), 363),
+    }
+
+
+def _stream(tok: Tokenizer, ids: list[int]) -> tuple[list[str], str, Detokenizer]:
+    detok = Detokenizer(tok)
+    pieces = [detok.push(i) for i in ids]
+    return pieces, detok.flush(), detok
+
+
+NAMES = ["byte", "bytelevel-bpe", "sentencepiece"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_real_text_is_released_whole_characters_equal_to_decode(
+    tokenizers: dict[str, tuple[Tokenizer, int]], name: str
+) -> None:
+    tok = tokenizers[name][0]
+    for text in TEXTS:
+        ids = tok.encode(text)
+        pieces, rest, detok = _stream(tok, ids)
+        assert "".join(pieces) == tok.decode(ids)
+        assert rest == "" and detok.full_decodes == 0
+        assert all(INCOMPLETE not in p for p in pieces)  # never cut inside a character
+        if name == "byte":
+            assert "".join(pieces) == text
+
+
+def test_sentencepiece_leading_space_and_special_tokens(
+    tokenizers: dict[str, tuple[Tokenizer, int]],
+) -> None:
+    tok = tokenizers["sentencepiece"][0]
+    ids = tok.encode("hello world")
+    assert tok.decode(ids[1:]) == "world"  # decoding alone strips the word's leading space
+    pieces, _, _ = _stream(tok, [1, *ids[:1], 2, *ids[1:], 2])  # <s> hello </s> world </s>
+    assert "".join(pieces) == "hello world" == tok.decode([1, *ids, 2])
+    assert pieces[2] == ""  # the special token adds nothing
+    assert pieces[3].startswith(" ") and "".join(pieces[3:]) == " world"  # the space stays
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_ids_concatenate_to_decode(
+    tokenizers: dict[str, tuple[Tokenizer, int]], name: str, data: st.DataObject
+) -> None:
+    """Random ids (invalid UTF-8, specials, lone spaces): pieces + flush == decode(ids)."""
+    tok, vocab = tokenizers[name]
+    ids = data.draw(st.lists(st.integers(0, vocab - 1), max_size=40))
+    pieces, rest, detok = _stream(tok, ids)
+    assert "".join(pieces) + rest == tok.decode(ids)
+    assert detok.full_decodes == 0
+
+
+def test_byte_fallback_run_is_released_when_it_ends(
+    tokenizers: dict[str, tuple[Tokenizer, int]],
+) -> None:
+    """A run of byte pieces decodes as a whole: an invalid byte after a complete character
+    turns that character into U+FFFD too, so a run's text waits for the run's end."""
+    tok = tokenizers["sentencepiece"][0]
+    assert isinstance(tok, HFTokenizer) and len(tok.unstable_ids) == 256
+    nul = tok.encode("\x00", add_special_tokens=False)[-1]  # <0x00>
+    cont = nul + 0x80  # <0x80>: the byte pieces have consecutive ids
+    assert tok.decode([nul, cont]) == "\ufffd\ufffd"  # not "\x00\ufffd"
+    pieces, rest, _ = _stream(tok, [nul, 0, cont])  # a skipped special inside the run
+    assert pieces == ["", "", ""] and rest == "\ufffd\ufffd" == tok.decode([nul, 0, cont])
+    word = tok.encode("hello", add_special_tokens=False)
+    pieces, _, _ = _stream(tok, [nul, *word])
+    assert pieces[0] == "" and "".join(pieces) == "\x00 hello" == tok.decode([nul, *word])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cost_per_token_is_bounded(
+    tokenizers: dict[str, tuple[Tokenizer, int]], name: str
+) -> None:
+    """2000 tokens decode a few ids each, not the whole sequence (which would be ~2e6)."""
+    counting = Counting(tokenizers[name][0])
+    ids = counting.encode(" ".join(TEXTS) * 30)[:2000]
+    assert len(ids) == 2000
+    pieces, rest, _ = _stream(counting, ids)
+    assert counting.decoded < 20 * len(ids)
+    assert "".join(pieces) + rest == counting.tok.decode(ids)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("stop", [("brûlée",), ("quick brown", "xyz"), ("—",), ("\n\n", "s,")])
+def test_stop_strings_split_across_tokens(
+    tokenizers: dict[str, tuple[Tokenizer, int]], name: str, stop: tuple[str, ...]
+) -> None:
+    """The text shown is decode(ids) up to the first stop string, however tokens split it."""
+    tok = tokenizers[name][0]
+    for text in TEXTS:
+        ids = tok.encode(text)
+        full = tok.decode(ids)
+        tail = StopText(tok, stop)
+        pieces, hit = [], False
+        for i in ids:
+            piece, hit = tail.push(i)
+            pieces.append(piece)
+            if hit:
+                break
+        found = [i for i in (full.find(s) for s in stop) if i >= 0]
+        if found:
+            assert hit and "".join(pieces) == full[: min(found)], (text, stop)
+        else:
+            assert not hit and "".join(pieces) + tail.flush() == full
+        assert tail.text == "".join(pieces) + ("" if hit else tail.text[len("".join(pieces)) :])
+        assert all(INCOMPLETE not in p for p in pieces)
