@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
@@ -158,3 +159,39 @@ def test_index_puts_that_are_not_cache_writes_are_left_to_torch_tensorrt() -> No
 
     _, [shared] = _puts(read_too, cache, torch.tensor([1, 2]))
     assert "other readers" in kv_cache_put_form(shared).reason
+
+
+def test_a_prefill_slot_must_be_a_row_of_the_cache() -> None:
+    """The packed update's lengths give the slot's row every token; a slot past the last row
+    would leave them ending in 0 (undefined in TensorRT): refused where the graph holds it."""
+    from torch_tensorrt_dist.conversion.layers.kv_cache_rows import (
+        check_slot,
+        kv_cache_put_decision,
+        slot_update_lengths,
+    )
+
+    assert slot_update_lengths(3, 1, 8) == [0, 0, 8, 8]  # row 1 gets lengths[2] - lengths[1]
+    assert slot_update_lengths(3, 2, 5)[-1] == 5  # the last entry is the update's token count
+    with pytest.raises(ValueError, match=r"slot 3 is not a row of a cache of 3 rows"):
+        check_slot(3, 3)
+
+    def prefill(cache: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:  # 3 tokens into `slot`
+        return torch.ops.aten.index_put.default(
+            cache, [slot.expand(3), None, torch.arange(3)], torch.ones(3, 2, 4)
+        )
+
+    gm, [put] = _puts(prefill, torch.zeros(3, 2, 8, 4), torch.tensor([1]))
+    assert kv_cache_put_decision(put).convertible
+    no_packed = kv_cache_put_decision(put, packed_update=False)
+    assert not no_packed.convertible and "AttentionIOForm" in no_packed.reason
+    slot = put.args[1][0].args[0]  # the [1] slot input that expand() repeats
+    for value, ok in ((2, True), (3, False)):
+        gm.register_buffer("_slot", torch.tensor([value]))
+        with gm.graph.inserting_before(slot):
+            const = gm.graph.get_attr("_slot")
+        const.meta["val"] = slot.meta["val"]
+        slot.replace_all_uses_with(const)
+        assert (kv_cache_put_form(put).form == "slot") is ok
+        if not ok:
+            assert "the slot 3 is not a row of the cache's 3" in kv_cache_put_form(put).reason
+        slot = const

@@ -11,6 +11,7 @@ import torch
 from torch_tensorrt_dist.conversion.layers.moe_experts import (
     MoELayerEnvironment,
     moe_layer_decision,
+    moe_layer_shapes,
 )
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe import SparseMoE
@@ -132,21 +133,104 @@ ENV = MoELayerEnvironment
 @pytest.mark.parametrize(
     "dtype,env,ok,reason",
     [
-        (torch.bfloat16, ENV(None, (10, 0)), False, "no TensorRT here"),
-        (torch.bfloat16, ENV((10, 15, 1), (10, 0)), False, "TensorRT 10.15.1 has no MoE layer"),
-        (torch.bfloat16, ENV((11, 1, 0), None), False, "no CUDA GPU here"),
-        (torch.bfloat16, ENV((11, 1, 0), (9, 0)), False, "this GPU is SM 9.0"),
-        (torch.bfloat16, ENV((11, 1, 0), (12, 0)), False, "this GPU is SM 12.0"),
-        (torch.float32, ENV((11, 1, 0), (10, 0)), False, "float32 experts are not converted"),
-        (torch.bfloat16, ENV((10, 16, 0), (10, 0)), True, "IMoELayer"),
-        (torch.float16, ENV((11, 1, 0), (11, 0)), True, "IMoELayer"),
+        (torch.bfloat16, ENV(None, False, (10, 0)), False, "no TensorRT here"),
+        (torch.bfloat16, ENV("10.15.1", False, (10, 0)), False,
+         "TensorRT 10.15.1 has no MoE layer"),
+        (torch.bfloat16, ENV("11.1.0", True, None), False, "no CUDA GPU here"),
+        (torch.bfloat16, ENV("11.1.0", True, (9, 0)), False, "this GPU is SM 9.0"),
+        (torch.bfloat16, ENV("11.1.0", True, (12, 0)), False, "this GPU is SM 12.0"),
+        (torch.float32, ENV("11.1.0", True, (10, 0)), False, "float32 experts are not converted"),
+        (torch.bfloat16, ENV("10.16.0", True, (10, 0)), True, "IMoELayer"),
+        (torch.float16, ENV("11.1.0", True, (11, 0)), True, "IMoELayer"),
+        # the gate is the layer itself, not a version: a build without add_moe is refused
+        (torch.float16, ENV("11.1.0", False, (11, 0)), False, "TensorRT 11.1.0 has no MoE layer"),
     ],
-)
+)  # fmt: skip
 def test_moe_layer_decision(dtype: torch.dtype, env: Any, ok: bool, reason: str) -> None:
     decision = moe_layer_decision(dtype, env)
     assert decision.convertible is ok and decision.reason.startswith(reason), decision
     if not ok and "float32" not in reason:
         assert "SM 10.x or 11.x (Blackwell, Thor)" in decision.reason
+
+
+def test_moe_layer_needs_constant_weights_and_takes_one_token_sequences() -> None:
+    env = ENV("11.1.0", True, (10, 0))
+    refused = moe_layer_decision(torch.bfloat16, env, constant_weights=False)
+    assert not refused.convertible and "expert weights are graph inputs" in refused.reason
+    # T tokens as T sequences of one (the header: slow when seqLen > 16), k experts each
+    assert moe_layer_shapes(300, 64, 2) == ((300, 1, 64), (300, 1, 2), (300, 1, 2))
+
+
+def _experts_graph(dtype: torch.dtype = torch.float32) -> torch.fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gen = torch.Generator().manual_seed(0)
+    w1, w3 = (torch.randn(8, 24, 32, generator=gen, dtype=dtype) for _ in range(2))
+    w2 = torch.randn(8, 32, 24, generator=gen, dtype=dtype)
+
+    def f(
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        scores: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        c: torch.Tensor,
+    ) -> torch.Tensor:
+        return EXPERTS_OP(x, ids, scores, a, b, c, 0)  # type: ignore[no-any-return]
+
+    ids = torch.tensor([[0, 3], [2, 7], [5, 5]])
+    with torch.no_grad():
+        return make_fx(f, tracing_mode="fake")(
+            torch.randn(3, 32, dtype=dtype), ids, torch.rand(3, 2), w1, w3, w2
+        )
+
+
+def test_expert_weights_to_freeze_follow_the_decision() -> None:
+    """The backend freezes w1/w3/w2 (placeholders 3, 4, 5) of an op that becomes IMoELayer
+    here, nothing when the environment keeps it in PyTorch; the validator's decision then sees
+    constants."""
+    from torch_tensorrt_dist.conversion.layers.moe_experts import (
+        frozen_expert_inputs,
+        node_moe_decision,
+    )
+    from torch_tensorrt_dist.lowering.freeze_constants import freeze_inputs
+
+    blackwell, hopper = ENV("11.1.0", True, (10, 0)), ENV("11.1.0", True, (9, 0))
+    # float32 experts: not converted, so not frozen either
+    assert frozen_expert_inputs(_experts_graph(), blackwell) == []
+    gm = _experts_graph(torch.bfloat16)
+    node = next(iter(gm.graph.find_nodes(op="call_function", target=EXPERTS_OP)))
+    assert "graph inputs" in node_moe_decision(node, blackwell).reason
+    assert frozen_expert_inputs(gm, hopper) == []
+    assert frozen_expert_inputs(gm, blackwell) == [3, 4, 5]
+    real = [torch.zeros(p.meta["val"].shape, dtype=p.meta["val"].dtype)
+            for p in gm.graph.find_nodes(op="placeholder")]  # fmt: skip
+    assert freeze_inputs(gm, real, real, also=[3, 4, 5]) == [0, 1, 2]
+    node = next(iter(gm.graph.find_nodes(op="call_function", target=EXPERTS_OP)))
+    assert node_moe_decision(node, blackwell).convertible
+
+
+def test_plain_compiles_never_probe_tensorrt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inductor/eager engines lower a MoE graph without asking for TensorRT or the GPU;
+    a recorded report (explain) or the TensorRT engine asks."""
+    from torch_tensorrt_dist.backend import recording
+    from torch_tensorrt_dist.backend.backend import lower_graph
+    from torch_tensorrt_dist.backend.settings import CompileSettings
+    from torch_tensorrt_dist.conversion.layers import moe_experts
+
+    calls: list[int] = []
+
+    def probe() -> MoELayerEnvironment:
+        calls.append(1)
+        return ENV(None, False, None)
+
+    monkeypatch.setattr(moe_experts, "moe_layer_environment", probe)
+    report = lower_graph(_experts_graph(), CompileSettings.from_options({"engine": "eager"}))
+    assert report.torch_ops == [] and calls == []
+    with recording():
+        report = lower_graph(_experts_graph(), CompileSettings.from_options({"engine": "eager"}))
+    assert calls and [op.op for op in report.torch_ops] == ["moe_experts"]
+    assert report.torch_ops[0].reason.startswith("no TensorRT here")
 
 
 def test_collective_schedule_leaves_out_the_experts_op() -> None:

@@ -18,7 +18,7 @@ from torch_tensorrt_dist.quantization import (
     quantize_model,
     weight_bytes,
 )
-from torch_tensorrt_dist.quantization.apply import layer_kind
+from torch_tensorrt_dist.quantization.apply import QuantReport, layer_kind
 from torch_tensorrt_dist.quantization.modules import WeightOnlyLinear
 from torch_tensorrt_dist.quantization.tensors import (
     dequantize_int4,
@@ -134,12 +134,37 @@ def test_a_group_straddling_two_ranks_slices_is_refused() -> None:
     check_group_slices(args, tp=4, config=QuantConfig("int8"))  # per-channel: any tp
 
 
+def test_tensorrt_takes_int4_groups_of_64_and_128_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Group 32 is an inductor/eager size; TensorRT's INT4 block quantization takes 64, 128."""
+    from torch_tensorrt_dist.cli import main
+    from torch_tensorrt_dist.quantization.scheme import check_engine_group
+
+    check_engine_group(QuantConfig("int4", 32), "inductor")
+    check_engine_group(QuantConfig("int4", 64), "tensorrt")
+    check_engine_group(QuantConfig("int8"), "tensorrt")
+    with pytest.raises(ConfigError, match="--group-size 32 with --engine tensorrt"):
+        check_engine_group(QuantConfig("int4", 32), "tensorrt")
+    args = ModelArgs(dim=256, n_layers=1, n_heads=8, n_kv_heads=4, intermediate_size=768)
+    with pytest.raises(ConfigError, match=r"use --group-size 64, or a smaller --tp"):
+        check_group_slices(args, tp=4, config=QuantConfig("int4", 128), engine="tensorrt")
+    cli = ["generate", "--engine", "tensorrt", "--quantize", "int4", "--group-size", "32"]
+    assert main(cli) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "TensorRT's INT4 block quantization takes groups of 64 or 128" in err
+
+
 def test_int4_layout_follows_engine_and_device() -> None:
     assert layer_kind(QuantConfig("int4"), engine="inductor", device_type="cpu") == "int4_cpu"
     assert layer_kind(QuantConfig("int4"), engine="tensorrt", device_type="cuda") == (
         "int4_nibbles"
     )
     assert layer_kind(QuantConfig("int8"), engine="none", device_type="cuda") == "int8"
+    report = QuantReport(QuantConfig("int8"), "int8", 7, 4000, 1000)
+    # the module's codes, plus one frozen copy per TensorRT engine (buckets + decode)
+    assert [report.engine_bytes(n) for n in (0, 1, 3)] == [1000, 2000, 4000]
     with pytest.raises(ConfigError, match="use --engine tensorrt, or --quantize int8"):
         layer_kind(QuantConfig("int4"), engine="inductor", device_type="cuda")
 

@@ -1,6 +1,8 @@
 """A MoE prefill on a real TensorRT engine (skipped where TensorRT or a GPU is absent): the
 grouped experts op becomes IMoELayer on SM 10.x/11.x, elsewhere it runs in PyTorch between
-engines; either way the logits equal the PyTorch model's."""
+engines; either way the logits equal the PyTorch model's. Beyond the numbers (which a fallback
+also gets right), the built module is read: how many experts ops run in PyTorch, and whether
+the engines hold MoE layers."""
 
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ from torch_tensorrt_dist.generation.generate import compile_step, prefill_step
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs
 from torch_tensorrt_dist.models.moe_loader import random_moe
+from torch_tensorrt_dist.ops.experts import EXPERTS_OP
+
+from ._trt_checks import detailed_layers, engine_layers, layers_matching, torch_ops_left
 
 ARGS = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, max_seq_len=64)
 MOE = MoEArgs(n_experts=8, top_k=2, expert_size=64, sparse_layers=(0, 1))
@@ -27,13 +32,19 @@ def test_prefill_with_grouped_experts_on_tensorrt_equals_pytorch() -> None:
         model.setup_caches(1, 32)
     tokens = torch.arange(1, 17, device="cuda")[None] % ARGS.vocab_size
     pos, pad = torch.arange(16, device="cuda"), torch.zeros(1, dtype=torch.long, device="cuda")
-    with torch.no_grad(), recording() as graphs:
+    with torch.no_grad(), recording() as graphs, detailed_layers():
         got = compile_step(prefill_step(engine_model), "tensorrt")(tokens, pos, pad)
         want = prefill_step(reference)(tokens, pos, pad)
     torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
     env = moe_layer_environment()
     split = [op.module for g in graphs for op in g.torch_ops]
-    if env.compute_capability and env.compute_capability[0] in (10, 11):
+    modules = [g.engine_module for g in graphs]
+    assert modules and all(m is not None for m in modules)
+    in_torch = sum(torch_ops_left(m, {EXPERTS_OP}) for m in modules)
+    moe_layers = [la for m in modules for la in layers_matching(engine_layers(m), "moe")]
+    if env.compute_capability and env.compute_capability[0] in (10, 11) and env.moe_layer:
         assert split == []  # one IMoELayer per MoE layer, inside the engine
+        assert in_torch == 0 and len(moe_layers) >= 2, [la.get("Name") for la in moe_layers]
     else:
         assert split == ["layers.0.feed_forward", "layers.1.feed_forward"]
+        assert in_torch == 2 and moe_layers == []  # the engine splits around both ops

@@ -54,17 +54,17 @@ def test_int8_spec_and_constants() -> None:
 @pytest.mark.parametrize(("x_dtype", "cast"), [(torch.float32, None), (torch.bfloat16, "BF16")])
 def test_int4_spec_and_constants(x_dtype: torch.dtype, cast: str | None) -> None:
     w = torch.randn(48, 128)
-    q, s = quantize_int4(w, 32)
+    q, s = quantize_int4(w, 64)
     stored = pack_int4(q)  # [48, 64]
-    spec = weight_only_spec("int4", x_dtype, tuple(stored.shape), tuple(s.shape), 32)
-    assert (spec.in_features, spec.out_features, spec.block_size) == (128, 48, 32)
-    assert (spec.weight_shape, spec.scale_shape, spec.axis) == ((128, 48), (4, 48), 0)
+    spec = weight_only_spec("int4", x_dtype, tuple(stored.shape), tuple(s.shape), 64)
+    assert (spec.in_features, spec.out_features, spec.block_size) == (128, 48, 64)
+    assert (spec.weight_shape, spec.scale_shape, spec.axis) == ((128, 48), (2, 48), 0)
     assert (spec.dequantize_to, spec.cast_to) == ("FLOAT", cast)
     constant, scale = trt_weight(spec, stored), trt_scales(spec, s)
     assert constant.shape == (128, 24) and constant.dtype == torch.uint8
-    # blocks of 32 rows along axis 0 of [K, N]: element (k, n) times scale[k // 32, n]
-    blocked = unpack_int4(constant).float() * scale.repeat_interleave(32, dim=0)
-    assert torch.equal(blocked, dequantize_int4(q, s, 32).t())
+    # blocks of 64 rows along axis 0 of [K, N]: element (k, n) times scale[k // 64, n]
+    blocked = unpack_int4(constant).float() * scale.repeat_interleave(64, dim=0)
+    assert torch.equal(blocked, dequantize_int4(q, s, 64).t())
 
 
 def test_spec_refuses_what_tensorrt_cannot_take() -> None:
@@ -110,7 +110,7 @@ def _capture(model: torch.nn.Module, *, freeze: bool) -> tuple[Any, Any]:
 def test_frozen_decode_graph_converts_every_quantized_matmul(scheme: str) -> None:
     torch.manual_seed(0)
     model = Transformer(ARGS).eval()
-    quantize_model(model, QuantConfig(scheme, 32 if scheme == "int4" else None), engine="tensorrt")
+    quantize_model(model, QuantConfig(scheme, 64 if scheme == "int4" else None), engine="tensorrt")
     model.setup_caches(1, 16)
     with torch.no_grad():
         expected = decode_step(model)(*decode_example(1))
@@ -125,7 +125,7 @@ def test_frozen_decode_graph_converts_every_quantized_matmul(scheme: str) -> Non
     decisions = [weight_only_decision(n, tensorrt_version=(11, 1)) for n in nodes]
     assert all(d.convertible for d in decisions), decisions
     weight = "INT8 [64, 64] dequantized (per output channel)" if scheme == "int8" else (
-        "INT4 [64, 64] dequantized (blocks of 32)"
+        "INT4 [64, 64] dequantized (blocks of 64)"
     )  # fmt: skip
     assert decisions[0].reason.startswith(weight)  # wq: [K, N] = [64, 64]
 
@@ -133,7 +133,7 @@ def test_frozen_decode_graph_converts_every_quantized_matmul(scheme: str) -> Non
 def test_unfrozen_or_old_or_refittable_is_left_to_pytorch_with_the_reason() -> None:
     torch.manual_seed(0)
     model = Transformer(ARGS).eval()
-    quantize_model(model, QuantConfig("int4", 32), engine="tensorrt")
+    quantize_model(model, QuantConfig("int4", 64), engine="tensorrt")
     model.setup_caches(1, 16)
     gm, _ = _capture(model, freeze=False)
     node = next(iter(gm.graph.find_nodes(op="call_function", target=INT4_OP)))
@@ -145,3 +145,28 @@ def test_unfrozen_or_old_or_refittable_is_left_to_pytorch_with_the_reason() -> N
     assert not old.convertible and "needs 10.0 or newer" in old.reason
     refit = weight_only_decision(node, tensorrt_version=(11, 1), immutable_weights=False)
     assert not refit.convertible and "immutable_weights=True" in refit.reason
+
+
+def test_int4_group_32_is_left_to_pytorch_for_tensorrt() -> None:
+    """Group 32 is valid for the inductor/eager engines, but TensorRT's INT4 block
+    dequantization takes blocks of 64 or 128: the matmul stays in PyTorch, and explain's list
+    of ops left to PyTorch (``torch_ops_in``) carries the reason."""
+    from torch_tensorrt_dist.backend.report import torch_ops_in
+
+    torch.manual_seed(0)
+    model = Transformer(ARGS).eval()
+    quantize_model(model, QuantConfig("int4", 32), engine="tensorrt")
+    model.setup_caches(1, 16)
+    gm, _ = _capture(model, freeze=True)
+    nodes = list(gm.graph.find_nodes(op="call_function", target=INT4_OP))
+    decision = weight_only_decision(nodes[0], tensorrt_version=(11, 1))
+    assert not decision.convertible
+    assert decision.reason.startswith("int4 group size 32: TensorRT's INT4 block dequantization")
+    assert "--group-size 64 or 128" in decision.reason
+    ops = torch_ops_in(gm)
+    quantized = [op for op in ops if op.op == "int4_weight_only_mm"]
+    assert len(quantized) == 7 and {op.reason for op in quantized} == {decision.reason}
+    # explain traces with the eager engine (weights not frozen): asked as if frozen
+    model.setup_caches(1, 16)
+    gm, _ = _capture(model, freeze=False)
+    assert {op.reason for op in torch_ops_in(gm, require_constants=False)} == {decision.reason}

@@ -1,14 +1,23 @@
 """Weight-only quantized decode steps through real TensorRT engines (GPU + TensorRT only): the
-converter's dequantize + matmul against Inductor (int8) and the PyTorch reference (int4)."""
+converter's dequantize + matmul against Inductor (int8) and the PyTorch reference (int4), no
+quantized matmul left to PyTorch, and the quantized weights still quantized in the built
+engine (its ``IEngineInspector`` layer information: TensorRT may fold an INT8 dequantize of a
+constant back into fp16/bf16 weights, which the numbers would not show)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
 
+from torch_tensorrt_dist.backend import recording
+from torch_tensorrt_dist.conversion.layers.weight_only import INT4_OP, INT8_OP
 from torch_tensorrt_dist.generation.generate import compile_step, decode_example, decode_step
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.quantization import QuantConfig, quantize_model
+
+from ._trt_checks import assert_no_fallback, detailed_layers, engine_layers, layers_matching
 
 pytestmark = [pytest.mark.tensorrt, pytest.mark.gpu]
 
@@ -18,7 +27,8 @@ ARGS = ModelArgs(
 )  # fmt: skip
 
 
-def _decode(scheme: str, engine: str) -> torch.Tensor:
+def _decode(scheme: str, engine: str, layers: list[Any] | None = None) -> torch.Tensor:
+    """The decode logits; for engine='tensorrt', ``layers`` receives the engines' layers."""
     torch.manual_seed(0)
     model = Transformer(ARGS).to("cuda", torch.bfloat16).eval()
     config = QuantConfig(scheme, 64 if scheme == "int4" else None)
@@ -27,10 +37,15 @@ def _decode(scheme: str, engine: str) -> torch.Tensor:
     model.setup_caches(1, 32)
     inputs = [t.cuda() for t in decode_example(1, slot=3)]
     torch._dynamo.reset()
-    with torch.no_grad():
+    with torch.no_grad(), recording() as graphs, detailed_layers():
         step = compile_step(decode_step(model), engine, verify=engine == "tensorrt")
         out = step(*inputs).float()
     torch._dynamo.reset()
+    if engine == "tensorrt" and layers is not None:
+        ops = {INT8_OP} if scheme == "int8" else {INT4_OP}
+        for g in graphs:
+            assert_no_fallback(g.engine_module, ops, f"{scheme} weight-only matmuls")
+            layers += engine_layers(g.engine_module)
     return out
 
 
@@ -38,14 +53,19 @@ def test_int8_engine_matches_inductor() -> None:
     """Same codes and scales; the engine's INT8 dequantize + matmul against Inductor's
     ``aten._weight_int8pack_mm`` (verify also checks the engine's first call against the
     eager graph)."""
-    trt = _decode("int8", "tensorrt")
+    layers: list[Any] = []
+    trt = _decode("int8", "tensorrt", layers)
     inductor = _decode("int8", "inductor")
     assert (trt - inductor).abs().max() <= 0.02 * inductor.abs().max()
+    # the int8 weights survive in the engine (not folded back into bf16 constants)
+    assert layers_matching(layers, "int8", names=False), layers
 
 
 def test_int4_engine_matches_the_pytorch_reference() -> None:
     """Inductor has no CUDA int4 layout of ours: the reference is the same graph run eagerly
     (the custom op dequantizes, then a dense matmul)."""
-    trt = _decode("int4", "tensorrt")
+    layers: list[Any] = []
+    trt = _decode("int4", "tensorrt", layers)
     eager = _decode("int4", "eager")
     assert (trt - eager).abs().max() <= 0.02 * eager.abs().max()
+    assert layers_matching(layers, "int4", names=False), layers

@@ -121,7 +121,7 @@ def lower_graph(
         unfused=list(fusion_report(gm).unfused),
         num_nodes=len(gm.graph.nodes),
         input_writes=input_writes(gm),
-        torch_ops=torch_ops_in(gm, resolve),
+        torch_ops=_torch_ops(gm, settings, resolve),
     )
     report.lowering_s = time.perf_counter() - start
     if report.unfused and settings.engine == "tensorrt":
@@ -133,6 +133,19 @@ def lower_graph(
         report.index = len(recorder.reports)
         recorder.reports.append(report)
     return report
+
+
+def _torch_ops(
+    gm: fx.GraphModule, settings: CompileSettings, resolve: ModuleResolver | None
+) -> list[Any]:
+    """The ops a TensorRT engine leaves to PyTorch. This asks the installed TensorRT and GPU
+    (``moe_layer_environment``), so only for a TensorRT engine or a recorded report (explain,
+    which traces with the eager engine and asks what TensorRT would do, weights frozen); never
+    on a plain inductor or eager compile."""
+    tensorrt = settings.engine == "tensorrt"
+    if not (tensorrt or _recorders):
+        return []
+    return torch_ops_in(gm, resolve, require_constants=tensorrt)
 
 
 def _verifies(settings: CompileSettings) -> bool:
@@ -163,9 +176,15 @@ def torch_tensorrt_dist_backend(
     trt_freeze = settings.engine == "tensorrt"
 
     def fw_compiler(aten_gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., Any]:
-        # TensorRT dequantizes constant weights only: quantized codes and scales become
-        # constants of the graph, and the callable drops those inputs (lowering/freeze_constants)
-        keep = freeze_inputs(aten_gm, inputs, example_inputs) if trt_freeze else None
+        # TensorRT dequantizes constant weights only, and IMoELayer takes constant experts:
+        # quantized codes and scales, and the weights of experts that become IMoELayer, turn
+        # into constants of the graph; the callable drops those inputs (lowering/freeze_constants)
+        keep = None
+        if trt_freeze:
+            from torch_tensorrt_dist.conversion.layers.moe_experts import frozen_expert_inputs
+
+            experts = frozen_expert_inputs(aten_gm)
+            keep = freeze_inputs(aten_gm, inputs, example_inputs, also=experts)
         inputs = inputs if keep is None else [inputs[i] for i in keep]
         report = lower_graph(aten_gm, settings, resolve)
         logger.info(
@@ -179,6 +198,7 @@ def torch_tensorrt_dist_backend(
             reinplace_input_writes(aten_gm)  # Inductor does this itself
         reference = reference_graph(aten_gm) if _verifies(settings) else None
         engine = build_engine(aten_gm, inputs, settings)
+        report.engine_module = getattr(engine, "trt_module", None)
         if reference is not None:  # inside the schedule check: that runs first
             engine = with_verification(
                 engine,

@@ -56,7 +56,8 @@ class CollectiveInfo:
 @dataclass(frozen=True)
 class TorchOpInfo:
     """A non-collective op that TensorRT cannot take here: it runs in PyTorch and Torch-TensorRT
-    splits the graph's engine around it (``conversion/layers/moe_experts.py``)."""
+    splits the graph's engine around it (``conversion/layers/moe_experts.py``,
+    ``conversion/layers/weight_only.py``)."""
 
     op: str
     node: str
@@ -88,6 +89,9 @@ class GraphReport:
     units: dict[str, int] = field(default_factory=dict)
     #: ops a TensorRT engine leaves to PyTorch (each splits the engine), with the reason
     torch_ops: list[TorchOpInfo] = field(default_factory=list)
+    #: engine='tensorrt': the GraphModule Torch-TensorRT built (its engine submodules and the
+    #: PyTorch parts between them), for checks on what really went into the engines
+    engine_module: Any = field(default=None, repr=False, compare=False)
 
     @property
     def copied_back(self) -> list[InputWrite]:
@@ -182,22 +186,37 @@ def collectives_in(
     return out
 
 
-def torch_ops_in(gm: fx.GraphModule, resolve: ModuleResolver | None = None) -> list[TorchOpInfo]:
-    """The grouped MoE experts ops of a graph that would stay in PyTorch under TensorRT here."""
+def torch_ops_in(
+    gm: fx.GraphModule, resolve: ModuleResolver | None = None, *, require_constants: bool = True
+) -> list[TorchOpInfo]:
+    """The grouped MoE experts ops and weight-only matmuls of a graph that would stay in
+    PyTorch under TensorRT here (``require_constants=False``: as if their weights were frozen,
+    which engine='tensorrt' does). The TensorRT probe runs only for a MoE experts op."""
     from torch_tensorrt_dist.conversion.layers.moe_experts import node_moe_decision
+    from torch_tensorrt_dist.conversion.layers.weight_only import (
+        INT4_OP,
+        INT8_OP,
+        weight_only_decision,
+    )
     from torch_tensorrt_dist.ops.experts import EXPERTS_OP
 
+    names = {EXPERTS_OP: "moe_experts", INT8_OP: "_weight_int8pack_mm",
+             INT4_OP: "int4_weight_only_mm"}  # fmt: skip
     out = []
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is not EXPERTS_OP:
+        name = names.get(node.target) if node.op == "call_function" else None
+        if name is None:
             continue
-        decision = node_moe_decision(node)
+        if node.target is EXPERTS_OP:
+            decision = node_moe_decision(node, require_constants=require_constants)
+        else:
+            decision = weight_only_decision(node, require_constants=require_constants)
         if decision.convertible:
             continue
         val = node.meta.get("val")
         out.append(
             TorchOpInfo(
-                op="moe_experts",
+                op=name,
                 node=node.name,
                 module=module_path(node, resolve),
                 dtype=_dtype_name(val.dtype) if isinstance(val, torch.Tensor) else "",

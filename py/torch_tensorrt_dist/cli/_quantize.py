@@ -1,5 +1,5 @@
 """``--quantize``, ``--group-size`` and ``--quantize-embeddings``, shared by ``generate``,
-``compile`` and ``eval``: the options, their validation before any rank starts, and the
+``compile``, ``eval`` and ``serve``: the options, their validation before any rank starts, and the
 per-rank step after loading."""
 
 from __future__ import annotations
@@ -8,7 +8,12 @@ import argparse
 import logging
 from typing import Any
 
-from torch_tensorrt_dist.quantization.scheme import QuantConfig, check_group_slices, quant_config
+from torch_tensorrt_dist.quantization.scheme import (
+    QuantConfig,
+    check_engine_group,
+    check_group_slices,
+    quant_config,
+)
 
 __all__ = ["add_quantize_args", "check_quantize", "quantize_rank", "requested"]
 
@@ -27,8 +32,9 @@ def add_quantize_args(p: argparse.ArgumentParser) -> None:
         "--group-size",
         type=int,
         default=None,
-        help="int4: weights per scale along the input dimension, 32, 64 or 128 (default 128); "
-        "must divide each rank's slice of a row-parallel weight",
+        help="int4: weights per scale along the input dimension, 32, 64 or 128 (default 128; "
+        "--engine tensorrt takes 64 or 128); must divide each rank's slice of a row-parallel "
+        "weight",
     )
     p.add_argument(
         "--quantize-embeddings",
@@ -50,9 +56,11 @@ def requested(ns: argparse.Namespace) -> QuantConfig | None:
 def check_quantize(
     ns: argparse.Namespace, args: Any, *, tp: int, expert_size: int | None = None
 ) -> QuantConfig | None:
-    """Validate the options against the model and layout (before any rank starts)."""
+    """Validate the options against the model, layout and engine (before any rank starts)."""
     config = requested(ns)
-    check_group_slices(args, tp=tp, config=config, expert_size=expert_size)
+    engine = getattr(ns, "engine", None)
+    check_engine_group(config, engine)
+    check_group_slices(args, tp=tp, config=config, expert_size=expert_size, engine=engine)
     return config
 
 
@@ -67,4 +75,10 @@ def quantize_rank(model: Any, ns: argparse.Namespace, *, engine: str) -> QuantCo
             "%s: %d layers, %.1f -> %.1f MiB on this rank", config.describe(), report.layers,
             report.bytes_before / 2**20, report.bytes_after / 2**20,
         )  # fmt: skip
+        if engine == "tensorrt":
+            logger.info(
+                "each TensorRT engine (every prefill bucket, the decode step) holds its own copy "
+                "of these weights: %.1f MiB more per engine on this rank",
+                (report.engine_bytes(1) - report.bytes_after) / 2**20,
+            )
     return config

@@ -46,6 +46,7 @@ def plan(ns: argparse.Namespace) -> ServePlan:
     """Check the model, layout and cache length; ``--artifacts`` sets tp from the manifest."""
     if ns.artifacts:
         return _plan_artifacts(ns)
+    from torch_tensorrt_dist.cli._quantize import check_quantize
     from torch_tensorrt_dist.cli.generate import _resolve_model
     from torch_tensorrt_dist.cli.generate_moe import plan_moe
     from torch_tensorrt_dist.models.loader import read_config
@@ -59,6 +60,8 @@ def plan(ns: argparse.Namespace) -> ServePlan:
     else:
         args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
     tp_layout(args, 0, ns.tp, ns.lm_head, ns.embedding)
+    # --quantize: the same checks as generate (scheme, group size vs each rank's slices/engine)
+    check_quantize(ns, args, tp=ns.tp, expert_size=None if moe is None else moe[1].expert_size)
     ns.max_batch_size = ns.max_batch_size or DEFAULT_ROWS
     cache_len = min(args.max_seq_len, ns.max_seq_len or DEFAULT_MAX_SEQ)
     if cache_len < 2:
@@ -73,6 +76,10 @@ def _plan_artifacts(ns: argparse.Namespace) -> ServePlan:
 
     if ns.model is not None:
         raise ConfigError("--artifacts replaces --model (the artifacts hold the weights)")
+    if getattr(ns, "quantize", None) is not None:
+        raise ConfigError(f"--quantize {ns.quantize} with --artifacts: the artifacts hold their "
+                          "weights as compiled; drop --quantize, or compile them with "
+                          f"`torchtrt-dist compile --quantize {ns.quantize}`")  # fmt: skip
     root = Path(ns.artifacts)
     manifest = read_manifest(root)
     world = int(os.environ.get("WORLD_SIZE", str(manifest.world_size)))
@@ -156,6 +163,7 @@ def _load(
     """(generator, tokenizer, the folder of the tokenizer files) of this rank."""
     import torch.distributed as dist
 
+    from torch_tensorrt_dist.cli._quantize import quantize_rank
     from torch_tensorrt_dist.cli.generate import DTYPES
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 
@@ -182,6 +190,7 @@ def _load(
     else:
         model = random_llama(p.args, seed=0, group=group, dtype=dtype, lm_head=ns.lm_head,
                              embedding=ns.embedding).to(device)  # fmt: skip
+    quantize_rank(model, ns, engine=ns.engine)  # --quantize: this rank's shard, in place
     gen = Generator(model, engine=ns.engine, max_batch_size=ns.max_batch_size,
                     cache_len=p.cache_len, verify=ns.verify)  # fmt: skip
     return gen, load_tokenizer(p.path, vocab_size=p.args.vocab_size), p.path

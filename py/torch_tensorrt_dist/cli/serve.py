@@ -3,6 +3,7 @@
     torchtrt-dist serve --tp 2                              # the demo model, 2 ranks, port 8000
     torchtrt-dist serve --model PATH --tp 2 --engine inductor --max-batch-size 8
     torchtrt-dist serve --model MIXTRAL --ep 2 --tp 1       # mixture of experts
+    torchtrt-dist serve --tp 2 --quantize int8              # weight-only int8 (or int4)
     torchtrt-dist serve --artifacts DIR                     # from `torchtrt-dist compile`
 
 Concurrent requests share the compiled graphs: each owns a KV-cache row (slot) from its
@@ -22,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from torch_tensorrt_dist.cli._quantize import add_quantize_args
 from torch_tensorrt_dist.cli._serve_rank import API_KEY_ENV
 from torch_tensorrt_dist.cli.generate import DTYPES, ENGINE_CHOICES
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError
@@ -115,6 +117,7 @@ def register(subparsers: Any) -> None:
             default="vocab_parallel",
             help=f"TP sharding of the {part}",
         )
+    add_quantize_args(p)
     p.set_defaults(func=run)
 
 

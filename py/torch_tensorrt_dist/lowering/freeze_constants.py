@@ -4,11 +4,17 @@ TensorRT dequantizes per channel or per block only a build-time constant: a weig
 engine input cannot feed ``IDequantizeLayer`` that way. Dynamo hands our backend the real
 tensors of the module's parameters and buffers as graph inputs, and AOTAutograd keeps them as
 placeholders, in the same order. Tensors the quantization marks (:func:`mark_frozen`: codes
-and scales) are turned into ``get_attr`` constants of the graph, and the compiled callable drops
-those inputs (:func:`drop_frozen`), as Inductor's freezing does::
+and scales), and the inputs the caller names (``also``: the expert weights of an op that
+becomes IMoELayer), are turned into ``get_attr`` constants of the graph, and the compiled
+callable drops those inputs (:func:`drop_frozen`), as Inductor's freezing does::
 
     keep = freeze_inputs(aten_gm, fake_inputs, real_inputs)     # indices of remaining inputs
     run = drop_frozen(compiled, keep)                           # called with every input
+
+Memory: the graph's constant is the module's own tensor (no copy here), but TensorRT copies
+every constant into the engine it builds, and each compiled graph (every prefill bucket, the
+decode step) is its own engine. A frozen weight of ``b`` bytes therefore costs ``b`` in the
+module plus ``b`` per engine that uses it (``QuantReport.engine_bytes``; docs/quantization.md).
 
 Pure FX; nothing here imports TensorRT.
 """
@@ -22,7 +28,13 @@ from typing import Any
 import torch
 from torch import fx
 
-__all__ = ["drop_frozen", "freeze_inputs", "frozen_indices", "is_frozen", "mark_frozen"]
+__all__ = [
+    "drop_frozen",
+    "freeze_inputs",
+    "frozen_indices",
+    "is_frozen",
+    "mark_frozen",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +57,18 @@ def frozen_indices(real_inputs: Sequence[Any]) -> list[int]:
 
 
 def freeze_inputs(
-    gm: fx.GraphModule, inputs: Sequence[Any], real_inputs: Sequence[Any]
+    gm: fx.GraphModule,
+    inputs: Sequence[Any],
+    real_inputs: Sequence[Any],
+    *,
+    also: Sequence[int] = (),
 ) -> list[int] | None:
-    """Replace the placeholders of marked inputs by constants (buffers of ``gm``); return the
-    indices of the inputs that remain, or None (nothing changed) when nothing is marked or the
-    graph's inputs do not line up one to one with ``real_inputs`` (then the weights stay
-    inputs and the converters leave those matmuls to PyTorch, saying why)."""
-    frozen = frozen_indices(real_inputs)
+    """Replace the placeholders of marked inputs (and of the positions in ``also``) by
+    constants (buffers of ``gm``); return the indices of the inputs that remain, or None
+    (nothing changed) when there is nothing to freeze or the graph's inputs do not line up one
+    to one with ``real_inputs`` (then the weights stay inputs and the converters leave those
+    ops to PyTorch, saying why)."""
+    frozen = sorted(set(frozen_indices(real_inputs)) | set(also))
     if not frozen:
         return None
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
@@ -63,6 +80,9 @@ def freeze_inputs(
         return None
     for i in frozen:
         fake, real = inputs[i], real_inputs[i]
+        if not isinstance(real, torch.Tensor) or not isinstance(fake, torch.Tensor):
+            logger.warning("cannot freeze input %d: it is not a tensor", i)
+            return None
         if tuple(fake.shape) != tuple(real.shape) or fake.dtype != real.dtype:
             logger.warning(
                 "cannot freeze quantized weights: input %d is %s%s in the graph but %s%s in the "

@@ -60,6 +60,15 @@ class QuantReport:
     bytes_after: int
     """Bytes of their codes and scales."""
 
+    def engine_bytes(self, engines: int) -> int:
+        """Bytes this rank holds for the quantized weights once ``engines`` TensorRT engines
+        use them (every prefill bucket and the decode step is one; 0 for inductor and eager,
+        which read the module's tensors): the module's codes and scales, plus one copy in each
+        engine, which freezes them as constants (``lowering/freeze_constants.py``)."""
+        if engines < 0:
+            raise ValueError(f"engines must be >= 0, got {engines}")
+        return self.bytes_after * (1 + engines)
+
 
 def layer_kind(config: QuantConfig, *, engine: str, device_type: str) -> str:
     """The storage layout for ``engine`` on ``device_type`` (see ``kernels.weight_only_mm``)."""

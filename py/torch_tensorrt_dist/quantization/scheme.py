@@ -4,7 +4,8 @@
     check_group_slices(args, tp=2, config=config)   # before any rank starts
 
 ``int8``: symmetric, one scale per output channel. ``int4``: symmetric, one scale per group of
-``group_size`` consecutive weights along the input dimension (32, 64 or 128). Each rank
+``group_size`` consecutive weights along the input dimension (32, 64 or 128; TensorRT's INT4
+block dequantization takes 64 and 128 only, :func:`check_engine_group`). Each rank
 quantizes the slices it holds, so a row-parallel weight (attention ``wo``, MLP ``w2``) is
 quantized on its own input columns: a group must never straddle two ranks' slices, which holds
 exactly when the group size divides the slice (then rank ``r``'s groups are the global groups
@@ -23,7 +24,9 @@ from torch_tensorrt_dist.models.llama_args import ModelArgs
 __all__ = [
     "GROUP_SIZES",
     "SCHEMES",
+    "TENSORRT_GROUP_SIZES",
     "QuantConfig",
+    "check_engine_group",
     "check_group_slices",
     "quant_config",
     "weight_slices",
@@ -31,6 +34,8 @@ __all__ = [
 
 SCHEMES = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)
+#: the int4 group sizes TensorRT's INT4 block dequantization takes (blocks of 64 or 128)
+TENSORRT_GROUP_SIZES = (64, 128)
 DEFAULT_GROUP_SIZE = 128
 
 
@@ -94,6 +99,19 @@ def quant_config(
     return QuantConfig(scheme, group_size, embeddings)
 
 
+def check_engine_group(config: QuantConfig | None, engine: str | None) -> None:
+    """int4 for ``engine='tensorrt'`` needs a group size TensorRT's block dequantization takes,
+    else a ConfigError naming the ones that work (the inductor and eager engines take 32)."""
+    if config is None or config.scheme != "int4" or engine != "tensorrt":
+        return
+    if config.group not in TENSORRT_GROUP_SIZES:
+        raise ConfigError(
+            f"--group-size {config.group} with --engine tensorrt: TensorRT's INT4 block "
+            "quantization takes groups of 64 or 128; use --group-size 64 or 128, or another "
+            "--engine"
+        )
+
+
 #: Quantized weights of the Llama plan: module suffix -> (sharding, input-width field)
 _DENSE_WEIGHTS: dict[str, str] = {
     "attention.wq": "column",
@@ -130,17 +148,23 @@ def weight_slices(
 
 
 def check_group_slices(
-    args: ModelArgs, *, tp: int, config: QuantConfig | None, expert_size: int | None = None
+    args: ModelArgs,
+    *,
+    tp: int,
+    config: QuantConfig | None,
+    expert_size: int | None = None,
+    engine: str | None = None,
 ) -> None:
     """int4: every quantized weight's per-rank input slice splits into whole groups, else a
-    ConfigError naming the weight, its slice and the group sizes that fit."""
+    ConfigError naming the weight, its slice and the group sizes that fit (on ``engine``)."""
     if config is None or config.scheme != "int4":
         return
     g = config.group
     for name, (kind, width) in weight_slices(args, tp, expert_size=expert_size).items():
         if width % g == 0:
             continue
-        fits = [s for s in GROUP_SIZES if width % s == 0]
+        sizes = TENSORRT_GROUP_SIZES if engine == "tensorrt" else GROUP_SIZES
+        fits = [s for s in sizes if width % s == 0]
         advice = (
             f"use --group-size {' or '.join(map(str, fits))}"
             if fits

@@ -11,7 +11,18 @@ The serving graphs (``models/llama.py``: ``decode_rows``, ``prefill_slot``) writ
   row's positions ``[0, S)``). The layer's update has every row of the cache, so the write goes
   in the packed form (``AttentionIOForm.PACKED_NHD``, TensorRT 11): ``update = v`` is
   ``[total_tokens, H, D]`` and ``update_lengths [B + 1]`` (cumulative) gives ``S`` tokens to
-  row ``slot`` and none to the others, with ``writeIndices`` all 0.
+  row ``slot`` and none to the others, with ``writeIndices`` all 0 (:func:`slot_update_lengths`).
+  ``add_kv_cache_update`` creates the layer in the default padded form, whose update is
+  ``[B, H, S, D]``, so the layer is created with a padded placeholder update ``[B, H, 1, D]``,
+  then switched to the packed form, then given the real update (``set_input(1, v)``) and the
+  lengths: every step leaves a layer the API accepts. The packed form is used where the
+  installed TensorRT has it (``hasattr(trt, "AttentionIOForm")`` and the layer's
+  ``update_form``), else the write is Torch-TensorRT's scatter (correct, a copy).
+* The slot must be a row of the cache, ``0 <= slot < B``: with ``slot >= B`` the lengths end
+  in 0, not the ``S`` tokens of the update, which the header leaves undefined. A slot that is a
+  constant of the graph is checked here (the write is refused, or the converter raises); a slot
+  given at run time is checked by its caller (``generation/slots.py``: ``Slots.join`` refuses a
+  slot outside ``[0, rows)``), as the engine cannot raise.
 
 As for ``index_copy`` (``kv_cache.py``), the write must be the cache's only reader and the cache
 must not be a graph output: TensorRT writes it in place. The row and slot indices may be
@@ -32,10 +43,13 @@ from torch_tensorrt_dist.conversion.interface import Decision
 
 __all__ = [
     "KVPut",
+    "check_slot",
     "convert_kv_cache_put",
     "kv_cache_put_decision",
     "kv_cache_put_form",
     "kv_cache_put_validator",
+    "packed_update_available",
+    "slot_update_lengths",
 ]
 
 _aten = torch.ops.aten
@@ -87,6 +101,46 @@ def _is_slot(node: Any, length: int) -> bool:
     )
 
 
+def _constant_slot(node: fx.Node) -> int | None:
+    """The slot of a prefill write when the graph holds it as a constant (None: an input)."""
+    src = node.args[0]
+    if isinstance(src, fx.Node) and src.op == "get_attr" and src.graph.owning_module is not None:
+        value = getattr(src.graph.owning_module, str(src.target), None)
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            return int(value.reshape(-1)[0])
+    return None
+
+
+def check_slot(slot: int, rows: int) -> None:
+    """A prefill writes one row of the cache: ValueError for a slot outside ``[0, rows)``."""
+    if not 0 <= slot < rows:
+        raise ValueError(
+            f"KV-cache slot {slot} is not a row of a cache of {rows} rows; the packed update's "
+            f"lengths would end in 0, not its token count: use a slot in [0, {rows})"
+        )
+
+
+def slot_update_lengths(rows: int, slot: int, tokens: int) -> list[int]:
+    """The packed update's cumulative lengths ``[rows + 1]`` for ``tokens`` tokens into row
+    ``slot``: 0 up to and including the slot, ``tokens`` after it (row ``i`` gets
+    ``lengths[i + 1] - lengths[i]``); the converter computes the same in the graph as
+    ``(arange(rows + 1) > slot) * tokens``."""
+    check_slot(slot, rows)
+    return [tokens if i > slot else 0 for i in range(rows + 1)]
+
+
+def packed_update_available(trt: Any) -> bool:
+    """The installed TensorRT's Python API has the packed KV-cache update form."""
+    layer = getattr(trt, "IKVCacheUpdateLayer", None)
+    return (
+        hasattr(trt, "AttentionIOForm")
+        and hasattr(trt.AttentionIOForm, "PACKED_NHD")
+        and layer is not None
+        and hasattr(layer, "update_form")
+        and hasattr(layer, "update_lengths")
+    )
+
+
 def kv_cache_put_form(node: fx.Node) -> KVPut:
     """Which in-place KV-cache write this ``aten.index_put`` is, if any."""
     if node.target is not _aten.index_put.default or len(node.args) < 3:
@@ -120,20 +174,30 @@ def kv_cache_put_form(node: fx.Node) -> KVPut:
         return KVPut("rows", f"in-place KV-cache update of every row ({b}) at its own position")
     s = value_shape[0]
     if value_shape == (s, h, d) and s <= length and _is_slot(rows, s) and _is_arange(pos, s):
+        slot = _constant_slot(rows)
+        if slot is not None and not 0 <= slot < b:
+            return KVPut(None, f"the slot {slot} is not a row of the cache's {b}")
         return KVPut("slot", f"in-place KV-cache update of one row of {b}, positions [0, {s}) "
                      "(packed update)")  # fmt: skip
     return KVPut(None, f"values {list(value_shape)} at these indices are neither every row at "
                  "its own position nor one row from position 0")  # fmt: skip
 
 
-def kv_cache_put_decision(node: fx.Node) -> Decision:
+def kv_cache_put_decision(node: fx.Node, *, packed_update: bool = True) -> Decision:
+    """:func:`kv_cache_put_form` as a decision; ``packed_update``: whether the installed
+    TensorRT has the packed form a slot write needs."""
     put = kv_cache_put_form(node)
+    if put.form == "slot" and not packed_update:
+        return Decision(False, "this TensorRT has no packed KV-cache update (AttentionIOForm)")
     return Decision(put.form is not None, put.reason)
 
 
 def kv_cache_put_validator(node: fx.Node, compilation_settings: Any = None) -> bool:
-    """Torch-TensorRT capability validator ``(node, settings) -> bool``."""
-    return kv_cache_put_form(node).form is not None
+    """Torch-TensorRT capability validator ``(node, settings) -> bool`` (runs where
+    Torch-TensorRT, hence TensorRT, is imported)."""
+    import tensorrt as trt
+
+    return kv_cache_put_decision(node, packed_update=packed_update_available(trt)).convertible
 
 
 def convert_kv_cache_put(ctx: Any, target: Any, args: Any, kwargs: Any, name: str) -> Any:
@@ -167,19 +231,26 @@ def convert_kv_cache_put(ctx: Any, target: Any, args: Any, kwargs: Any, name: st
         out = emit_kv_cache_update_layer(ctx, name, cache, update.get_output(0), pos)
     elif form == "slot" and (binding := input_binding_name(ctx, cache)) is not None:
         s = int(values.shape[0])
+        if not isinstance(indices[0], trt.ITensor):  # the slot folded into a constant
+            check_slot(int(torch.as_tensor(indices[0]).reshape(-1)[0]), b)
         rows = get_trt_tensor(ctx, indices[0], f"{name}_rows")
         rows = cast_trt_tensor(ctx, rows, trt.int32, f"{name}_rows_int32")
         slot = ctx.net.add_slice(rows, start=(0,), shape=(1,), stride=(1,)).get_output(0)
-        # cumulative tokens per row: 0 up to the slot, S after it
+        # cumulative tokens per row (slot_update_lengths): 0 up to the slot, S after it
         ids = get_trt_tensor(ctx, np.arange(b + 1, dtype=np.int32), f"{name}_row_ids")
         after = ctx.net.add_elementwise(ids, slot, trt.ElementWiseOperation.GREATER)
         count = cast_trt_tensor(ctx, after.get_output(0), trt.int32, f"{name}_after_int32")
         tokens = get_trt_tensor(ctx, np.full((1,), s, dtype=np.int32), f"{name}_tokens")
         lengths = ctx.net.add_elementwise(count, tokens, trt.ElementWiseOperation.PROD)
         starts = get_trt_tensor(ctx, np.zeros((b,), dtype=np.int32), f"{name}_write_indices")
-        layer = ctx.net.add_kv_cache_update(cache, values, starts, trt.KVCacheMode.LINEAR)
+        # created in the default padded form with a padded update [B, H, 1, D], then packed:
+        # the packed update [S, H, D] and its lengths only once the form allows them
+        dtype = ctx.current_node.args[0].meta["val"].dtype
+        padded = get_trt_tensor(ctx, torch.zeros(b, h, 1, d, dtype=dtype), f"{name}_padded")
+        layer = ctx.net.add_kv_cache_update(cache, padded, starts, trt.KVCacheMode.LINEAR)
         if layer is not None:
             layer.update_form = trt.AttentionIOForm.PACKED_NHD
+            layer.set_input(1, values)
             layer.update_lengths = lengths.get_output(0)
             set_layer_name(layer, target, f"{name}_kv_cache_update", SourceIR.ATEN)
             out = layer.get_output(0)

@@ -14,13 +14,27 @@ and become, with the codes and scales frozen into the graph as constants
     x [M, K] @ W' (IMatrixMultiplyLayer)  -> [M, N]
 
 The weight is laid out ``[K, N]`` (transposed at build time) so the dequantize feeds the
-matmul's second input directly, the pattern TensorRT's weight-only GEMMs (and NVIDIA ModelOpt's
-ONNX exports) use. TensorRT takes INT8 per-channel dequantization of constants in every 10.x
-and 11.x release, INT4 block dequantization since 10.0 (the "INT4 weight-only quantization"
-of the 10.0 release notes; the 10.14 headers: block dequantization for kINT4, kFP8, kFP4, scale
-of the input's rank). Following Torch-TensorRT's own finding for blocked INT4 (a float32
-dequantize, then a cast), the INT4 dequantize outputs float32 and is cast to the activations'
-dtype; the INT8 one outputs the activations' dtype directly (a float32 scale allows any output).
+matmul's second input directly.
+
+What TensorRT documents, and what it does not:
+
+* **INT4**: weight-only quantization is a TensorRT feature (the 10.0 release notes; the
+  headers' block dequantization for kINT4, a scale of the input's rank). TensorRT's
+  documentation gives INT4 weight-only block sizes of 64 and 128 (the headers state no limit),
+  so a model quantized with group size 32 (valid for the inductor and eager engines) keeps
+  those matmuls in PyTorch here, saying so (:func:`weight_only_decision`; the CLI refuses
+  ``--engine tensorrt --group-size 32``). The
+  INT4 dequantize outputs float32 and a cast follows: upstream Torch-TensorRT's example
+  ``examples/dynamo/torchao/int4_utils.py`` (Torch-TensorRT 2.14 itself has no INT4
+  converter) builds its blocked INT4 dequantize that way, noting that a float32 output is what
+  TensorRT's Myelin backend accepts for it.
+* **INT8**: TensorRT's documentation lists INT8 for weight-and-activation (W8A8) quantization,
+  not as a weight-only kernel. What we emit is an INT8 dequantize of a constant weight (output
+  in the activations' dtype, a float32 per-channel scale) feeding the matmul; TensorRT may fuse
+  it into an INT8 weight-only GEMM or fold the dequantize into the constant and keep fp16/bf16
+  weights, which would lose the memory saving. Which one happens has not been checked here (no
+  GPU): ``tests/test_weight_only_tensorrt.py`` reads the built engine's layer information
+  (``IEngineInspector``) and must find the int8 weights there.
 
 :func:`weight_only_decision` and :func:`weight_only_spec` are pure (FX metadata, shapes,
 dtypes; tested on CPU); :func:`trt_weight` and :func:`trt_scales` lay out the constants (pure
@@ -44,7 +58,9 @@ __all__ = [
     "INT4_OP",
     "INT8_OP",
     "MIN_TENSORRT",
+    "TENSORRT_INT4_BLOCKS",
     "WeightOnlySpec",
+    "constant_name",
     "convert_weight_only",
     "trt_scales",
     "trt_weight",
@@ -61,6 +77,8 @@ INT4_OP = int4_weight_only_mm._opoverload  # torch.ops.tensorrt_dist.int4_weight
 #: the oldest TensorRT whose network takes each dequantize as built here: the three-argument
 #: addDequantize (an output type) from 9.0, INT4 block dequantization from 10.0
 MIN_TENSORRT = {"int8": (9, 0), "int4": (10, 0)}
+#: INT4 block sizes TensorRT's block dequantization takes (our inductor/eager engines also take 32)
+TENSORRT_INT4_BLOCKS = (64, 128)
 #: activation dtypes and their ``trt.DataType`` member names
 _ACTIVATIONS = {torch.float32: "FLOAT", torch.float16: "HALF", torch.bfloat16: "BF16"}
 _warned: set[str] = set()
@@ -132,8 +150,11 @@ def weight_only_decision(
     *,
     tensorrt_version: tuple[int, ...] | None = None,
     immutable_weights: bool = True,
+    require_constants: bool = True,
 ) -> Decision:
-    """Can this weight-only matmul become a dequantize + matmul in TensorRT?"""
+    """Can this weight-only matmul become a dequantize + matmul in TensorRT?
+    ``require_constants=False`` asks what happens under ``engine='tensorrt'``, which freezes
+    the codes and scales first (``explain`` traces with the eager engine, which does not)."""
     if node.target is INT8_OP:
         scheme, group = "int8", None
     elif node.target is INT4_OP:
@@ -143,7 +164,7 @@ def weight_only_decision(
         return Decision(False, f"{node.format_node()} is not a weight-only matmul")
     x, weight, scales = node.args[:3]
     for what, arg in (("codes", weight), ("scales", scales)):
-        if not isinstance(arg, fx.Node) or arg.op != "get_attr":
+        if not isinstance(arg, fx.Node) or (require_constants and arg.op != "get_attr"):
             return Decision(
                 False,
                 f"the {what} are not a constant of the graph (TensorRT dequantizes constant "
@@ -166,6 +187,13 @@ def weight_only_decision(
             False,
             f"TensorRT {'.'.join(map(str, tensorrt_version))} cannot dequantize {spec.weight_type}"
             f" weights this way; it needs {need[0]}.{need[1]} or newer",
+        )
+    if spec.block_size is not None and spec.block_size not in TENSORRT_INT4_BLOCKS:
+        return Decision(
+            False,
+            f"int4 group size {spec.block_size}: TensorRT's INT4 block dequantization takes "
+            "blocks of 64 or 128 weights; quantize with --group-size 64 or 128 for "
+            "engine='tensorrt'",
         )
     if scheme == "int4" and not immutable_weights:
         return Decision(
@@ -217,6 +245,12 @@ def trt_scales(spec: WeightOnlySpec, scales: Tensor) -> Tensor:
     return (s if spec.scheme == "int8" else s.t()).contiguous()
 
 
+def constant_name(name: str) -> str:
+    """The codes constant's layer name; its weights are recorded for refit as
+    ``f"{constant_name(name)} CONSTANT"`` (Torch-TensorRT's ``to_trt_weights``)."""
+    return f"{name}_codes"
+
+
 def convert_weight_only(ctx: Any, target: Any, args: Any, kwargs: Any, name: str) -> Any:
     """Constant weight + scale -> IDequantizeLayer (-> cast) -> IMatrixMultiplyLayer."""
     import tensorrt as trt
@@ -241,11 +275,14 @@ def convert_weight_only(ctx: Any, target: Any, args: Any, kwargs: Any, name: str
     constant = ctx.net.add_constant(
         trt.Dims(spec.weight_shape),
         to_trt_weights(
-            ctx, weight, f"{name}_codes", "CONSTANT", "CONSTANT",
+            ctx, weight, constant_name(name), "CONSTANT", "CONSTANT",
             dtype=getattr(trt.DataType, spec.weight_type), count=k * n,
         ),
     )  # fmt: skip
-    set_layer_name(constant, target, f"{name}_codes", SourceIR.ATEN)
+    # named as Torch-TensorRT's create_constant names its constants: the refit map records
+    # this weight under f"{layer name} CONSTANT" (to_trt_weights), so the layer keeps the name
+    # given to to_trt_weights (set_layer_name would rename it, and a refit would not find it)
+    constant.name = constant_name(name)
     scale = get_trt_tensor(ctx, trt_scales(spec, scales.detach().cpu()), f"{name}_scales")
     dq = ctx.net.add_dequantize(
         constant.get_output(0), scale, getattr(trt.DataType, spec.dequantize_to)

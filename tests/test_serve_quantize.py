@@ -1,0 +1,61 @@
+"""``serve --quantize``: the serving ranks quantize their shard as ``generate`` does, and the
+serving core (slots) then emits the tokens ``generate --quantize`` prints; bad combinations are
+one-line refusals before any rank starts. In process, on the demo checkpoint, no server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from torch_tensorrt_dist.cli import _serve_rank, build_parser, main
+from torch_tensorrt_dist.generation.slots import Request
+from torch_tensorrt_dist.quantization.modules import WeightOnlyLinear
+
+PROMPT = "The return statement"
+
+
+def test_serving_core_on_a_quantized_shard_gives_generates_tokens(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["--quantize", "int8", "--engine", "none"]
+    assert main(["generate", *args, "--max-new-tokens", "12", "--json", "--prompt", PROMPT]) == 0
+    [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
+    want = json.loads(line)["tokens"][0]
+    assert len(want) >= 4  # greedy ids of the quantized model (it stops at </s> or 12)
+
+    ns = build_parser().parse_args(["serve", *args, "--max-batch-size", "2"])
+    ns.tp = 1  # what `serve` sets outside a launcher
+    plan = _serve_rank.plan(ns)
+    gen, tok, _ = _serve_rank._load(ns, plan, 1, "cpu")
+    quantized = [m for m in gen.model.modules() if isinstance(m, WeightOnlyLinear)]
+    assert len(quantized) == 7 * plan.args.n_layers  # q, k, v, o, w1, w2, w3 of every block
+    stop = tuple(tok.eos_ids or plan.args.eos_token_ids)
+    slots = gen.slots()
+    emitted = slots.join(Request(0, tuple(tok.encode(PROMPT)), 12, stop_ids=stop), slot=1)
+    got = list(emitted.tokens)
+    while emitted.finish is None:
+        [emitted] = slots.decode()
+        got += emitted.tokens
+    assert got == want
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--quantize", "int4", "--group-size", "32", "--engine", "tensorrt"],
+         "--group-size 32 with --engine tensorrt: TensorRT's INT4 block quantization takes "
+         "groups of 64 or 128"),
+        (["--group-size", "64"], "--group-size needs --quantize int8 or --quantize int4"),
+        (["--quantize", "int8", "--artifacts", "ARTIFACTS"],
+         "--quantize int8 with --artifacts: the artifacts hold their weights as compiled"),
+    ],
+)  # fmt: skip
+def test_serve_refuses_bad_quantize_options_in_one_line(
+    extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    extra = [str(tmp_path) if a == "ARTIFACTS" else a for a in extra]
+    assert main(["serve", "--port", "0", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
