@@ -7,7 +7,11 @@ converter instead of ours), so the TensorRT tests also look at the built module:
         out = compile_step(step, "tensorrt")(*inputs)
     module = graphs[-1].engine_module
     assert torch_ops_left(module, {torch.ops.aten.index_put.default}) == 0
-    names = [layer["Name"] for layer in engine_layers(module)]
+    assert kv_cache_aliases(module) == 2 * n_layers
+    assert any("int8" in f for f in tensor_formats(engine_layers(module)))
+
+The inspector's JSON layout (``Layers`` -> ``Inputs``/``Outputs`` -> ``Format/Datatype``) is
+read from TensorRT's documentation, not from a run here (no GPU): the first GPU run confirms it.
 
 ``engine_layers`` reads each engine's ``IEngineInspector`` JSON (Torch-TensorRT's
 ``TorchTensorRTModule.get_layer_info``); inside ``detailed_layers`` the engines are built with
@@ -59,18 +63,39 @@ def engine_layers(module: Any) -> list[dict[str, Any]]:
     return out
 
 
-def layers_matching(
-    layers: list[dict[str, Any]], *words: str, names: bool = True
-) -> list[dict[str, Any]]:
-    """Layers whose description mentions every word (case-insensitive). ``names=False``
-    leaves the layer's name out (our names carry the op's, ``_weight_int8pack_mm_3``): then
-    only its type, formats and parameters count, which a name-only description lacks."""
-    found = []
-    for layer in layers:
-        described = layer if names else {k: v for k, v in layer.items() if k != "Name"}
-        text = json.dumps(described).lower()
-        if all(w.lower() in text for w in words):
-            found.append(layer)
+def kv_cache_aliases(module: Any) -> int:
+    """Engine outputs aliased to their cache input by an ``IKVCacheUpdateLayer``: the
+    interpreter records each as ``aliased_io[output] = (input, "kv_cache_update")`` on the
+    engine module (``compile_tensorrt`` moves them to ``KEPT_ALIASES`` where it clears them).
+    This holds however TensorRT fuses the layer (a fused node keeps no layer name of ours), and
+    Torch-TensorRT's scatter fallback records no such alias."""
+    from torch_tensorrt_dist.conversion.engine_binding import KEPT_ALIASES
+
+    count = 0
+    for engine in engine_modules(module):
+        aliases = getattr(engine, "aliased_io", None) or getattr(engine, KEPT_ALIASES, {})
+        count += sum(kind == "kv_cache_update" for _, kind in aliases.values())
+    return count
+
+
+def tensor_formats(layers: list[dict[str, Any]]) -> set[str]:
+    """Every ``Format/Datatype`` the inspector gives for a layer's inputs and outputs
+    (lower case): what a tensor holds, where layer and tensor names (ours carry the op's,
+    ``_weight_int8pack_mm_3``) say nothing about it."""
+    found: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key == "Format/Datatype" and isinstance(item, str):
+                    found.add(item.lower())
+                else:
+                    walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(layers)
     return found
 
 
@@ -94,6 +119,7 @@ __all__ = [
     "detailed_layers",
     "engine_layers",
     "engine_modules",
-    "layers_matching",
+    "kv_cache_aliases",
+    "tensor_formats",
     "torch_ops_left",
 ]

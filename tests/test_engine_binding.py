@@ -125,7 +125,11 @@ class StandInEngineModule(nn.Module):
 
 
 def test_engine_modules_keep_every_output_when_a_cut_would_drop_a_graph_output() -> None:
-    from torch_tensorrt_dist.conversion.engine_binding import keep_aliased_outputs, returned_outputs
+    from torch_tensorrt_dist.conversion.engine_binding import (
+        KEPT_ALIASES,
+        keep_aliased_outputs,
+        returned_outputs,
+    )
 
     kv = ("k_cache", "kv_cache_update")
     # a split engine whose cache write came last: upstream would return 1 of 2 outputs
@@ -137,6 +141,8 @@ def test_engine_modules_keep_every_output_when_a_cut_would_drop_a_graph_output()
     assert returned_outputs(["a"], {"a": kv}) == 1  # all aliased: all returned
     assert keep_aliased_outputs(nn.Sequential(split, whole)) == 1
     assert split.aliased_io == {} and whole.aliased_io == {"k_new": kv}
+    assert getattr(split, KEPT_ALIASES) == {"k_new": kv}  # what it writes in place, still known
+    assert not hasattr(whole, KEPT_ALIASES)
 
 
 def test_a_failed_first_call_is_not_retried_with_a_collective(

@@ -17,21 +17,20 @@ from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 
 from ._shared_steps import shared_decode_example as decode_example
 from ._shared_steps import shared_decode_step as decode_step
-from ._trt_checks import assert_no_fallback, detailed_layers, engine_layers, layers_matching
+from ._trt_checks import assert_no_fallback, detailed_layers, kv_cache_aliases
 
 ARGS = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, max_seq_len=64)
 _WRITES = {torch.ops.aten.index_put.default, torch.ops.aten.index_copy.default}
 
 
 def _assert_cache_writes_in_engines(graphs: list[Any]) -> None:
-    """Every graph: no KV-cache write left to PyTorch, and one of our in-place update layers
-    per cache (k and v of each layer; named ``..._kv_cache_update`` by our converters, where
-    Torch-TensorRT's scatter fallback has no such layer)."""
+    """Every graph: no KV-cache write left to PyTorch, and one in-place update per cache (k and
+    v of each layer) that the engine aliases to its cache input (an ``IKVCacheUpdateLayer``;
+    Torch-TensorRT's scatter fallback inside the engine is a copy and aliases nothing)."""
     assert graphs
     for g in graphs:
         assert_no_fallback(g.engine_module, _WRITES, "KV-cache writes")
-        updates = layers_matching(engine_layers(g.engine_module), "kv_cache_update")
-        assert len(updates) >= 2 * ARGS.n_layers, [layer.get("Name") for layer in updates]
+        assert kv_cache_aliases(g.engine_module) == 2 * ARGS.n_layers
 
 
 @pytest.mark.tensorrt

@@ -17,7 +17,7 @@ from torch_tensorrt_dist.models.moe_args import MoEArgs
 from torch_tensorrt_dist.models.moe_loader import random_moe
 from torch_tensorrt_dist.ops.experts import EXPERTS_OP
 
-from ._trt_checks import detailed_layers, engine_layers, layers_matching, torch_ops_left
+from ._trt_checks import detailed_layers, torch_ops_left
 
 ARGS = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, max_seq_len=64)
 MOE = MoEArgs(n_experts=8, top_k=2, expert_size=64, sparse_layers=(0, 1))
@@ -41,10 +41,10 @@ def test_prefill_with_grouped_experts_on_tensorrt_equals_pytorch() -> None:
     modules = [g.engine_module for g in graphs]
     assert modules and all(m is not None for m in modules)
     in_torch = sum(torch_ops_left(m, {EXPERTS_OP}) for m in modules)
-    moe_layers = [la for m in modules for la in layers_matching(engine_layers(m), "moe")]
     if env.compute_capability and env.compute_capability[0] in (10, 11) and env.moe_layer:
-        assert split == []  # one IMoELayer per MoE layer, inside the engine
-        assert in_torch == 0 and len(moe_layers) >= 2, [la.get("Name") for la in moe_layers]
+        # one IMoELayer per MoE layer, inside the engine: no experts op runs in PyTorch (layer
+        # names are no proof: TensorRT may fuse the layer into a node that keeps none of ours)
+        assert split == [] and in_torch == 0
     else:
         assert split == ["layers.0.feed_forward", "layers.1.feed_forward"]
-        assert in_torch == 2 and moe_layers == []  # the engine splits around both ops
+        assert in_torch == 2  # the engine splits around both ops

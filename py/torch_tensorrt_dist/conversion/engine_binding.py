@@ -39,6 +39,7 @@ from torch import nn
 from torch_tensorrt_dist.errors import DistributedSetupError
 
 __all__ = [
+    "KEPT_ALIASES",
     "bind_engines",
     "bound_communicator_ranks",
     "ensure_communicator",
@@ -84,6 +85,10 @@ def multidevice_engines(module: nn.Module) -> list[tuple[str, Any]]:
     return found
 
 
+#: where ``keep_aliased_outputs`` keeps the aliases it clears from an engine module
+KEPT_ALIASES = "tensorrt_dist_aliased_io"
+
+
 def keep_aliased_outputs(compiled: nn.Module) -> int:
     """Make every engine module of ``compiled`` return all its outputs; returns how many
     modules it changed.
@@ -94,13 +99,15 @@ def keep_aliased_outputs(compiled: nn.Module) -> int:
     written cache), and when the graph is split into several engines the partitioner orders an
     engine's outputs so that those only the final output reads come last: cutting them would
     hand the parent graph the wrong values. The engine still writes the cache in place and
-    returns the cache tensor itself, so AOTAutograd's copy-back is a no-op.
+    returns the cache tensor itself, so AOTAutograd's copy-back is a no-op. What the engine
+    writes in place stays readable as ``module.<KEPT_ALIASES>`` (reports, the TensorRT tests).
     """
     changed = 0
     for sub in compiled.modules():
         aliased = getattr(sub, "aliased_io", None)
         names = list(getattr(sub, "output_binding_names", None) or ())
         if aliased and names and returned_outputs(names, aliased) < len(names):
+            setattr(sub, KEPT_ALIASES, dict(aliased))
             sub.aliased_io = {}  # type: ignore[assignment]  # a Torch-TensorRT module attribute
             changed += 1
     return changed
