@@ -57,3 +57,19 @@ def test_generate_under_plain_torchrun_refuses_once(
     err = capsys.readouterr().err
     said = "error: --pp 1 x --tp 1 needs 1 ranks, but the launcher started 2; generate uses every"
     assert err.startswith(said) if rank == 0 else err == ""
+
+
+def test_the_world_must_be_the_product_of_the_parallel_flags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch_tensorrt_dist.cli._failures import check_world
+
+    for name, value in _torchrun(0, world=4).items():
+        monkeypatch.setenv(name, value)
+    assert check_world({"ep": 2, "tp": 2}) == 4
+    with pytest.raises(ConfigError) as err:
+        check_world({"pp": 1, "tp": 2}, note="generate uses every rank: ")
+    assert str(err.value) == (
+        "--pp 1 x --tp 2 needs 2 ranks, but the launcher started 4; generate uses every rank: "
+        "start 2 or change --pp/--tp"
+    )

@@ -10,14 +10,17 @@ once per node for what every rank refuses alike (:func:`prints_refusal`).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping
 from typing import Any
 
+from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.runtime._rank_entry import FAILURE_DIR_ENV
 
 __all__ = [
+    "check_world",
     "print_launch_failure",
     "prints_refusal",
     "refuse",
@@ -32,6 +35,21 @@ def world_size() -> int:
     from torch_tensorrt_dist.runtime import plan_from_env
 
     return plan_from_env(os.environ).world_size
+
+
+def check_world(sizes: dict[str, int], *, note: str = "") -> int:
+    """The launched world's size, when it is the product of ``sizes`` (``{"ep": 2, "tp": 2}``:
+    the command's parallel flags); else a ConfigError naming both, before any rank joins."""
+    world = world_size()
+    need = math.prod(sizes.values())
+    if world != need:
+        flags = " x ".join(f"--{name} {size}" for name, size in sizes.items())
+        names = "/".join(f"--{name}" for name in sizes)
+        raise ConfigError(
+            f"{flags} needs {need} ranks, but the launcher started {world}; "
+            f"{note}start {need} or change {names}"
+        )
+    return world
 
 
 def reported_by_launcher() -> bool:

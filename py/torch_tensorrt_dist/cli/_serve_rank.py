@@ -112,17 +112,12 @@ def rank_main(ns: argparse.Namespace) -> int:
 def _serve(ns: argparse.Namespace) -> ServeResult:
     import torch.distributed as dist
 
-    from torch_tensorrt_dist.cli._failures import world_size
+    from torch_tensorrt_dist.cli._failures import check_world
     from torch_tensorrt_dist.runtime import agreed, init_distributed
     from torch_tensorrt_dist.serving.chat import load_chat_template
     from torch_tensorrt_dist.serving.server import ServeConfig, serve_rank
 
-    world = world_size()
-    if world != ns.tp * ns.ep:
-        raise ConfigError(
-            f"--ep {ns.ep} x --tp {ns.tp} needs {ns.tp * ns.ep} ranks, but the "
-            f"launcher started {world}; start {ns.tp * ns.ep} or change --tp/--ep"
-        )
+    world = check_world({"ep": ns.ep, "tp": ns.tp})
     device: torch.device | str = "cuda" if torch.cuda.is_available() else "cpu"
     rank = 0
     if world > 1:

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from torch_tensorrt_dist.cli._failures import print_launch_failure, refuse, world_size
+from torch_tensorrt_dist.cli._failures import check_world, print_launch_failure, refuse
 from torch_tensorrt_dist.cli._quantize import add_quantize_args, check_quantize, quantize_rank
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError, VerificationError
 from torch_tensorrt_dist.quantization.scheme import QuantConfig
@@ -148,12 +148,7 @@ def _rank_main(ns: argparse.Namespace) -> int:
     from torch_tensorrt_dist.runtime import init_distributed
     from torch_tensorrt_dist.runtime.agree import agreed
 
-    world = world_size()
-    if world != ns.tp * ns.ep:
-        raise ConfigError(
-            f"--ep {ns.ep} x --tp {ns.tp} needs {ns.ep * ns.tp} ranks, but the launcher started "
-            f"{world}; start {ns.ep * ns.tp} or change --ep/--tp"
-        )
+    world = check_world({"ep": ns.ep, "tp": ns.tp})
     path, args = _plan(ns)
     device: Any = "cuda" if torch.cuda.is_available() else "cpu"
     group, rank = None, 0

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from torch_tensorrt_dist.cli._failures import print_launch_failure, refuse, world_size
+from torch_tensorrt_dist.cli._failures import check_world, print_launch_failure, refuse, world_size
 from torch_tensorrt_dist.cli._output import Output
 from torch_tensorrt_dist.cli._quantize import add_quantize_args, check_quantize, quantize_rank
 from torch_tensorrt_dist.cli.generate_moe import load_moe_rank, plan_moe
@@ -247,17 +247,10 @@ def _rank_main(ns: argparse.Namespace) -> int:
         from torch_tensorrt_dist.cli._generate_artifacts import rank_main
 
         return rank_main(ns)
-    world = world_size()
-    if ns.ep > 1 and world != ns.ep * ns.tp:
-        raise ConfigError(
-            f"--ep {ns.ep} x --tp {ns.tp} needs {ns.ep * ns.tp} ranks, but the launcher started "
-            f"{world}; start {ns.ep * ns.tp} or change --ep/--tp"
-        )
-    if ns.ep == 1 and world != ns.tp * ns.pp:
-        raise ConfigError(
-            f"--pp {ns.pp} x --tp {ns.tp} needs {ns.pp * ns.tp} ranks, but the launcher started "
-            f"{world}; generate uses every rank: start {ns.pp * ns.tp} or change --pp/--tp"
-        )
+    if ns.ep > 1:
+        world = check_world({"ep": ns.ep, "tp": ns.tp})
+    else:
+        world = check_world({"pp": ns.pp, "tp": ns.tp}, note="generate uses every rank: ")
     device: torch.device | str = "cpu"
     group = None
     rank = 0
