@@ -7,10 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torch_tensorrt_dist.generation.detok import INCOMPLETE, Detokenizer
+from torch_tensorrt_dist.generation.slots import Request, Slots
 from torch_tensorrt_dist.generation.stops import StopText
 from torch_tensorrt_dist.models.demo import demo_checkpoint_path
 from torch_tensorrt_dist.models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
@@ -141,6 +143,9 @@ def test_byte_fallback_run_is_released_when_it_ends(
     assert tok.decode([nul, cont]) == "\ufffd\ufffd"  # not "\x00\ufffd"
     pieces, rest, _ = _stream(tok, [nul, 0, cont])  # a skipped special inside the run
     assert pieces == ["", "", ""] and rest == "\ufffd\ufffd" == tok.decode([nul, 0, cont])
+    held = Detokenizer(tok)
+    assert held.push(nul) == "" and held.peek() == "\x00"  # held, whole characters so far
+    assert held.push(cont) == "" and held.peek() == ""  # ends inside a character: nothing
     word = tok.encode("hello", add_special_tokens=False)
     pieces, _, _ = _stream(tok, [nul, *word])
     assert pieces[0] == "" and "".join(pieces) == "\x00 hello" == tok.decode([nul, *word])
@@ -180,6 +185,59 @@ def test_stop_strings_split_across_tokens(
         if found:
             assert hit and "".join(pieces) == full[: min(found)], (text, stop)
         else:
-            assert not hit and "".join(pieces) + tail.flush() == full
+            assert not hit and "".join(pieces) + tail.flush()[0] == full
         assert tail.text == "".join(pieces) + ("" if hit else tail.text[len("".join(pieces)) :])
         assert all(INCOMPLETE not in p for p in pieces)
+
+
+def _scripted(tok: Tokenizer, vocab: int, script: list[int]) -> Slots:
+    """One row whose model generates ``script`` after the one-token prompt, whatever it is."""
+
+    def one_hot(ids: list[int]) -> torch.Tensor:
+        return torch.nn.functional.one_hot(torch.tensor(ids), vocab).float()
+
+    def prefill(tokens: torch.Tensor, slot: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        return one_hot([script[0]])
+
+    def decode(tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return one_hot([script[min(int(p), len(script) - 1)] for p in pos])  # pos 1: script[1]
+
+    return Slots(prefill, decode, rows=1, cache_len=64, bucket=lambda n: n, tokenizer=tok,
+                 text=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("after", ["eos", "length", "more text"])
+def test_byte_fallback_stop_string_ends_at_its_last_byte(
+    tokenizers: dict[str, tuple[Tokenizer, int]], after: str
+) -> None:
+    """A stop string of byte pieces (a character not in the vocabulary) is found at the token
+    that completes it, never shown, whether the request then ends (a stop id, the length) or
+    goes on: the byte-fallback run it is in is still held by the detokenizer then."""
+    tok, vocab = tokenizers["sentencepiece"]
+    ids = tok.encode("the 中", add_special_tokens=False)
+    assert len(ids) == 5 and all(i in tok.unstable_ids for i in ids[2:])  # 中: three bytes
+    tail = StopText(tok, ("中",))
+    assert [tail.push(i) for i in ids] == [("the", False), (" ", False), ("", False),
+                                           ("", False), ("", True)]  # fmt: skip
+    then = {"eos": [2], "length": [], "more text": tok.encode("the", add_special_tokens=False)}
+    script = ids + then[after]
+    slots = _scripted(tok, vocab, script)
+    req = Request(0, (1,), len(ids) if after == "length" else 20, stop_ids=(2,), stop=("中",))
+    out = [slots.join(req, 0)]
+    while slots.active:
+        out += slots.decode()
+    assert [e.tokens[0] for e in out] == ids  # it ends at the last byte of 中
+    assert "".join(e.text for e in out) == "the " and out[-1].finish == "stop"
+
+
+def test_flush_stop_hit_ends_the_request_with_stop(
+    tokenizers: dict[str, tuple[Tokenizer, int]],
+) -> None:
+    """A stop string only the end's flush shows (bytes that never completed a character show as
+    U+FFFD) is a hit: the finish is ``stop``, not ``length``, and the stop string is not shown."""
+    tok, vocab = tokenizers["byte"]
+    slots = _scripted(tok, vocab, [ord("a"), 0xE4])
+    out = [slots.join(Request(0, (1,), 2, stop=("\ufffd",)), 0)]
+    while slots.active:
+        out += slots.decode()
+    assert [(e.tokens, e.text, e.finish) for e in out] == [([97], "a", None), ([0xE4], "", "stop")]
