@@ -145,7 +145,7 @@ def test_byte_fallback_run_is_released_when_it_ends(
     assert pieces == ["", "", ""] and rest == "\ufffd\ufffd" == tok.decode([nul, 0, cont])
     held = Detokenizer(tok)
     assert held.push(nul) == "" and held.peek() == "\x00"  # held, whole characters so far
-    assert held.push(cont) == "" and held.peek() == ""  # ends inside a character: nothing
+    assert held.push(cont) == "" and held.peek() == ""  # an invalid run: every byte is U+FFFD
     word = tok.encode("hello", add_special_tokens=False)
     pieces, _, _ = _stream(tok, [nul, *word])
     assert pieces[0] == "" and "".join(pieces) == "\x00 hello" == tok.decode([nul, *word])
@@ -184,6 +184,9 @@ def test_stop_strings_split_across_tokens(
         found = [i for i in (full.find(s) for s in stop) if i >= 0]
         if found:
             assert hit and "".join(pieces) == full[: min(found)], (text, stop)
+            # at the first token whose text holds a stop string: not one token late
+            k = len(pieces)
+            assert not any(s in tok.decode(ids[: k - 1]) for s in stop), (text, stop)
         else:
             assert not hit and "".join(pieces) + tail.flush()[0] == full
         assert tail.text == "".join(pieces) + ("" if hit else tail.text[len("".join(pieces)) :])
@@ -241,3 +244,33 @@ def test_flush_stop_hit_ends_the_request_with_stop(
     while slots.active:
         out += slots.decode()
     assert [(e.tokens, e.text, e.finish) for e in out] == [([97], "a", None), ([0xE4], "", "stop")]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_stop_string_ends_the_text_at_the_first_token_that_completes_it(
+    tokenizers: dict[str, tuple[Tokenizer, int]], name: str, data: st.DataObject
+) -> None:
+    """Random ids, a stop string cut from their text: the hit comes at the first k where
+    ``decode(ids[:k])`` holds the stop string, and the text shown is that text before it."""
+    tok, vocab = tokenizers[name]
+    ids = data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=30))
+    full = tok.decode(ids)
+    start = data.draw(st.integers(0, max(len(full) - 1, 0)))
+    stop = full[start : start + data.draw(st.integers(1, 3))]
+    if not stop or INCOMPLETE in stop:
+        return  # a stop string is text a client sends
+    tail, shown, at = StopText(tok, (stop,)), "", None
+    for k, i in enumerate(ids, 1):
+        piece, hit = tail.push(i)
+        shown += piece
+        if hit:
+            at = k
+            break
+    else:
+        piece, hit = tail.flush()
+        shown, at = shown + piece, len(ids) if hit else None
+    first = next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]))
+    text = tok.decode(ids[:first])
+    assert at == first and shown == text[: text.find(stop)], (ids, stop)

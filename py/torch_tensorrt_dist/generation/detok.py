@@ -69,18 +69,14 @@ class Detokenizer:
         return self._release(final=True) if self._read < len(self._ids) else ""
 
     def peek(self) -> str:
-        """The text of the ids not released yet, without releasing it: '' while it ends inside
-        a character (or the window changed its prefix's text). A byte-fallback run is held until
-        the next id that adds text, yet its text so far is what ``decode`` of the ids so far
-        gives: a stop string can be found in it at the id that completes it."""
-        text = self._text
-        if (
-            self._read == len(self._ids)
-            or text.endswith(INCOMPLETE)
-            or not text.startswith(self._prefix_text)
-        ):
+        """The text of the ids not released yet, without releasing it, up to where a character
+        is incomplete ('' where the window changed its prefix's text). A byte-fallback run is
+        held until the next id that adds text, and a token's text that ends inside a character
+        until the character completes, yet the text before is what ``decode`` of the ids so
+        far gives: a stop string can be found in it at the id that completes it."""
+        if self._read == len(self._ids) or not self._text.startswith(self._prefix_text):
             return ""
-        return text[len(self._prefix_text) :]
+        return self._text[len(self._prefix_text) :].rstrip(INCOMPLETE)
 
     def _release(self, *, final: bool) -> str:
         ids = self._ids
