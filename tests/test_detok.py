@@ -7,10 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torch_tensorrt_dist.generation.detok import INCOMPLETE, Detokenizer
+from torch_tensorrt_dist.generation.slots import Request, Slots
 from torch_tensorrt_dist.generation.stops import StopText
 from torch_tensorrt_dist.models.demo import demo_checkpoint_path
 from torch_tensorrt_dist.models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
@@ -141,6 +143,9 @@ def test_byte_fallback_run_is_released_when_it_ends(
     assert tok.decode([nul, cont]) == "\ufffd\ufffd"  # not "\x00\ufffd"
     pieces, rest, _ = _stream(tok, [nul, 0, cont])  # a skipped special inside the run
     assert pieces == ["", "", ""] and rest == "\ufffd\ufffd" == tok.decode([nul, 0, cont])
+    held = Detokenizer(tok)
+    assert held.push(nul) == "" and held.peek() == "\x00"  # held, whole characters so far
+    assert held.push(cont) == "" and held.peek() == ""  # an invalid run: every byte is U+FFFD
     word = tok.encode("hello", add_special_tokens=False)
     pieces, _, _ = _stream(tok, [nul, *word])
     assert pieces[0] == "" and "".join(pieces) == "\x00 hello" == tok.decode([nul, *word])
@@ -179,7 +184,93 @@ def test_stop_strings_split_across_tokens(
         found = [i for i in (full.find(s) for s in stop) if i >= 0]
         if found:
             assert hit and "".join(pieces) == full[: min(found)], (text, stop)
+            # at the first token whose text holds a stop string: not one token late
+            k = len(pieces)
+            assert not any(s in tok.decode(ids[: k - 1]) for s in stop), (text, stop)
         else:
-            assert not hit and "".join(pieces) + tail.flush() == full
+            assert not hit and "".join(pieces) + tail.flush()[0] == full
         assert tail.text == "".join(pieces) + ("" if hit else tail.text[len("".join(pieces)) :])
         assert all(INCOMPLETE not in p for p in pieces)
+
+
+def _scripted(tok: Tokenizer, vocab: int, script: list[int]) -> Slots:
+    """One row whose model generates ``script`` after the one-token prompt, whatever it is."""
+
+    def one_hot(ids: list[int]) -> torch.Tensor:
+        return torch.nn.functional.one_hot(torch.tensor(ids), vocab).float()
+
+    def prefill(tokens: torch.Tensor, slot: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        return one_hot([script[0]])
+
+    def decode(tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return one_hot([script[min(int(p), len(script) - 1)] for p in pos])  # pos 1: script[1]
+
+    return Slots(prefill, decode, rows=1, cache_len=64, bucket=lambda n: n, tokenizer=tok,
+                 text=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("after", ["eos", "length", "more text"])
+def test_byte_fallback_stop_string_ends_at_its_last_byte(
+    tokenizers: dict[str, tuple[Tokenizer, int]], after: str
+) -> None:
+    """A stop string of byte pieces (a character not in the vocabulary) is found at the token
+    that completes it, never shown, whether the request then ends (a stop id, the length) or
+    goes on: the byte-fallback run it is in is still held by the detokenizer then."""
+    tok, vocab = tokenizers["sentencepiece"]
+    ids = tok.encode("the 中", add_special_tokens=False)
+    assert len(ids) == 5 and all(i in tok.unstable_ids for i in ids[2:])  # 中: three bytes
+    tail = StopText(tok, ("中",))
+    assert [tail.push(i) for i in ids] == [("the", False), (" ", False), ("", False),
+                                           ("", False), ("", True)]  # fmt: skip
+    then = {"eos": [2], "length": [], "more text": tok.encode("the", add_special_tokens=False)}
+    script = ids + then[after]
+    slots = _scripted(tok, vocab, script)
+    req = Request(0, (1,), len(ids) if after == "length" else 20, stop_ids=(2,), stop=("中",))
+    out = [slots.join(req, 0)]
+    while slots.active:
+        out += slots.decode()
+    assert [e.tokens[0] for e in out] == ids  # it ends at the last byte of 中
+    assert "".join(e.text for e in out) == "the " and out[-1].finish == "stop"
+
+
+def test_flush_stop_hit_ends_the_request_with_stop(
+    tokenizers: dict[str, tuple[Tokenizer, int]],
+) -> None:
+    """A stop string only the end's flush shows (bytes that never completed a character show as
+    U+FFFD) is a hit: the finish is ``stop``, not ``length``, and the stop string is not shown."""
+    tok, vocab = tokenizers["byte"]
+    slots = _scripted(tok, vocab, [ord("a"), 0xE4])
+    out = [slots.join(Request(0, (1,), 2, stop=("\ufffd",)), 0)]
+    while slots.active:
+        out += slots.decode()
+    assert [(e.tokens, e.text, e.finish) for e in out] == [([97], "a", None), ([0xE4], "", "stop")]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_stop_string_ends_the_text_at_the_first_token_that_completes_it(
+    tokenizers: dict[str, tuple[Tokenizer, int]], name: str, data: st.DataObject
+) -> None:
+    """Random ids, a stop string cut from their text: the hit comes at the first k where
+    ``decode(ids[:k])`` holds the stop string, and the text shown is that text before it."""
+    tok, vocab = tokenizers[name]
+    ids = data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=30))
+    full = tok.decode(ids)
+    start = data.draw(st.integers(0, max(len(full) - 1, 0)))
+    stop = full[start : start + data.draw(st.integers(1, 3))]
+    if not stop or INCOMPLETE in stop:
+        return  # a stop string is text a client sends
+    tail, shown, at = StopText(tok, (stop,)), "", None
+    for k, i in enumerate(ids, 1):
+        piece, hit = tail.push(i)
+        shown += piece
+        if hit:
+            at = k
+            break
+    else:
+        piece, hit = tail.flush()
+        shown, at = shown + piece, len(ids) if hit else None
+    first = next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]))
+    text = tok.decode(ids[:first])
+    assert at == first and shown == text[: text.find(stop)], (ids, stop)

@@ -13,6 +13,7 @@ import torch
 
 from torch_tensorrt_dist.errors import CheckpointError, ConfigError
 from torch_tensorrt_dist.generation import Generator, SamplingConfig
+from torch_tensorrt_dist.generation.detok import Detokenizer
 from torch_tensorrt_dist.generation.slots import Request
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.loader import random_llama
@@ -262,3 +263,101 @@ def test_deliver_wakes_each_event_loop_once_per_batch() -> None:
         fn(*args)
     got = [[q.get_nowait() for _ in range(q.qsize())] for q in (s.queue for s in sinks)]
     assert got == [[Piece("a", 1), Piece("c", 1, "length")], [Piece("b", 1)], [Failed(503, "x")]]
+
+
+def _texts(sink: _Sink) -> tuple[str, int]:
+    pieces = [x for x in sink.items if isinstance(x, Piece)]
+    return "".join(p.text for p in pieces), sum(p.tokens for p in pieces)
+
+
+def _shown(ids: list[int]) -> str:
+    """The text a stream shows for ``ids`` while it runs (an incomplete character waits)."""
+    detok = Detokenizer(ByteTokenizer(256))
+    return "".join(detok.push(i) for i in ids)
+
+
+@pytest.mark.parametrize("publish_fails", [False, True])
+def test_a_failed_step_still_answers_what_the_last_step_finished(
+    gen: Generator, monkeypatch: pytest.MonkeyPatch, publish_fails: bool
+) -> None:
+    """The step after a decode fails (a rank died): that decode's text is valid and is sent
+    first (a request it finished gets its whole answer, not a 503), then the 503s. Where
+    sending that text fails too, every request it holds gets the 503."""
+    leader, inbox, _ = _leader(gen, drain_when_idle=False)
+    sinks = [_Sink() for _ in range(3)]
+    for (prompt, max_new), sink in zip([((72, 105), 3), ((1, 2, 3), 10), ((9,), 5)], sinks):
+        inbox.submit(Submission(prompt, max_new, SamplingConfig(), None, (), sink))  # type: ignore[arg-type]
+    exchange, calls = leader.loop.channel.exchange, []
+
+    def failing(events: control.StepEvents | None = None) -> control.StepEvents:
+        calls.append(1)
+        if len(calls) == 3:  # step 2's decode gave the first request its third, last token
+            raise RuntimeError("a peer closed the connection")
+        return exchange(events)
+
+    monkeypatch.setattr(leader.loop.channel, "exchange", failing)
+    with pytest.raises(RuntimeError, match="a peer closed"):
+        leader.run()
+    if publish_fails:
+
+        def on_token(*_: Any) -> None:
+            raise RuntimeError("metrics broke")
+
+        leader.on_token = on_token
+    leader.fail_all(503, "a rank of the server failed")
+    assert leader._last_token == {} and inbox.waiting == 0
+    assert sinks[2].items == [Failed(503, "a rank of the server failed")]  # it waited
+    if publish_fails:
+        assert [s.items[-1] for s in sinks[:2]] == [Failed(503, "a rank of the server failed")] * 2
+        assert [_texts(s)[1] for s in sinks[:2]] == [2, 2]
+        return
+    tok = ByteTokenizer(256)
+    ref = gen.generate([[72, 105]], max_new_tokens=3).tokens[0]
+    assert _texts(sinks[0]) == (tok.decode(ref), 3) and sinks[0].items[-1].finish == "length"  # type: ignore[union-attr]
+    ref = gen.generate([[1, 2, 3]], max_new_tokens=10).tokens[0]
+    assert _texts(sinks[1]) == (_shown(ref[:3]), 3)  # its pieces, then the failure
+    assert sinks[1].items[-1] == Failed(503, "a rank of the server failed")
+
+
+def test_drain_timeout_sends_the_last_text_before_the_503(gen: Generator) -> None:
+    """A client stops reading at its 503: the last step's text comes before it."""
+    leader, inbox, state = _leader(gen, drain_when_idle=False)
+    leader.drain_timeout_s = 0.0  # what runs at the drain's first step is stopped
+    sink = _Sink()
+    inbox.submit(Submission((5,), 30, SamplingConfig(), None, (), sink))  # type: ignore[arg-type]
+    steps = []
+
+    def on_step(_: Leader) -> None:
+        steps.append(1)
+        if len(steps) == 2:
+            state.set("draining")
+
+    leader.on_step = on_step
+    leader.run()
+    ref = gen.generate([[5]], max_new_tokens=30).tokens[0]
+    assert _texts(sink) == (_shown(ref[:3]), 3)  # the join's token and two steps
+    assert isinstance(sink.items[-1], Failed) and sink.items[-1].status == 503
+    assert "drain timeout" in sink.items[-1].message and leader._last_token == {}
+
+
+def test_cancelled_requests_leave_no_state(gen: Generator) -> None:
+    """Clients that go away while their requests run: no timing kept for them, rows free."""
+    leader, inbox, state = _leader(gen, drain_when_idle=False)
+    sinks = [_Sink(), _Sink()]
+    subs = [Submission((7, 8), 30, SamplingConfig(), None, (), s) for s in sinks]  # type: ignore[arg-type]
+    for sub in subs:
+        inbox.submit(sub)
+    steps = []
+
+    def on_step(leader: Leader) -> None:
+        steps.append(1)
+        if len(steps) == 2:
+            for sub in subs:
+                inbox.cancel(sub.rid)
+        elif len(steps) > 2 and not leader.running:
+            state.set("draining")
+
+    leader.on_step = on_step
+    leader.run()
+    assert all(_texts(s)[1] == 3 and all(isinstance(x, Piece) for x in s.items) for s in sinks)
+    assert leader._last_token == {} and leader.loop.slots.free_slots() == [0, 1]

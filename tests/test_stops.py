@@ -21,7 +21,10 @@ def _feed(text: str, stop: tuple[str, ...]) -> tuple[list[str], bool, str]:
         pieces.append(piece)
         if hit:
             break
-    return pieces, hit, "" if hit else tail.flush()
+    if hit:
+        return pieces, hit, ""
+    rest, hit = tail.flush()
+    return pieces, hit, rest
 
 
 def test_held_back_is_the_longest_stop_prefix() -> None:
@@ -60,7 +63,19 @@ def test_flush_releases_the_held_prefix_at_the_end() -> None:
     tail = StopText(TOK, ("\n\n",))
     assert tail.push(ord("a")) == ("a", False)
     assert tail.push(ord("\n")) == ("", False)
-    assert tail.flush() == "\n" and tail.text == "a\n"
+    assert tail.flush() == ("\n", False) and tail.text == "a\n"
+
+
+def test_flush_finds_a_stop_string_in_what_it_releases() -> None:
+    """Bytes that never completed a character show as U+FFFD at the end, as ``decode`` gives
+    them: a stop string in that text is a hit too, and it is never shown."""
+    tail = StopText(TOK, ("\ufffd",))
+    assert tail.push(ord("a")) == ("a", False)
+    assert tail.push(0xE4) == ("", False)  # the first byte of a 3-byte character
+    assert tail.flush() == ("", True) and tail.text == "a"
+    tail = StopText(TOK, ("b\ufffd",))  # a stop string that starts in released text
+    assert [tail.push(b) for b in b"ab\xe4"] == [("a", False), ("", False), ("", False)]
+    assert tail.flush() == ("", True) and tail.text == "a"
 
 
 def test_stop_string_validation() -> None:

@@ -3,6 +3,7 @@
     detok = Detokenizer(tokenizer)
     delta = detok.push(token_id)   # new text ('' while inside a multi-byte character)
     rest = detok.flush()           # at the end: what never completed, as ``decode`` shows it
+    held = detok.peek()            # the text held back now, where it is whole characters
 
 Decoding every id again at each token costs O(n) per token, O(n^2) per request. Here each step
 decodes only a short window, ``ids[prefix:]``, where ``read`` is where the text released so far
@@ -66,6 +67,16 @@ class Detokenizer:
         """The text of the ids not released yet, at the end of the sequence (bytes that never
         completed a character show as U+FFFD, as ``decode`` gives them)."""
         return self._release(final=True) if self._read < len(self._ids) else ""
+
+    def peek(self) -> str:
+        """The text of the ids not released yet, without releasing it, up to where a character
+        is incomplete ('' where the window changed its prefix's text). A byte-fallback run is
+        held until the next id that adds text, and a token's text that ends inside a character
+        until the character completes, yet the text before is what ``decode`` of the ids so
+        far gives: a stop string can be found in it at the id that completes it."""
+        if self._read == len(self._ids) or not self._text.startswith(self._prefix_text):
+            return ""
+        return self._text[len(self._prefix_text) :].rstrip(INCOMPLETE)
 
     def _release(self, *, final: bool) -> str:
         ids = self._ids

@@ -196,10 +196,13 @@ class Slots:
             finish = "stop"
         elif len(row.out) >= req.max_new_tokens:
             finish = "length"
+        if row.text is not None and req.stop and finish is not None and not hit:
+            # what was held back for a stop string, or held inside a character: it can hold one
+            rest, hit = row.text.flush()
+            piece += rest
+            finish = "stop" if hit else finish
         emitted = Emitted(req.rid, [token], "", finish)
         if row.text is not None and req.stop:
-            if finish is not None and not hit:
-                piece += row.text.flush()  # what was held back for a stop string that never came
             emitted.text = piece if self.text else ""
         elif row.text is not None:  # text only to show it: now, or at render()
             job = (emitted, row.text, token if shown else None)
@@ -222,7 +225,7 @@ class Slots:
         emitted, text, token = job
         piece = text.push(token)[0] if token is not None else ""
         if emitted.finish is not None:
-            piece += text.flush()  # bytes that never completed a character, as decode shows
+            piece += text.flush()[0]  # bytes that never completed a character, as decode shows
         emitted.text = piece
 
     def _free(self, row: _Row) -> None:

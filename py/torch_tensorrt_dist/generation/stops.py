@@ -2,13 +2,15 @@
 
     tail = StopText(tokenizer, stop=("\\n\\n",))
     piece, hit = tail.push(token_id)   # the new text that is safe to show; hit: a stop string
-    rest = tail.flush()                # at the end (stop token, length): what was held back
+    rest, hit = tail.flush()           # at the end (stop token, length): what was held back
 
 Text that could still become a stop string is held back until it cannot; text that ends inside
 a multi-byte character (the tokenizer decodes it to U+FFFD) waits for the next token. The text
 comes from an incremental :class:`~torch_tensorrt_dist.generation.detok.Detokenizer`, so a
 token costs the same at the end of a long request as at its start. When a
-stop string appears, the text before it is the last piece and the stop string is never shown.
+stop string appears, the text before it is the last piece and the stop string is never shown:
+a stop string is found at the token that completes it, also inside a byte-fallback run the
+detokenizer still holds (``Detokenizer.peek``), and ``flush`` searches what it releases too.
 The function of the ids alone: every rank that runs it gets the same answer.
 """
 
@@ -69,27 +71,43 @@ class StopText:
     def push(self, token: int) -> tuple[str, bool]:
         """Add one generated id; return (new text to show, a stop string was reached)."""
         delta = self._detok.push(token)
-        if not delta:
-            return "", False  # inside a multi-byte character (or no text): wait
         if not self._stop:
-            self._pieces.append(delta)
+            if delta:
+                self._pieces.append(delta)
             return delta, False
+        if not delta:
+            # inside a character (or no text): wait, unless the text the detokenizer holds (a
+            # byte-fallback run) completes a stop string already
+            held = self._detok.peek()
+            hit = self._cut(self._pending + held) if held else None
+            return hit if hit is not None else ("", False)
+        hit = self._cut(self._pending + delta)
+        if hit is not None:
+            return hit
         # a stop string can only start in the unreleased part (or overlap its start)
         text, sent = self._tail + self._pending + delta, len(self._tail)
-        hits = [i for i in (text.find(s) for s in self._stop) if i >= 0]
-        if hits:
-            end = max(min(hits), sent)
-            return self._release(text[sent:end], ""), True
         end = len(text) - held_back(text, self._stop)
         if end <= sent:
             self._pending = text[sent:]
             return "", False
         return self._release(text[sent:end], text[end:]), False
 
-    def flush(self) -> str:
-        """The held-back text, at the end of a request that did not stop on a stop string
-        (bytes that never completed a character show as U+FFFD, as ``decode`` gives them)."""
-        return self._release(self._pending + self._detok.flush(), "")
+    def flush(self) -> tuple[str, bool]:
+        """At the end of a request (a stop id, the length): the held-back text (bytes that never
+        completed a character show as U+FFFD, as ``decode`` gives them) and whether a stop
+        string is in it; then only the text before the stop string."""
+        rest = self._pending + self._detok.flush()
+        hit = self._cut(rest) if self._stop else None
+        return hit if hit is not None else (self._release(rest, ""), False)
+
+    def _cut(self, unreleased: str) -> tuple[str, bool] | None:
+        """(the text before the first stop string, True) when ``unreleased`` (after what was
+        released) holds one, else None; a stop string can start in the released tail."""
+        text, sent = self._tail + unreleased, len(self._tail)
+        hits = [i for i in (text.find(s) for s in self._stop) if i >= 0]
+        if not hits:
+            return None
+        return self._release(text[sent : max(min(hits), sent)], ""), True
 
     def _release(self, piece: str, pending: str) -> str:
         self._pending = pending

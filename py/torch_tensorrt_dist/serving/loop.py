@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from torch_tensorrt_dist.errors import ConfigError
@@ -164,16 +164,22 @@ class Leader:
                 return
 
     def fail_all(self, status: int, message: str) -> None:
-        """Answer every request queued, waiting, running or finished but not yet told (a rank
-        failed)."""
+        """Answer every request queued, waiting or running (a rank failed). The last decode
+        step's output is valid and is published first: a request it finished gets its whole
+        answer, a running one its piece before the failure."""
         self.waiting.extend(i for i in self.inbox.take(0.0) if isinstance(i, Submission))
-        told = [sub for sub, e in self._pending if e.finish is not None]
-        deliver([(sub.sink, Failed(status, message))
-                 for sub in [*self.waiting, *self.running.values(), *told]])  # fmt: skip
+        failed = [*self.waiting, *self.running.values()]
+        try:
+            self._publish(self._pending)
+        except Exception:  # the failure must still be told: those the step finished get it too
+            logger.exception("publishing the last step's text failed")
+            failed += [sub for sub, e in self._pending if e.finish is not None]
+        deliver([(sub.sink, Failed(status, message)) for sub in failed])
         self.inbox.left(len(self.waiting))
         self.waiting.clear()
         self.running.clear()
         self._pending = []
+        self._last_token.clear()
 
     def _plan(self) -> StepEvents:
         busy = self.loop.slots.active or self.waiting
@@ -207,6 +213,7 @@ class Leader:
         if rid in self.running:
             events.cancels.append(rid)
             self.running.pop(rid)
+            self._last_token.pop(rid, None)
 
     def _drain(self, events: StepEvents) -> StepEvents:
         """Refuse what waits; let the running rows finish until the deadline; then stop."""
@@ -219,9 +226,13 @@ class Leader:
             self._deadline = now + self.drain_timeout_s
         if self.loop.slots.active and now < self._deadline:
             return events
-        for rid, sub in list(self.running.items()):
-            sub.sink.put(Failed(503, "the server stopped (drain timeout) before this finished"))
-            events.cancels.append(rid)
+        # the last step's text first, then the 503s: a client stops reading at its Failed
+        timeout = Failed(503, "the server stopped (drain timeout) before this finished")
+        self._publish(self._pending, then=[(sub.sink, timeout) for sub in self.running.values()])
+        self._pending = []
+        events.cancels.extend(self.running)
+        for rid in self.running:
+            self._last_token.pop(rid, None)
         self.running.clear()
         events.stop = True
         return events
@@ -239,9 +250,12 @@ class Leader:
                 del self.running[e.rid]
         return out
 
-    def _publish(self, items: list[tuple[Submission, Emitted]]) -> None:
-        """Render the text of ``items`` and hand it to HTTP (one wake-up of its loop)."""
-        if not items:
+    def _publish(
+        self, items: list[tuple[Submission, Emitted]], then: Sequence[tuple[Sink, Failed]] = ()
+    ) -> None:
+        """Render the text of ``items`` and hand it to HTTP, then ``then`` (one wake-up of its
+        loop, in this order)."""
+        if not items and not then:
             return
         self.loop.slots.render()
         now = time.perf_counter()
@@ -249,8 +263,9 @@ class Leader:
         for sub, e in items:
             if self.on_token is not None:  # (request, now, the previous token's time or None)
                 self.on_token(sub, now, self._last_token.get(e.rid))
-            self._last_token[e.rid] = now
-            pieces.append((sub.sink, Piece(e.text, len(e.tokens), e.finish)))
-            if e.finish is not None:
+            if e.finish is None and e.rid in self.running:
+                self._last_token[e.rid] = now
+            else:  # it finished, or it was cancelled after this step
                 self._last_token.pop(e.rid, None)
-        deliver(pieces)
+            pieces.append((sub.sink, Piece(e.text, len(e.tokens), e.finish)))
+        deliver([*pieces, *then])
