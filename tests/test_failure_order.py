@@ -278,3 +278,17 @@ def test_a_remote_rank_named_by_its_exit_code_does_not_beat_a_local_error() -> N
     # and one named by its code comes before a local rank that only lost its peer
     records = {0: _rec(0, 10.2, GLOO_RESET)}
     assert pick_first_failure(failed, records, exits) == failed[1]
+
+
+def test_a_death_seen_after_a_failed_rank_ended_does_not_take_the_grace() -> None:
+    # rank 0 records its own error at 10.2 and ends at 10.21; rank 1's gloo thread then aborts
+    # the process (SIGABRT) as its peer went, seen at 10.3: within the grace, but after rank
+    # 0's end, which the watch saw first
+    records = {0: _rec(0, 10.2, "ValueError: bad")}
+    exits = {0: ExitEvent(0, 10.21, said=True, exit_code=1, pid=100),
+             1: ExitEvent(1, 10.3, signal=6, pid=101)}  # fmt: skip
+    failed = {0: FailedRank(0, exit_code=1), 1: FailedRank(1, signal=6)}
+    assert pick_first_failure(failed, records, exits).rank == 0  # type: ignore[union-attr]
+    # seen in the other order, the death is the cause
+    exits[0] = ExitEvent(0, 10.31, said=True, exit_code=1, pid=100)
+    assert pick_first_failure(failed, records, exits).rank == 1  # type: ignore[union-attr]

@@ -256,14 +256,25 @@ def _time(value: Any) -> float:
     return float(value or 0.0)
 
 
-def _end_time(ev: ExitEvent, seen: FailedRank | None = None) -> float:
-    """When ``ev``'s rank ended, to compare with records' times: a death without a word, by a
-    signal other than a launcher's stop or a non-zero code (``seen``: also as the launcher
-    reported it), gets :data:`ABRUPT_DEATH_GRACE_S`, as the exit watch sees it late."""
-    seen = seen or ev.failed_rank()
-    stopped = seen.signal in STOP_SIGNALS
-    abrupt = not stopped if seen.signal is not None else bool(seen.exit_code)
-    return ev.time - ABRUPT_DEATH_GRACE_S if abrupt and not ev.said else ev.time
+def _end_times(
+    failed: Mapping[int, FailedRank],
+    records: Mapping[int, Mapping[str, Any]],
+    exits: Mapping[int, ExitEvent],
+) -> dict[int, float]:
+    """When each rank the exit watch saw ended, to compare with records' times. A death
+    without a word, by a signal other than a launcher's stop or a non-zero code (also as the
+    launcher reported it), gets :data:`ABRUPT_DEATH_GRACE_S`, as the watch sees it late; but
+    not before the end of a rank with a record that the watch saw first (the watch sees ends
+    in the order they happen: that rank's failure came before this death)."""
+    times: dict[int, float] = {}
+    for r, ev in exits.items():
+        seen = _seen(r, failed, exits) or ev.failed_rank()
+        abrupt = seen.signal not in STOP_SIGNALS if seen.signal is not None else seen.exit_code
+        times[r] = ev.time
+        if abrupt and not ev.said:
+            first = [e.time for x, e in exits.items() if x in records and x != r]
+            times[r] = max([ev.time - ABRUPT_DEATH_GRACE_S, *(t for t in first if t < ev.time)])
+    return times
 
 
 def _ended_before(
@@ -271,18 +282,18 @@ def _ended_before(
     when: float,
     failed: Mapping[int, FailedRank],
     records: Mapping[int, Mapping[str, Any]],
-    exits: Mapping[int, ExitEvent],
+    ends: Mapping[int, float],
 ) -> bool:
     """Whether a rank other than ``rank`` ended (or may have: a failure of unknown time, as on
     another node) before ``when``: then ``rank``'s broken connection tells of a lost peer."""
-    for r, ev in exits.items():
-        if r != rank and _end_time(ev) < when:
+    for r, t in ends.items():
+        if r != rank and t < when:
             return True
     for r, rec in records.items():
         if r != rank and _time(rec.get("time")) < when:
             return True
     return any(
-        r != rank and r not in records and r not in exits and got.signal not in STOP_SIGNALS
+        r != rank and r not in records and r not in ends and got.signal not in STOP_SIGNALS
         for r, got in failed.items()
     )
 
@@ -303,7 +314,8 @@ def pick_first_failure(
        only when another rank ended before the record), and a rank that died abruptly (a
        signal other than a launcher's stop, ``os._exit``, a crash in native code: no record).
        The first cause wins: by its record's time, or for an abrupt death the time the exit
-       watch saw it end, less :data:`ABRUPT_DEATH_GRACE_S`. A rank killed by such a signal
+       watch saw it end, less :data:`ABRUPT_DEATH_GRACE_S` (but not before the end of a rank
+       with a record that the watch saw first). A rank killed by such a signal
        whose time is unknown (no exit watch: another node) comes first, as its peers fail
        only when their connection to it breaks.
     2. Else a record that follows another rank names that rank (its own record is lost).
@@ -320,6 +332,7 @@ def pick_first_failure(
     records decide then.
     """
     exits = exits or {}
+    ends = _end_times(failed, records, exits)
     causes: list[tuple[tuple[int, float, int], FailedRank]] = []
     untimed: list[int] = []
     unknown: list[tuple[float, int]] = []
@@ -327,7 +340,7 @@ def pick_first_failure(
         words, when = _loss_words(rec), _time(rec.get("time"))
         if rec.get("follows") is not None or words == 2:
             continue
-        if words == 1 and _ended_before(r, when, failed, records, exits):
+        if words == 1 and _ended_before(r, when, failed, records, ends):
             continue
         causes.append(((1, when, r), _from_record(r, rec, _seen(r, failed, exits))))
     for r in sorted((set(failed) | set(exits)) - set(records)):
@@ -340,7 +353,7 @@ def pick_first_failure(
             else:
                 untimed.append(r)
         elif r in failed or ev.failure():  # the launcher's report first
-            causes.append(((1, _end_time(ev, seen), r), seen))
+            causes.append(((1, ends[r], r), seen))
         elif ev.failure() is None:
             unknown.append((ev.time, r))
     if causes:
