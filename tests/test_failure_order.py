@@ -207,3 +207,88 @@ def test_function_ranks_say_how_they_end(tmp_path: Path, monkeypatch: pytest.Mon
         _rank_entry._forget_watch()  # what the process's end does
         events = _wait_for(watch, {0})
     assert (events[0].said, events[0].exit_code, events[0].pid) == (True, 0, os.getpid())
+
+
+REFUSED = "OSError: [Errno 111] Connection refused"  # a checkpoint fetch, not a peer
+
+
+def test_peer_loss_is_read_in_exception_lines_not_source_lines() -> None:
+    fetch = (
+        'Traceback (most recent call last):\n  File "load.py", line 9, in fetch\n'
+        '    raise OSError("connection refused: is the hub up?")\n'
+        "ConnectionRefusedError: [Errno 111] Connection refused\n\n"
+        "The above exception was the direct cause of the following exception:\n"
+    )
+    assert not is_peer_loss({"error": "CheckpointError: could not fetch x", "traceback": fetch})
+    source = '  File "run.py", line 3, in main\n    pipe.write(b"x")  # broken pipe here?\n'
+    assert not is_peer_loss({"error": "ValueError: bad shape", "traceback": source})
+    # a chained error of the transport still tells
+    chained = f"{fetch}RuntimeError: [../gloo/transport/tcp/pair.cc:545] Connection reset by peer"
+    assert is_peer_loss({"error": "ScheduleMismatchError: step 3", "traceback": chained})
+
+
+def test_a_genuine_connection_refused_is_the_cause_when_it_came_first() -> None:
+    # review 3, F1: rank 0 fails a fetch (Connection refused) at 100.0 and mpirun names it;
+    # mpirun then stops rank 1 and reaps it before the watch reads its status (no word)
+    failed = {0: FailedRank(0, exit_code=1)}
+    records = {0: _rec(0, 100.0, REFUSED)}
+    exits = {0: ExitEvent(0, 100.1, said=True, exit_code=1, pid=100, host="vm"),
+             1: ExitEvent(1, 100.3, pid=11, host="h")}  # fmt: skip
+    first = pick_first_failure(failed, records, exits)
+    assert first == FailedRank(0, exit_code=1, host="vm", pid=100, detail=REFUSED)
+    # a peer's own error after it (its collective broke) does not win either
+    records[1] = _rec(1, 100.5, "RuntimeError: expected 4 tokens, got 0")
+    assert pick_first_failure(failed, records, exits).rank == 0  # type: ignore[union-attr]
+    # the same words after another rank ended are a lost peer: that rank is named
+    records = {0: _rec(0, 100.4, REFUSED)}
+    exits = {0: ExitEvent(0, 100.5, said=True, exit_code=1), 1: ExitEvent(1, 100.2, pid=11)}
+    assert pick_first_failure(failed, records, exits).rank == 1  # type: ignore[union-attr]
+    # a transport's own words are a lost peer, but a silent rank that ended after the
+    # record is a stopped one: the record is named
+    records = {0: _rec(0, 100.0, GLOO_RESET)}
+    exits = {1: ExitEvent(1, 100.3, pid=11)}
+    assert pick_first_failure(failed, records, exits).rank == 0  # type: ignore[union-attr]
+
+
+def test_an_abrupt_death_noticed_late_still_comes_first() -> None:
+    # review 3, F2: rank 0 is SIGKILLed; rank 1 records a timeout 5 ms later, and the watch,
+    # loaded, sees rank 0's end 20 ms after that
+    records = {1: _rec(1, 10.005, "RuntimeError: [gloo] Timed out waiting 3000ms for recv")}
+    exits = {0: ExitEvent(0, 10.025, signal=9, pid=100),
+             1: ExitEvent(1, 10.03, said=True, exit_code=1, pid=101)}  # fmt: skip
+    assert pick_first_failure({}, records, exits) == FailedRank(0, signal=9, pid=100)
+    # os._exit(3): no word, no record, the same
+    exits[0] = ExitEvent(0, 10.025, exit_code=3, pid=100)
+    assert pick_first_failure({}, records, exits) == FailedRank(0, exit_code=3, pid=100)
+    # a record well before the death (more than the grace) is the cause
+    records = {1: _rec(1, 9.7, "ValueError: bad")}
+    assert pick_first_failure({}, records, exits).rank == 1  # type: ignore[union-attr]
+
+
+def test_a_remote_rank_named_by_its_exit_code_does_not_beat_a_local_error() -> None:
+    # review 3, F7: multi-node mpirun names rank 1 on another node (exit code 1: it lost its
+    # peer); local rank 0 recorded its own error
+    failed = {1: FailedRank(1, exit_code=1)}
+    records = {0: _rec(0, 10.2, "ValueError: bad")}
+    exits = {0: ExitEvent(0, 10.3, said=True, exit_code=1, pid=100)}
+    assert pick_first_failure(failed, records, exits).rank == 0  # type: ignore[union-attr]
+    # a remote rank killed by a signal still comes first
+    killed = {1: FailedRank(1, signal=9, host="node-b")}
+    assert pick_first_failure(killed, records, exits) == killed[1]
+    # and one named by its code comes before a local rank that only lost its peer
+    records = {0: _rec(0, 10.2, GLOO_RESET)}
+    assert pick_first_failure(failed, records, exits) == failed[1]
+
+
+def test_a_death_seen_after_a_failed_rank_ended_does_not_take_the_grace() -> None:
+    # rank 0 records its own error at 10.2 and ends at 10.21; rank 1's gloo thread then aborts
+    # the process (SIGABRT) as its peer went, seen at 10.3: within the grace, but after rank
+    # 0's end, which the watch saw first
+    records = {0: _rec(0, 10.2, "ValueError: bad")}
+    exits = {0: ExitEvent(0, 10.21, said=True, exit_code=1, pid=100),
+             1: ExitEvent(1, 10.3, signal=6, pid=101)}  # fmt: skip
+    failed = {0: FailedRank(0, exit_code=1), 1: FailedRank(1, signal=6)}
+    assert pick_first_failure(failed, records, exits).rank == 0  # type: ignore[union-attr]
+    # seen in the other order, the death is the cause
+    exits[0] = ExitEvent(0, 10.31, said=True, exit_code=1, pid=100)
+    assert pick_first_failure(failed, records, exits).rank == 1  # type: ignore[union-attr]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from torch_tensorrt_dist.cli._failures import prints_refusal
-from torch_tensorrt_dist.errors import ConfigError, RankFailedError
+from torch_tensorrt_dist.cli._failures import mark_alike, prints_refusal
+from torch_tensorrt_dist.errors import ConfigError, DistributedSetupError, RankFailedError
 
 
 def _torchrun(rank: int, world: int = 4, local: int = 2) -> dict[str, str]:
@@ -16,7 +16,7 @@ def _torchrun(rank: int, world: int = 4, local: int = 2) -> dict[str, str]:
 
 
 def test_who_prints_a_refusal() -> None:
-    same = ConfigError("--pp 1 x --tp 1 needs 1 ranks, but the launcher started 4")
+    same = mark_alike(ConfigError("--pp 1 x --tp 1 needs 1 ranks, but the launcher started 4"))
     # before joining the world every rank refuses alike: the lowest local rank of each node
     assert [prints_refusal(same, _torchrun(r), joined=False) for r in range(4)] == [
         True, False, True, False,
@@ -39,6 +39,32 @@ def test_who_prints_a_refusal() -> None:
     # one process, or variables that do not fit: always said
     assert prints_refusal(same, {}, joined=False)
     assert prints_refusal(same, {**_torchrun(1), "LOCAL_RANK": "9"}, joined=False)
+
+
+def test_a_refusal_not_known_alike_is_printed_by_every_rank() -> None:
+    # review 3, F6: `torchrun --nproc-per-node 4` on a node with 2 GPUs; only local ranks 2
+    # and 3 refuse, before joining, and ranks 0 and 1 would only time out in the rendezvous
+    no_gpu = DistributedSetupError(
+        "local rank 2 has no GPU: 2 visible on this node (CUDA_VISIBLE_DEVICES=<unset>). "
+        "Start at most 2 processes per node (--nproc-per-node 2)"
+    )
+    assert prints_refusal(no_gpu, _torchrun(2, world=4, local=4), joined=False)
+    # a ConfigError that no option or world check marked is said where it was raised, too
+    own = ConfigError("rank-2/weights.safetensors is corrupt")
+    assert prints_refusal(own, _torchrun(2, world=4, local=4), joined=False)
+    # the world check marks its refusal
+    assert not prints_refusal(_world_refusal(), _torchrun(1), joined=False)
+
+
+def _world_refusal() -> ConfigError:
+    from torch_tensorrt_dist.cli._failures import check_world
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in _torchrun(1).items():
+            mp.setenv(name, value)
+        with pytest.raises(ConfigError) as err:
+            check_world({"tp": 2})
+    return err.value
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -73,3 +99,20 @@ def test_the_world_must_be_the_product_of_the_parallel_flags(
         "--pp 1 x --tp 2 needs 2 ranks, but the launcher started 4; generate uses every rank: "
         "start 2 or change --pp/--tp"
     )
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_option_refused_under_plain_torchrun_is_said_once(
+    rank: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the option checks mark their refusals alike (cli._failures.alike_on_every_rank)
+    from torch_tensorrt_dist.cli import main
+    from torch_tensorrt_dist.runtime._rank_entry import FAILURE_DIR_ENV
+
+    monkeypatch.delenv(FAILURE_DIR_ENV, raising=False)
+    for name, value in _torchrun(rank, world=2).items():
+        monkeypatch.setenv(name, value)
+    args = ["generate", "--engine", "none", "--tp", "2", "--max-new-tokens", "0", "--prompt", "hi"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --max-new-tokens must be") if rank == 0 else err == ""

@@ -13,20 +13,44 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.runtime._rank_entry import FAILURE_DIR_ENV
 
 __all__ = [
+    "alike_on_every_rank",
     "check_world",
+    "mark_alike",
     "print_launch_failure",
     "prints_refusal",
     "refuse",
     "reported_by_launcher",
     "world_size",
 ]
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def mark_alike(exc: _E) -> _E:
+    """``exc``, marked as a refusal every rank of a node raises alike (``same_on_every_rank``):
+    under another launcher only the node's lowest local rank prints it (:func:`prints_refusal`)."""
+    exc.same_on_every_rank = True  # type: ignore[attr-defined]
+    return exc
+
+
+@contextmanager
+def alike_on_every_rank() -> Iterator[None]:
+    """Marks a ConfigError raised inside (:func:`mark_alike`): for checks that read only the
+    options and the files they name, never the rank (a command's option checks)."""
+    try:
+        yield
+    except ConfigError as exc:
+        mark_alike(exc)
+        raise
 
 
 def world_size() -> int:
@@ -45,9 +69,11 @@ def check_world(sizes: dict[str, int], *, note: str = "") -> int:
     if world != need:
         flags = " x ".join(f"--{name} {size}" for name, size in sizes.items())
         names = "/".join(f"--{name}" for name in sizes)
-        raise ConfigError(
-            f"{flags} needs {need} ranks, but the launcher started {world}; "
-            f"{note}start {need} or change {names}"
+        raise mark_alike(
+            ConfigError(
+                f"{flags} needs {need} ranks, but the launcher started {world}; "
+                f"{note}start {need} or change {names}"
+            )
         )
     return world
 
@@ -61,9 +87,11 @@ def reported_by_launcher() -> bool:
 
 def prints_refusal(exc: BaseException, env: Mapping[str, str], *, joined: bool) -> bool:
     """Whether this process prints its refusal ``exc`` itself (pure; ``joined``: the process
-    group is initialised). Under another launcher every rank runs the command: what it refuses
-    before joining the world (options, the world's size and layout) every rank refuses alike,
-    so only the lowest local rank of each node prints it. After joining, a step that failed
+    group is initialised). Under another launcher every rank runs the command: what every rank
+    of a node refuses alike before joining the world (the options, the world's size and layout:
+    errors marked by :func:`mark_alike`) only the node's lowest local rank prints; any other
+    refusal before joining (a rank with no GPU of its own, a rendezvous that failed) is printed
+    by every rank that raised it, as it may be its own. After joining, a step that failed
     on one rank fails on all (``runtime.agree``): the failed rank prints its own error, and the
     ranks that only repeat it (``failed_rank``) stay quiet where that rank is on their node."""
     from torch_tensorrt_dist.errors import TensorRTDistError
@@ -84,7 +112,7 @@ def prints_refusal(exc: BaseException, env: Mapping[str, str], *, joined: bool) 
         if first_here <= failed < first_here + plan.local_world_size:
             return False
         return plan.local_rank == 0
-    return joined or plan.local_rank == 0
+    return joined or plan.local_rank == 0 or not getattr(exc, "same_on_every_rank", False)
 
 
 def _joined() -> bool:

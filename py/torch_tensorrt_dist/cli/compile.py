@@ -16,7 +16,12 @@ import logging
 import os
 from typing import Any
 
-from torch_tensorrt_dist.cli._failures import print_launch_failure, refuse, world_size
+from torch_tensorrt_dist.cli._failures import (
+    alike_on_every_rank,
+    print_launch_failure,
+    refuse,
+    world_size,
+)
 from torch_tensorrt_dist.cli._quantize import add_quantize_args, requested
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError
 from torch_tensorrt_dist.validation import check_int
@@ -135,27 +140,28 @@ def run(ns: argparse.Namespace) -> int:
     if ns.tp is None:
         ns.tp = world_size() if launched else 1
     try:
-        if ns.tp < 1:
-            raise ConfigError(f"--tp must be >= 1, got {ns.tp}")
-        check_int(ns.max_batch, name="--max-batch", low=1)
-        if ns.max_seq_len is not None:  # 0 is refused, not read as "the default"
-            check_int(ns.max_seq_len, name="--max-seq-len", low=1)
-        if ns.pp != 1:
-            raise ConfigError(
-                f"--pp {ns.pp}: pipeline artifacts are not supported yet; compile with --tp "
-                "only, or run `torchtrt-dist generate --pp` from the checkpoint"
-            )
-        if ns.engine != "inductor":
-            raise ConfigError(
-                "--engine tensorrt: TensorRT artifacts are not built yet (a TensorRT engine "
-                "freezes the KV-cache buffers; they must become engine inputs first); use "
-                "--engine inductor"
-            )
-        from torch_tensorrt_dist.artifacts.build import check_output_dir, resolve_model
+        with alike_on_every_rank():  # the options: alike on every rank
+            if ns.tp < 1:
+                raise ConfigError(f"--tp must be >= 1, got {ns.tp}")
+            check_int(ns.max_batch, name="--max-batch", low=1)
+            if ns.max_seq_len is not None:  # 0 is refused, not read as "the default"
+                check_int(ns.max_seq_len, name="--max-seq-len", low=1)
+            if ns.pp != 1:
+                raise ConfigError(
+                    f"--pp {ns.pp}: pipeline artifacts are not supported yet; compile with --tp "
+                    "only, or run `torchtrt-dist generate --pp` from the checkpoint"
+                )
+            if ns.engine != "inductor":
+                raise ConfigError(
+                    "--engine tensorrt: TensorRT artifacts are not built yet (a TensorRT engine "
+                    "freezes the KV-cache buffers; they must become engine inputs first); use "
+                    "--engine inductor"
+                )
+            from torch_tensorrt_dist.artifacts.build import check_output_dir, resolve_model
 
-        # a wrong --model, --out or --quantize fails here, before any rank starts
-        path, preset = resolve_model(ns.model)
-        _check_quantize(ns, path, preset)
+            # a wrong --model, --out or --quantize fails here, before any rank starts
+            path, preset = resolve_model(ns.model)
+            _check_quantize(ns, path, preset)
         if not launched:
             check_output_dir(ns.out)
         if ns.tp == 1 or launched:

@@ -19,7 +19,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from torch_tensorrt_dist.cli._failures import check_world, print_launch_failure, refuse
+from torch_tensorrt_dist.cli._failures import (
+    alike_on_every_rank,
+    check_world,
+    print_launch_failure,
+    refuse,
+)
 from torch_tensorrt_dist.cli._quantize import add_quantize_args, check_quantize, quantize_rank
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError, VerificationError
 from torch_tensorrt_dist.quantization.scheme import QuantConfig
@@ -203,7 +208,8 @@ def run(ns: argparse.Namespace) -> int:
     if ns.tp is None:
         ns.tp = max(1, int(os.environ.get("WORLD_SIZE", "1")) // ns.ep) if launched else 1
     try:
-        _plan(ns)  # bad input fails here, before any rank starts
+        with alike_on_every_rank():
+            _plan(ns)  # bad input fails here, before any rank starts
         if ns.tp * ns.ep == 1 or launched:
             return _rank_main(ns)
     except VerificationError as exc:

@@ -24,7 +24,13 @@ from typing import Any
 
 import torch
 
-from torch_tensorrt_dist.cli._failures import check_world, print_launch_failure, refuse, world_size
+from torch_tensorrt_dist.cli._failures import (
+    alike_on_every_rank,
+    check_world,
+    print_launch_failure,
+    refuse,
+    world_size,
+)
 from torch_tensorrt_dist.cli._output import Output
 from torch_tensorrt_dist.cli._quantize import add_quantize_args, check_quantize, quantize_rank
 from torch_tensorrt_dist.cli.generate_moe import load_moe_rank, plan_moe
@@ -385,7 +391,8 @@ def run(ns: argparse.Namespace) -> int:
 
         ns.prompt = ns.prompt or ["The return statement"]
         try:
-            plan_artifacts(ns)  # sets tp/pp from the manifest; bad requests fail here
+            with alike_on_every_rank():
+                plan_artifacts(ns)  # sets tp/pp from the manifest; bad requests fail here
             if ns.tp * ns.pp == 1 or launched:
                 return _rank_main(ns)
         except TensorRTDistError as exc:
@@ -399,7 +406,8 @@ def run(ns: argparse.Namespace) -> int:
         ns.tp = max(1, ranks // (ns.pp * ns.ep)) if launched else 1
     ns.prompt = ns.prompt or ["The return statement"]
     try:
-        _plan(ns)  # bad input fails here, before any rank starts
+        with alike_on_every_rank():
+            _plan(ns)  # bad input fails here, before any rank starts
         single = ns.tp * ns.pp * ns.ep == 1 or launched
         _check_engine(ns.engine, isolated=not single)
         if single:

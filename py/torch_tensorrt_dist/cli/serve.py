@@ -151,15 +151,16 @@ def check_options(ns: argparse.Namespace) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     from torch_tensorrt_dist.cli import _serve_rank
-    from torch_tensorrt_dist.cli._failures import print_launch_failure, refuse
+    from torch_tensorrt_dist.cli._failures import alike_on_every_rank, print_launch_failure, refuse
     from torch_tensorrt_dist.runtime import is_launched, launch
 
     launched = is_launched(os.environ)
     if ns.tp is None and not ns.artifacts:  # artifacts: the manifest's
         ns.tp = max(1, int(os.environ.get("WORLD_SIZE", "1")) // ns.ep) if launched else 1
     try:
-        check_options(ns)
-        _serve_rank.plan(ns)  # the model, layout and cache: bad input fails here
+        with alike_on_every_rank():
+            check_options(ns)
+            _serve_rank.plan(ns)  # the model, layout and cache: bad input fails here
         if ns.engine == "tensorrt":
             from torch_tensorrt_dist.cli.generate import _check_engine
 
