@@ -157,3 +157,32 @@ def test_real_processes_refuse_in_one_line_within_bounded_memory(broken: dict[st
         assert lines[0].startswith("error: ") and "Traceback" not in err, (name, err)
         assert re.search(dict((c[0], c[2]) for c in CHECKPOINTS)[name], lines[0]), lines[0]
         assert usage.ru_maxrss < 1536 * 1024, f"{name}: peak RSS {usage.ru_maxrss} KiB"
+
+
+def test_explain_refuses_a_config_it_cannot_build_in_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """explain builds a checkpoint config's whole model with random weights: a config of
+    20,000 layers is refused from its parameter count (its tensors' shapes), before any weight
+    is allocated."""
+    import torch_tensorrt_dist.cli.explain as explain
+    from torch_tensorrt_dist.errors import ConfigError
+
+    free = explain.available_memory()
+    assert free is None or free > 0  # MemAvailable on Linux
+    ckpt = copy_demo(tmp_path / "huge")
+    edit_config(ckpt, num_hidden_layers=20_000)
+    monkeypatch.setattr(explain, "available_memory", lambda: 8 * 2**30)
+    assert main(["explain", "--model", "llama", "--checkpoint", str(ckpt)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "explain builds its whole model with random float32" in err, err
+    assert "more than half of the 8.0 GiB available" in err
+    # 2 GiB of weights: refused with 3 GiB left, not with 5 GiB, nor where memory is unknown
+    shapes = {"w": (2**29,)}
+    monkeypatch.setattr(explain, "available_memory", lambda: 3 * 2**30)
+    with pytest.raises(ConfigError, match=r"0\.54B parameters, 2\.0 GiB"):
+        explain.check_fits(shapes, "x")
+    monkeypatch.setattr(explain, "available_memory", lambda: 5 * 2**30)
+    explain.check_fits(shapes, "x")
+    monkeypatch.setattr(explain, "available_memory", lambda: None)
+    explain.check_fits(shapes, "x")

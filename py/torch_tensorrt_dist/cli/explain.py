@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -62,13 +63,43 @@ def _block(mesh: Any, args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
     return model, (torch.randn(args.batch, args.seq, args.dim),)
 
 
+def available_memory() -> int | None:
+    """Bytes this machine can still give (``MemAvailable``); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_fits(shapes: dict[str, tuple[int, ...]], checkpoint: str) -> None:
+    """Refuse a checkpoint's config whose whole model (``shapes``: its tensors' full shapes;
+    explain builds the model with random float32 weights in this process, then shards it)
+    needs more than half of the memory left."""
+    params = sum(math.prod(shape) for shape in shapes.values())
+    need, free = params * 4, available_memory()
+    if free is not None and need > free // 2:
+        raise ConfigError(
+            f"--checkpoint {checkpoint}: explain builds its whole model with random float32 "
+            f"weights in this process ({params / 1e9:.2f}B parameters, {need / 2**30:.1f} GiB), "
+            f"more than half of the {free / 2**30:.1f} GiB available; explain a copy of its "
+            "config.json with fewer num_hidden_layers (the layers repeat)"
+        )
+
+
 def _llama_args(args: argparse.Namespace) -> Any:
     from torch_tensorrt_dist.models.llama_args import ModelArgs
 
     if args.checkpoint:
         from torch_tensorrt_dist.models.loader import read_config
+        from torch_tensorrt_dist.models.weights_check import llama_tensors
 
-        return read_config(args.checkpoint)
+        margs = read_config(args.checkpoint)
+        check_fits(llama_tensors(margs), args.checkpoint)
+        return margs
     return ModelArgs(
         dim=args.dim, n_layers=args.layers, n_heads=8, n_kv_heads=8, vocab_size=512,
         intermediate_size=4 * args.dim, max_seq_len=256,
@@ -266,8 +297,10 @@ def _run_moe(args: argparse.Namespace) -> int:
         )
     if args.checkpoint:
         from torch_tensorrt_dist.models.moe_loader import read_moe_config
+        from torch_tensorrt_dist.models.weights_check import moe_tensors
 
         margs, moe = read_moe_config(args.checkpoint)
+        check_fits(moe_tensors(margs, moe, ()), args.checkpoint)  # per-expert layout: same count
     else:
         margs = ModelArgs(
             dim=args.dim, n_layers=args.layers, n_heads=8, n_kv_heads=8, vocab_size=512,
