@@ -67,21 +67,32 @@ def _world_refusal() -> ConfigError:
     return err.value
 
 
+#: what each rank of `torchrun --nproc-per-node 2 -m torch_tensorrt_dist generate ...` refuses
+#: alike: the world check and an option check (``cli._failures.alike_on_every_rank``)
+ALIKE = [
+    (["--tp", "1", "--max-new-tokens", "2"],
+     "error: --pp 1 x --tp 1 needs 1 ranks, but the launcher started 2; generate uses every"),
+    (["--tp", "2", "--max-new-tokens", "0"], "error: --max-new-tokens must be"),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize("rank", [0, 1])
-def test_generate_under_plain_torchrun_refuses_once(
-    rank: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(("argv", "said"), ALIKE, ids=["world", "option"])
+def test_a_refusal_alike_on_every_rank_is_said_once_under_plain_torchrun(
+    rank: int,
+    argv: list[str],
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # what each of `torchrun --nproc-per-node 2 -m torch_tensorrt_dist generate --tp 1` does
     from torch_tensorrt_dist.cli import main
     from torch_tensorrt_dist.runtime._rank_entry import FAILURE_DIR_ENV
 
     monkeypatch.delenv(FAILURE_DIR_ENV, raising=False)
     for name, value in _torchrun(rank, world=2).items():
         monkeypatch.setenv(name, value)
-    args = ["generate", "--engine", "none", "--tp", "1", "--max-new-tokens", "2", "--prompt", "hi"]
-    assert main(args) == 2
+    assert main(["generate", "--engine", "none", *argv, "--prompt", "hi"]) == 2
     err = capsys.readouterr().err
-    said = "error: --pp 1 x --tp 1 needs 1 ranks, but the launcher started 2; generate uses every"
     assert err.startswith(said) if rank == 0 else err == ""
 
 
@@ -99,20 +110,3 @@ def test_the_world_must_be_the_product_of_the_parallel_flags(
         "--pp 1 x --tp 2 needs 2 ranks, but the launcher started 4; generate uses every rank: "
         "start 2 or change --pp/--tp"
     )
-
-
-@pytest.mark.parametrize("rank", [0, 1])
-def test_an_option_refused_under_plain_torchrun_is_said_once(
-    rank: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # the option checks mark their refusals alike (cli._failures.alike_on_every_rank)
-    from torch_tensorrt_dist.cli import main
-    from torch_tensorrt_dist.runtime._rank_entry import FAILURE_DIR_ENV
-
-    monkeypatch.delenv(FAILURE_DIR_ENV, raising=False)
-    for name, value in _torchrun(rank, world=2).items():
-        monkeypatch.setenv(name, value)
-    args = ["generate", "--engine", "none", "--tp", "2", "--max-new-tokens", "0", "--prompt", "hi"]
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: --max-new-tokens must be") if rank == 0 else err == ""
