@@ -5,12 +5,10 @@
                       in place, for any batch
     kv_cache_rows.py  aten.index_put (the generation core's writes: every row at its own
                       position, or one row's prompt) -> IKVCacheUpdateLayer, in place
-    kv_cache.py     aten.index_copy (a decode step's KV-cache write) -> IKVCacheUpdateLayer,
-                    in place, for any batch
-    weight_only.py  aten._weight_int8pack_mm / tensorrt_dist.int4_weight_only_mm (quantized
-                    linears) -> IDequantizeLayer on constant INT8 / INT4 weights -> matmul
-    moe_experts.py  tensorrt_dist.moe_experts (the grouped MoE experts) -> IMoELayer, where
-                    TensorRT and the GPU have it; else the op stays in PyTorch
+    weight_only.py    aten._weight_int8pack_mm / tensorrt_dist.int4_weight_only_mm (quantized
+                      linears) -> IDequantizeLayer on constant INT8 / INT4 weights -> matmul
+    moe_experts.py    tensorrt_dist.moe_experts (the grouped MoE experts) -> IMoELayer, where
+                      TensorRT and the GPU have it; else the op stays in PyTorch
 
 A new one (a quantized linear, a grouped matmul, ...) is a module here with a pure
 ``<what>_decision(node) -> Decision`` (FX metadata only, tested on CPU), the validator and the
