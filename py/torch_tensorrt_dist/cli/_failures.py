@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError, VerificationError
 from torch_tensorrt_dist.runtime._rank_entry import FAILURE_DIR_ENV
 
 __all__ = [
@@ -61,6 +61,19 @@ def world_size() -> int:
     return plan_from_env(os.environ).world_size
 
 
+@contextmanager
+def exit_codes() -> Iterator[None]:
+    """In a rank our launcher started: our errors become the rank's exit status (1: an engine
+    found wrong by ``--verify``; 2: a refusal, here or, as RankFailedError, on another rank),
+    chained, so the failure record keeps the error and the launcher prints its line."""
+    try:
+        yield
+    except VerificationError as exc:
+        raise SystemExit(1) from exc
+    except TensorRTDistError as exc:
+        raise SystemExit(2) from exc
+
+
 def check_world(sizes: dict[str, int], *, note: str = "") -> int:
     """The launched world's size, when it is the product of ``sizes`` (``{"ep": 2, "tp": 2}``:
     the command's parallel flags); else a ConfigError naming both, before any rank joins."""
@@ -94,7 +107,6 @@ def prints_refusal(exc: BaseException, env: Mapping[str, str], *, joined: bool) 
     by every rank that raised it, as it may be its own. After joining, a step that failed
     on one rank fails on all (``runtime.agree``): the failed rank prints its own error, and the
     ranks that only repeat it (``failed_rank``) stay quiet where that rank is on their node."""
-    from torch_tensorrt_dist.errors import TensorRTDistError
     from torch_tensorrt_dist.runtime import is_launched, plan_from_env
 
     if not is_launched(env):

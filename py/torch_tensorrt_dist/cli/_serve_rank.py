@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError, VerificationError
+from torch_tensorrt_dist.cli._failures import exit_codes
+from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs
@@ -194,12 +195,8 @@ def _load(
 def rank_entry(ns: argparse.Namespace) -> None:
     """Entry of a rank our launcher started: exit non-zero on error (the error travels to the
     launcher, which stops the others and prints the first failed rank's line)."""
-    try:
+    with exit_codes():
         result = _serve(ns)
-    except VerificationError as exc:  # a wrong engine, not bad input
-        raise SystemExit(1) from exc
-    except TensorRTDistError as exc:  # a refusal, here or (RankFailedError) on another rank
-        raise SystemExit(2) from exc
     if result.code:
         raise SystemExit(result.code) from result.error
     if result.signal is not None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from torch_tensorrt_dist.cli._failures import (
     alike_on_every_rank,
+    exit_codes,
     print_launch_failure,
     refuse,
     world_size,
@@ -125,10 +126,8 @@ def _check_quantize(ns: argparse.Namespace, path: Any, preset: str | None) -> No
 
 def _rank_entry(ns: argparse.Namespace) -> None:
     """Entry of a rank our launcher started (its error travels to the launcher)."""
-    try:
+    with exit_codes():
         code = _rank_main(ns)
-    except TensorRTDistError as exc:  # a refusal, here or (RankFailedError) on another rank
-        raise SystemExit(2) from exc
     if code:
         raise SystemExit(code)
 

@@ -22,6 +22,7 @@ from typing import Any
 from torch_tensorrt_dist.cli._failures import (
     alike_on_every_rank,
     check_world,
+    exit_codes,
     print_launch_failure,
     refuse,
 )
@@ -191,12 +192,8 @@ def _rank_main(ns: argparse.Namespace) -> int:
 def _rank_entry(ns: argparse.Namespace) -> None:
     """Entry of a rank our launcher started: the error travels to the launcher, which stops
     the others and prints the first failed rank's line (``cli/_failures.py``)."""
-    try:
+    with exit_codes():
         code = _rank_main(ns)
-    except VerificationError as exc:
-        raise SystemExit(1) from exc
-    except TensorRTDistError as exc:
-        raise SystemExit(2) from exc
     if code:
         raise SystemExit(code)
 

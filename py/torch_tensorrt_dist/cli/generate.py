@@ -27,6 +27,7 @@ import torch
 from torch_tensorrt_dist.cli._failures import (
     alike_on_every_rank,
     check_world,
+    exit_codes,
     print_launch_failure,
     refuse,
     world_size,
@@ -372,12 +373,8 @@ def _check_engine(engine: str, *, isolated: bool) -> None:
 def _rank_entry(ns: argparse.Namespace) -> None:
     """Entry of a rank our launcher started: exit non-zero on error (the error travels to the
     launcher, which stops the others and prints the first failed rank's line)."""
-    try:
+    with exit_codes():
         code = _rank_main(ns)
-    except VerificationError as exc:  # a wrong engine, not bad input
-        raise SystemExit(1) from exc
-    except TensorRTDistError as exc:  # a refusal, here or (RankFailedError) on another rank
-        raise SystemExit(2) from exc
     if code:
         raise SystemExit(code)
 
