@@ -111,7 +111,8 @@ async def run_load(url: str, prompts: list[str], *, requests: int, concurrency: 
 
 
 class ServerProcess:
-    """``torchtrt-dist serve ARGS --port 0`` as a child process (one torch thread per rank)."""
+    """``torchtrt-dist serve ARGS --port 0`` as a child process (one torch thread per rank), in
+    its own process group; the bench uses it as a context manager, the serving tests too."""
 
     def __init__(self, args: list[str], *, start_timeout_s: float = 1800) -> None:
         self.args, self.timeout = args, start_timeout_s
@@ -120,20 +121,26 @@ class ServerProcess:
         self._q: queue.Queue[str | None] = queue.Queue()
         self.returncode: int | None = None
 
-    def __enter__(self) -> ServerProcess:
+    def start(self) -> ServerProcess:
+        """Start it; return once it printed its URL (ConfigError with its output if not)."""
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "torch_tensorrt_dist", "serve", "--port", "0", *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, start_new_session=True)  # fmt: skip
         threading.Thread(target=self._pump, daemon=True).start()
         deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            match = re.search(r"serving \S+ at (http://[\w.:\[\]]+)/v1", self._next(1.0) or "")
+        while time.monotonic() < deadline:
+            line = self.read(1.0)
+            if line is None and self.proc.poll() is not None:
+                break
+            match = re.search(r"serving \S+ at (http://[\w.:\[\]]+)/v1", line or "")
             if match:
                 self.url = match.group(1)
                 return self
-        self._kill()
-        raise ConfigError("the server did not start: " + "".join(self.lines)[-2000:])
+        self.kill()
+        raise ConfigError("the server did not start:\n" + self.output()[-4000:])
+
+    __enter__ = start
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -141,7 +148,8 @@ class ServerProcess:
             self._q.put(line)
         self._q.put(None)
 
-    def _next(self, timeout: float) -> str | None:
+    def read(self, timeout: float) -> str | None:
+        """Its next output line (kept in ``lines``), or None after ``timeout`` s or at its end."""
         try:
             line = self._q.get(timeout=timeout)
         except queue.Empty:
@@ -150,27 +158,41 @@ class ServerProcess:
             self.lines.append(line)
         return line
 
+    def output(self) -> str:
+        """Everything it printed so far."""
+        while self.read(0.1) is not None:
+            pass
+        return "".join(self.lines)
+
     def metrics(self) -> dict[str, float]:
         import httpx
 
         text = httpx.get(f"{self.url}/metrics", timeout=30).text
         return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}
 
-    def output(self) -> str:
-        while self._next(0.1) is not None:
-            pass
-        return "".join(self.lines)
+    def health(self) -> dict[str, Any]:
+        import httpx
 
-    def _kill(self) -> None:
+        return dict(httpx.get(f"{self.url}/health", timeout=10).json())
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """Signal the server (the launcher forwards it to the ranks); after ``timeout`` s, kill
+        its whole process group (the ranks too). Its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            self.returncode = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return self.kill()
+        return self.returncode
+
+    def kill(self) -> int:
+        """SIGKILL the launcher and its ranks (its process group)."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.returncode = self.proc.wait(30)
+        return self.returncode
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.returncode = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self._kill()
+        self.stop()
         self.output()
