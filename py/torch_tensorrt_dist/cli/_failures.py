@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -72,6 +72,15 @@ def exit_codes() -> Iterator[None]:
         raise SystemExit(1) from exc
     except TensorRTDistError as exc:
         raise SystemExit(2) from exc
+
+
+def rank_entry(rank_main: Callable[[Any], int], ns: Any) -> None:
+    """Entry of a rank our launcher started (``launch(rank_entry, n, [rank_main, ns])``):
+    ``rank_main(ns)``, its errors and non-zero return as the rank's exit status."""
+    with exit_codes():
+        code = rank_main(ns)
+    if code:
+        raise SystemExit(code)
 
 
 def check_world(sizes: dict[str, int], *, note: str = "") -> int:

@@ -18,8 +18,8 @@ from typing import Any
 
 from torch_tensorrt_dist.cli._failures import (
     alike_on_every_rank,
-    exit_codes,
     print_launch_failure,
+    rank_entry,
     refuse,
     world_size,
 )
@@ -124,14 +124,6 @@ def _check_quantize(ns: argparse.Namespace, path: Any, preset: str | None) -> No
     check_artifact_quantization(check_quantize(ns, args, tp=ns.tp))
 
 
-def _rank_entry(ns: argparse.Namespace) -> None:
-    """Entry of a rank our launcher started (its error travels to the launcher)."""
-    with exit_codes():
-        code = _rank_main(ns)
-    if code:
-        raise SystemExit(code)
-
-
 def run(ns: argparse.Namespace) -> int:
     from torch_tensorrt_dist.runtime import is_launched, launch
 
@@ -168,6 +160,6 @@ def run(ns: argparse.Namespace) -> int:
     except TensorRTDistError as exc:
         return refuse(exc, 2)
     ns.func = None
-    result = launch(_rank_entry, ns.tp, [ns])
+    result = launch(rank_entry, ns.tp, [_rank_main, ns])
     print_launch_failure(result, verbose=getattr(ns, "verbose", 0))
     return int(result.returncode)

@@ -22,8 +22,8 @@ from typing import Any
 from torch_tensorrt_dist.cli._failures import (
     alike_on_every_rank,
     check_world,
-    exit_codes,
     print_launch_failure,
+    rank_entry,
     refuse,
 )
 from torch_tensorrt_dist.cli._quantize import add_quantize_args, check_quantize, quantize_rank
@@ -189,15 +189,6 @@ def _rank_main(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _rank_entry(ns: argparse.Namespace) -> None:
-    """Entry of a rank our launcher started: the error travels to the launcher, which stops
-    the others and prints the first failed rank's line (``cli/_failures.py``)."""
-    with exit_codes():
-        code = _rank_main(ns)
-    if code:
-        raise SystemExit(code)
-
-
 def run(ns: argparse.Namespace) -> int:
     from torch_tensorrt_dist.runtime import is_launched, launch
 
@@ -214,6 +205,6 @@ def run(ns: argparse.Namespace) -> int:
     except TensorRTDistError as exc:
         return refuse(exc, 2)
     ns.func = None
-    result = launch(_rank_entry, ns.tp * ns.ep, [ns])
+    result = launch(rank_entry, ns.tp * ns.ep, [_rank_main, ns])
     print_launch_failure(result, verbose=getattr(ns, "verbose", 0))
     return int(result.returncode)

@@ -27,8 +27,8 @@ import torch
 from torch_tensorrt_dist.cli._failures import (
     alike_on_every_rank,
     check_world,
-    exit_codes,
     print_launch_failure,
+    rank_entry,
     refuse,
     world_size,
 )
@@ -370,15 +370,6 @@ def _check_engine(engine: str, *, isolated: bool) -> None:
         raise EngineUnavailableError(problem)
 
 
-def _rank_entry(ns: argparse.Namespace) -> None:
-    """Entry of a rank our launcher started: exit non-zero on error (the error travels to the
-    launcher, which stops the others and prints the first failed rank's line)."""
-    with exit_codes():
-        code = _rank_main(ns)
-    if code:
-        raise SystemExit(code)
-
-
 def run(ns: argparse.Namespace) -> int:
     from torch_tensorrt_dist.runtime import is_launched, launch
 
@@ -395,7 +386,7 @@ def run(ns: argparse.Namespace) -> int:
         except TensorRTDistError as exc:
             return refuse(exc, 2)
         ns.func = None
-        result = launch(_rank_entry, ns.tp * ns.pp, [ns])
+        result = launch(rank_entry, ns.tp * ns.pp, [_rank_main, ns])
         print_launch_failure(result, verbose=getattr(ns, "verbose", 0))
         return int(result.returncode)
     if ns.tp is None:
@@ -414,6 +405,6 @@ def run(ns: argparse.Namespace) -> int:
     except TensorRTDistError as exc:
         return refuse(exc, 2)
     ns.func = None  # the ranks get a plain, picklable namespace
-    result = launch(_rank_entry, ns.tp * ns.pp * ns.ep, [ns])
+    result = launch(rank_entry, ns.tp * ns.pp * ns.ep, [_rank_main, ns])
     print_launch_failure(result, verbose=getattr(ns, "verbose", 0))
     return int(result.returncode)
