@@ -78,8 +78,12 @@ def compile_and_generate(
     reference = Generator(model, max_batch_size=2, cache_len=MAX_SEQ)
     from_ckpt = reference.generate(prompts, max_new_tokens=max_new).tokens
     # the serving core over the loaded graphs: requests join and leave at different steps
-    jobs = [Job(0, prompts[0], max_new), Job(1, prompts[1], 4), Job(2, [6, 6], 7, cancel_at=5),
-            Job(3, [1], 5)]  # fmt: skip
+    jobs = [
+        Job(0, prompts[0], max_new),
+        Job(1, prompts[1], 4),
+        Job(2, [6, 6], 7, cancel_at=5),
+        Job(3, [1], 5),
+    ]
     served = run_schedule(gen, jobs, ())["tokens"]
     served_ckpt = run_schedule(reference, jobs, ())["tokens"]
 

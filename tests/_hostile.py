@@ -73,8 +73,10 @@ def shard(ckpt: Path) -> dict[str, str]:
     tensors = load_file(str(ckpt / WEIGHTS))
     (ckpt / WEIGHTS).unlink()
     names = sorted(tensors)
-    files = {"model-00001-of-00002.safetensors": names[:20],
-             "model-00002-of-00002.safetensors": names[20:]}  # fmt: skip
+    files = {
+        "model-00001-of-00002.safetensors": names[:20],
+        "model-00002-of-00002.safetensors": names[20:],
+    }
     mapping = {}
     for file, part in files.items():
         save_file({n: tensors[n] for n in part}, str(ckpt / file), metadata={"format": "pt"})

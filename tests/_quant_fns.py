@@ -28,8 +28,11 @@ def demo_tp(rank: int, world: int, text: str) -> dict[str, Any]:
     tok = demo_tokenizer()
     ids = document_ids(text, tok)
     out: dict[str, Any] = {}
-    for name, config in (("fp32", None), ("int8", QuantConfig("int8")),
-                         ("int4", QuantConfig("int4", 64))):  # fmt: skip
+    for name, config in (
+        ("fp32", None),
+        ("int8", QuantConfig("int8")),
+        ("int4", QuantConfig("int4", 64)),
+    ):
         model = load_llama(path, group=dist.group.WORLD, progress=False)
         if config is not None:
             quantize_model(model, config, engine="none")

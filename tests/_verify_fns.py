@@ -156,9 +156,11 @@ def tensorrt_scenarios(rank: int, world: int) -> dict[str, Any]:
         with broken_engine(breaker), torch.no_grad():
             torch._dynamo.reset()
             compiled = torch.compile(
-                model, backend="torch_tensorrt_dist", options={"engine": "tensorrt"},
+                model,
+                backend="torch_tensorrt_dist",
+                options={"engine": "tensorrt"},
                 fullgraph=True,
-            )  # fmt: skip
+            )
             return float((compiled(x) - want).abs().max())
 
     return {"ok": _outcome(lambda: run(None)), "dropped": _outcome(lambda: run(_drop_all_reduce))}

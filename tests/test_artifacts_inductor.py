@@ -221,11 +221,30 @@ def test_cli_rank_1_refusal_under_mpirun(built: dict[str, Any]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(launcher_vars)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT / "py"), env.get("PYTHONPATH"))))
     out = subprocess.run(
-        [sys.executable, "-m", "torch_tensorrt_dist", "run", "--launcher", "mpi",
-         "--nproc-per-node", "2", "-m", "torch_tensorrt_dist", "generate", "--artifacts",
-         str(bad), "--prompt", TEXT, "--max-new-tokens", "2"],
-        env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch_tensorrt_dist",
+            "run",
+            "--launcher",
+            "mpi",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "torch_tensorrt_dist",
+            "generate",
+            "--artifacts",
+            str(bad),
+            "--prompt",
+            TEXT,
+            "--max-new-tokens",
+            "2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stdout == ""
     error, named = out.stderr.strip().splitlines()[-2:]
@@ -254,8 +273,11 @@ def test_cli_manifest_and_tokenizer_refused_before_any_rank(
     (tok / "tokenizer" / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
     data = json.loads((tok / "manifest.json").read_text())
     file = tok / "tokenizer" / "tokenizer.json"
-    entry = {"path": "tokenizer/tokenizer.json", "bytes": file.stat().st_size,
-             "sha256": sha256_file(file)}  # fmt: skip
+    entry = {
+        "path": "tokenizer/tokenizer.json",
+        "bytes": file.stat().st_size,
+        "sha256": sha256_file(file),
+    }
     data["tokenizer"] = {"tokenizer.json": entry}
     data["digest"] = manifest_digest(data)
     (tok / "manifest.json").write_text(json.dumps(data))

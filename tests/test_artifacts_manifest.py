@@ -122,8 +122,11 @@ def test_manifest_checked_against_its_own_digest(tmp_path: Path) -> None:
     data = json.loads(text)
     assert data["digest"] == manifest_digest(data)
     # any change after writing: a value, a file's hash, a schedule, the digest itself
-    for old, new in [('"cache_len": 64', '"cache_len": 65'), ("sum,0", "sum,1"),
-                     (data["digest"], "0" * 64)]:  # fmt: skip
+    for old, new in [
+        ('"cache_len": 64', '"cache_len": 65'),
+        ("sum,0", "sum,1"),
+        (data["digest"], "0" * 64),
+    ]:
         (tmp_path / "manifest.json").write_text(text.replace(old, new, 1))
         with pytest.raises(
             ArtifactError, match=r"manifest.json does not match its digest \(sha256 "

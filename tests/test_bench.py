@@ -14,10 +14,22 @@ from torch_tensorrt_dist.bench.gpu import bandwidth_limit_ms
 def test_communication_and_gpu_sections_write_json(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch_tensorrt_dist", "bench", "--section", "communication",
-         "--section", "gpu", "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch_tensorrt_dist",
+            "bench",
+            "--section",
+            "communication",
+            "--section",
+            "gpu",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = {f["name"]: f for f in json.loads(out.read_text())["figures"]}
     for tp in (2, 4, 8):

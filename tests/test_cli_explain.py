@@ -67,9 +67,19 @@ def test_bad_layouts_are_clear_errors(args: list[str], message: str) -> None:
 
 def test_llama_decode_step_has_two_all_reduces_per_layer() -> None:
     proc = _run(
-        "explain", "--model", "llama", "--layers", "3", "--world-size", "8", "--tp", "4",
-        "--rank", "6", "--json",
-    )  # fmt: skip
+        "explain",
+        "--model",
+        "llama",
+        "--layers",
+        "3",
+        "--world-size",
+        "8",
+        "--tp",
+        "4",
+        "--rank",
+        "6",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["graph_count"] == 1 and report["graph_breaks"] == []
@@ -91,8 +101,20 @@ def test_llama_prefill_graph_writes_its_row_in_place(capsys: pytest.CaptureFixtu
     """``--graph prefill``: the serving prefill of one bucket into one row (in one process)."""
     from torch_tensorrt_dist.cli import main
 
-    args = ["explain", "--model", "llama", "--graph", "prefill", "--seq", "16", "--layers", "1",
-            "--dim", "32", "--json"]  # fmt: skip
+    args = [
+        "explain",
+        "--model",
+        "llama",
+        "--graph",
+        "prefill",
+        "--seq",
+        "16",
+        "--layers",
+        "1",
+        "--dim",
+        "32",
+        "--json",
+    ]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     [writes] = report["input_writes"]
@@ -104,22 +126,45 @@ def test_llama_prefill_graph_writes_its_row_in_place(capsys: pytest.CaptureFixtu
 
 def test_llama_replicated_embedding_and_head_have_only_the_layers_all_reduces() -> None:
     proc = _run(
-        "explain", "--model", "llama", "--layers", "2", "--tp", "2", "--embedding", "replicated",
-        "--lm-head", "replicated", "--json",
-    )  # fmt: skip
+        "explain",
+        "--model",
+        "llama",
+        "--layers",
+        "2",
+        "--tp",
+        "2",
+        "--embedding",
+        "replicated",
+        "--lm-head",
+        "replicated",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert [c["module"] for c in report["collectives"]] == [
-        "layers.0.attention", "layers.0.feed_forward", "layers.1.attention",
+        "layers.0.attention",
+        "layers.0.feed_forward",
+        "layers.1.attention",
         "layers.1.feed_forward",
-    ]  # fmt: skip
+    ]
 
 
 def test_pipeline_explain_shows_stage_collectives_and_transfers() -> None:
     proc = _run(
-        "explain", "--model", "llama", "--layers", "4", "--world-size", "8", "--pp", "2",
-        "--tp", "4", "--rank", "2",
-    )  # fmt: skip
+        "explain",
+        "--model",
+        "llama",
+        "--layers",
+        "4",
+        "--world-size",
+        "8",
+        "--pp",
+        "2",
+        "--tp",
+        "4",
+        "--rank",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "pipeline stage 0 of 2 (rank 2, tp rank 2 of group [0, 1, 2, 3])" in out
@@ -132,9 +177,20 @@ def test_pipeline_explain_shows_stage_collectives_and_transfers() -> None:
 
 def test_llama_with_torch_nccl_selected_names_it_for_every_collective() -> None:
     proc = _run(
-        "explain", "--model", "llama", "--world-size", "8", "--tp", "4", "--rank", "5",
-        "--layers", "1", "--collective-impl", "torch_nccl",
-    )  # fmt: skip
+        "explain",
+        "--model",
+        "llama",
+        "--world-size",
+        "8",
+        "--tp",
+        "4",
+        "--rank",
+        "5",
+        "--layers",
+        "1",
+        "--collective-impl",
+        "torch_nccl",
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if "[4, 5, 6, 7]" in line]
     assert len(rows) == 4  # embedding, attention, feed-forward, head gather

@@ -80,12 +80,21 @@ def test_plugin_decisions(kwargs: dict[str, object], convertible: bool, fragment
         (dict(op="all_reduce", reduce_op="max"), True, "ALL_REDUCE/MAX"),
         (dict(op="all_reduce", reduce_op="avg"), True, "ALL_REDUCE/AVG"),
         (dict(op="all_to_all", dim0=8), True, "ALL_TO_ALL"),
-        (dict(op="all_to_all", input_split_sizes=[4, 4], output_split_sizes=[4, 4]), True,
-         "ALL_TO_ALL"),
-        (dict(op="all_to_all", input_split_sizes=[3, 5], output_split_sizes=[4, 4]), False,
-         "uneven input split sizes [3, 5]"),
-        (dict(op="all_to_all", input_split_sizes=[4, 4], output_split_sizes=[2, 6]), False,
-         "uneven output"),
+        (
+            dict(op="all_to_all", input_split_sizes=[4, 4], output_split_sizes=[4, 4]),
+            True,
+            "ALL_TO_ALL",
+        ),
+        (
+            dict(op="all_to_all", input_split_sizes=[3, 5], output_split_sizes=[4, 4]),
+            False,
+            "uneven input split sizes [3, 5]",
+        ),
+        (
+            dict(op="all_to_all", input_split_sizes=[4, 4], output_split_sizes=[2, 6]),
+            False,
+            "uneven output",
+        ),
         (dict(op="all_to_all", dim0=7), False, "divisible"),
         (dict(op="all_to_all", input_split_sizes=[2, 2, 2]), False, "got 3 input split sizes"),
         (dict(op="reduce_scatter", reduce_op="max", dim0=3), False, "divisible"),
@@ -106,22 +115,26 @@ def test_dtype_rules_differ_by_impl() -> None:
     assert conversion_decision("all_gather", torch.int32, [0, 1], impl="native").convertible
     ok, reason = conversion_decision("all_gather", torch.int32, [0, 1], impl="plugin")
     assert not ok and "bfloat16, float16, float32 only" in reason
-    ok, reason = conversion_decision("all_reduce", torch.int32, [0, 1], impl="native",
-                                     reduce_op="avg")
+    ok, reason = conversion_decision(
+        "all_reduce", torch.int32, [0, 1], impl="native", reduce_op="avg"
+    )
     assert not ok and "would round" in reason
 
 
 def test_unknown_impl_and_bad_groups() -> None:
-    assert "unknown collective implementation" in conversion_decision(
-        "all_gather", torch.float16, [0, 1], impl="nccl"
-    ).reason
+    assert (
+        "unknown collective implementation"
+        in conversion_decision("all_gather", torch.float16, [0, 1], impl="nccl").reason
+    )
     assert not conversion_decision("all_gather", torch.float16, [], impl="native").convertible
-    assert "non-negative" in conversion_decision(
-        "all_gather", torch.float16, [-1, 0], impl="native"
-    ).reason
-    assert "not a torch dtype" in conversion_decision(
-        "all_gather", "floaty", [0, 1], impl="native"
-    ).reason
+    assert (
+        "non-negative"
+        in conversion_decision("all_gather", torch.float16, [-1, 0], impl="native").reason
+    )
+    assert (
+        "not a torch dtype"
+        in conversion_decision("all_gather", "floaty", [0, 1], impl="native").reason
+    )
 
 
 def test_auto_here_reports_that_nothing_is_installed() -> None:
@@ -203,7 +216,9 @@ def test_collective_calls_and_engine_group() -> None:
     graph.output(c)
     calls = collective_calls(fx.GraphModule(torch.nn.Module(), graph))
     assert [(c.op, c.group_ranks) for c in calls] == [
-        ("all_reduce", (0, 2)), ("all_gather", (0, 1)), ("broadcast", (0, 1))
+        ("all_reduce", (0, 2)),
+        ("all_gather", (0, 1)),
+        ("broadcast", (0, 1)),
     ]
     assert calls[0].reduce_op == "sum" and calls[2].src == 1 and calls[0].dim0 == 8
     chosen = engine_group(calls)
@@ -295,8 +310,13 @@ def test_binding_by_name_and_its_errors() -> None:
     assert row_of(OPS.broadcast) is COLLECTIVES["broadcast"]  # the packet works too
     assert row_of(torch.ops.aten.add.Tensor) is None
     row = COLLECTIVES["all_to_all"]
-    call = bind_collective(row, [torch.ones(4)], dict(
-        output_split_sizes=[2, 2], input_split_sizes=[2, 2], group_name="g", group_ranks=[0, 1]))
+    call = bind_collective(
+        row,
+        [torch.ones(4)],
+        dict(
+            output_split_sizes=[2, 2], input_split_sizes=[2, 2], group_name="g", group_ranks=[0, 1]
+        ),
+    )
     assert call.output_split_sizes == (2, 2) and call.dim0 == 4 and call.dtype == torch.float32
     with pytest.raises(UnsupportedCollectiveError, match="missing"):
         bind_collective(row, [torch.ones(4), [2, 2]])
@@ -327,10 +347,12 @@ def test_native_members_a_tensorrt_lacks_are_refused_by_name() -> None:
     from torch_tensorrt_dist.errors import UnsupportedCollectiveError
 
     trt_10_16 = frozenset(  # DistCollective before ALL_TO_ALL (TensorRT 11.0)
-        {f"CollectiveOperation.{m}" for m in ("ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER",
-                                               "BROADCAST")}
+        {
+            f"CollectiveOperation.{m}"
+            for m in ("ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "BROADCAST")
+        }
         | {f"ReduceOperation.{m}" for m in ("SUM", "PROD", "MAX", "MIN", "AVG")}
-    )  # fmt: skip
+    )
     ok = conversion_decision("all_gather", "bf16", [0, 1], impl="native", native_members=trt_10_16)
     assert ok.convertible
     a2a = conversion_decision("all_to_all", "bf16", [0, 1], impl="native", native_members=trt_10_16)

@@ -24,9 +24,21 @@ TRT_BINDINGS = "tensorrt-cu12-bindings==11.4.0.106"
 def _download(spec: str, dest: Path) -> Path | None:
     try:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "-q", "-d", str(dest), spec],
-            check=True, capture_output=True, timeout=240,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-q",
+                "-d",
+                str(dest),
+                spec,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=240,
         )
     except (subprocess.SubprocessError, OSError):
         return None
@@ -106,8 +118,12 @@ def test_converter_registry_decorator(torch_trt_src: Path) -> None:
     tree = _module(torch_trt_src, "dynamo/conversion/_ConverterRegistry.py")
     positional, keyword = _params(_function(tree, "dynamo_tensorrt_converter"))
     assert positional == ["key"]
-    assert {"capability_validator", "priority", "supports_dynamic_shapes",
-            "requires_native_multidevice"} <= set(keyword)
+    assert {
+        "capability_validator",
+        "priority",
+        "supports_dynamic_shapes",
+        "requires_native_multidevice",
+    } <= set(keyword)
     assert "HIGH" in _class_names(tree, "ConverterPriority")
     # validators are called as validator(node, compilation_settings)
     assert "capability_validator" in _class_names(tree, "ConverterSupport")
@@ -119,8 +135,13 @@ def test_lowering_pass_list(torch_trt_src: Path) -> None:
     tree = _module(torch_trt_src, rel)
     fn = _function(tree, "_aten_lowering_pass")
     assert fn.args.vararg is not None and "index" in _params(fn)[1]
-    assigned = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
-                if isinstance(t, ast.Name)}
+    assigned = {
+        t.id
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
     assert "ATEN_POST_LOWERING_PASSES" in assigned
     source = (torch_trt_src / rel).read_text()
     assert "post_lowering_pass_list.append(fuse_distributed_ops)" in source
@@ -137,8 +158,12 @@ def test_converter_utils_and_source_ir(torch_trt_src: Path) -> None:
     # target, name, SourceIR.ATEN)
     utils = _module(torch_trt_src, "dynamo/conversion/converter_utils.py")
     assert _params(_function(utils, "get_trt_tensor"))[0][:3] == ["ctx", "input_val", "name"]
-    assert _params(_function(utils, "set_layer_name"))[0][:4] == ["layer", "target", "name",
-                                                                  "source_ir"]
+    assert _params(_function(utils, "set_layer_name"))[0][:4] == [
+        "layer",
+        "target",
+        "name",
+        "source_ir",
+    ]
     assert "ATEN" in _class_names(_module(torch_trt_src, "dynamo/_SourceIR.py"), "SourceIR")
 
 
@@ -183,15 +208,26 @@ def test_backend_entry_points(torch_trt_src: Path) -> None:
     # engine.compile_tensorrt / engine.decompositions
     backends = _module(torch_trt_src, "dynamo/backend/backends.py")
     assert _params(_function(backends, "_pretraced_backend"))[0] == [
-        "gm", "sample_inputs", "settings", "engine_cache"]
-    assert _params(_function(_module(torch_trt_src, "dynamo/utils.py"),
-                             "parse_dynamo_kwargs"))[0] == ["kwargs"]
+        "gm",
+        "sample_inputs",
+        "settings",
+        "engine_cache",
+    ]
+    assert _params(_function(_module(torch_trt_src, "dynamo/utils.py"), "parse_dynamo_kwargs"))[
+        0
+    ] == ["kwargs"]
     fields = _class_names(_module(torch_trt_src, "dynamo/_settings.py"), "CompilationSettings")
     assert {"use_distributed_mode_trace", "pass_through_build_failures", "min_block_size"} <= fields
-    decomp = _params(_function(_module(torch_trt_src, "dynamo/lowering/_decompositions.py"),
-                               "get_decompositions"))[0]
-    assert {"enable_experimental_decompositions", "decompose_attention",
-            "use_distributed_mode_trace"} <= set(decomp)
+    decomp = _params(
+        _function(
+            _module(torch_trt_src, "dynamo/lowering/_decompositions.py"), "get_decompositions"
+        )
+    )[0]
+    assert {
+        "enable_experimental_decompositions",
+        "decompose_attention",
+        "use_distributed_mode_trace",
+    } <= set(decomp)
     assert "get_decompositions" in (torch_trt_src / "dynamo/lowering/__init__.py").read_text()
 
 
@@ -199,16 +235,39 @@ def test_backend_entry_points(torch_trt_src: Path) -> None:
     "name",
     [
         # impl/native/emitter._native_layer
-        "add_dist_collective", "CollectiveOperation", "ReduceOperation", "num_ranks",
-        "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL", "BROADCAST",
-        "SUM", "PROD", "MAX", "MIN", "AVG", "NONE",
+        "add_dist_collective",
+        "CollectiveOperation",
+        "ReduceOperation",
+        "num_ranks",
+        "ALL_REDUCE",
+        "ALL_GATHER",
+        "REDUCE_SCATTER",
+        "ALL_TO_ALL",
+        "BROADCAST",
+        "SUM",
+        "PROD",
+        "MAX",
+        "MIN",
+        "AVG",
+        "NONE",
         # impl/trtllm/emitter._plugin_layer
-        "get_plugin_registry", "get_creator", "create_plugin", "add_plugin_v2",
-        "PluginField", "PluginFieldCollection", "PluginFieldType", "INT32", "INT8", "FLOAT32",
+        "get_plugin_registry",
+        "get_creator",
+        "create_plugin",
+        "add_plugin_v2",
+        "PluginField",
+        "PluginFieldCollection",
+        "PluginFieldType",
+        "INT32",
+        "INT8",
+        "FLOAT32",
         # the runtime side Torch-TensorRT uses for native layers
         "set_communicator",
         # layers/moe_experts.convert_moe_experts
-        "add_moe", "set_gated_weights", "MoEActType", "SILU",
+        "add_moe",
+        "set_gated_weights",
+        "MoEActType",
+        "SILU",
     ],
 )
 def test_tensorrt_bindings_names(trt_bindings: bytes, name: str) -> None:

@@ -59,18 +59,27 @@ def interface_problems(impl: object) -> list[str]:
 def test_the_interface_is_what_the_docs_list() -> None:
     assert set(ATTRIBUTES) == set(CollectiveImpl.__annotations__)
     assert METHODS == [
-        "auto_rank", "check_launch", "decide", "emit", "facts", "install", "missing",
-        "prepare", "spec",
-    ]  # fmt: skip
+        "auto_rank",
+        "check_launch",
+        "decide",
+        "emit",
+        "facts",
+        "install",
+        "missing",
+        "prepare",
+        "spec",
+    ]
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda i: i.name)
 def test_every_implementation_provides_the_whole_interface(impl: CollectiveImpl) -> None:
     assert interface_problems(impl) == []
     folder = IMPL_DIR / type(impl).__module__.rsplit(".", 1)[-1]
-    assert sorted(p.name for p in folder.glob("*.py") if p.stem in (
-        "__init__", "rules", "spec", "availability", "emitter")) == [
-        "__init__.py", "availability.py", "emitter.py", "rules.py", "spec.py"]  # fmt: skip
+    assert sorted(
+        p.name
+        for p in folder.glob("*.py")
+        if p.stem in ("__init__", "rules", "spec", "availability", "emitter")
+    ) == ["__init__.py", "availability.py", "emitter.py", "rules.py", "spec.py"]
     reason = impl.missing()  # no TensorRT here: a reason; never an exception
     assert reason is None or (isinstance(reason, str) and reason)
 
@@ -112,14 +121,25 @@ def test_spec_agrees_with_decide_for_every_collective(
 ) -> None:
     row = COLLECTIVES[op]
     call = CollectiveCall(
-        op=op, group_ranks=(2, 3), group_name="tp", reduce_op="sum" if row.reduces else None,
-        src=1 if row.rooted else None, dtype=dtype, dim0=4,
-    )  # fmt: skip
+        op=op,
+        group_ranks=(2, 3),
+        group_name="tp",
+        reduce_op="sum" if row.reduces else None,
+        src=1 if row.rooted else None,
+        dtype=dtype,
+        dim0=4,
+    )
     facts = impl.facts(None)
     decision = conversion_decision(
-        op, dtype, [2, 3], impl=impl.name, reduce_op=call.reduce_op, src=call.src, dim0=4,
+        op,
+        dtype,
+        [2, 3],
+        impl=impl.name,
+        reduce_op=call.reduce_op,
+        src=call.src,
+        dim0=4,
         **facts,
-    )  # fmt: skip
+    )
     assert isinstance(decision, Decision) and decision.reason
     if decision.convertible:
         assert impl.spec(call, dtype, **facts) is not None
@@ -187,20 +207,30 @@ def test_a_fourth_implementation_is_one_registration(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(registry, "IMPLEMENTATIONS", (*IMPLEMENTATIONS, usable))
     # its rules behind the shared checks
     assert conversion_decision("all_reduce", "fp16", [0, 1], impl="oneshot") == (
-        True, "one-shot all-reduce over ranks [0, 1]")  # fmt: skip
+        True,
+        "one-shot all-reduce over ranks [0, 1]",
+    )
     assert not conversion_decision("all_gather", "fp16", [0, 1], impl="oneshot").convertible
     assert conversion_decision("all_reduce", "fp16", [0, 0], impl="oneshot") == (
-        False, "group ranks [0, 0] repeat a rank")  # fmt: skip
+        False,
+        "group ranks [0, 0] repeat a rank",
+    )
     # auto's order: its rank (5) puts it first; the others' reasons quote it
     assert select_impl("auto", oneshot_missing=None, native_missing=None) == (
-        "oneshot", "our one-shot all-reduce is available (auto)")  # fmt: skip
+        "oneshot",
+        "our one-shot all-reduce is available (auto)",
+    )
     assert select_impl("auto", oneshot_missing="no NVLink", native_missing=None) == (
-        "native", "TensorRT DistCollective (auto; one-shot all-reduce: no NVLink)")  # fmt: skip
+        "native",
+        "TensorRT DistCollective (auto; one-shot all-reduce: no NVLink)",
+    )
     assert choose("oneshot", lambda impl: "not built").reason == (
-        "collective_impl='oneshot' was requested but not built")
+        "collective_impl='oneshot' was requested but not built"
+    )
     nothing = choose("auto", lambda impl: f"{impl.name} absent")
-    assert nothing.reason.endswith("; torch_nccl: torch_nccl absent; one-shot all-reduce: "
-                                   "oneshot absent")  # fmt: skip
+    assert nothing.reason.endswith(
+        "; torch_nccl: torch_nccl absent; one-shot all-reduce: oneshot absent"
+    )
     # the validators and explain's TensorRT column take it, this process choosing it (auto)
     gm, node = _node("all_reduce", "sum", "tp", [0, 1])
     assert make_validator("oneshot")(node, None) is True

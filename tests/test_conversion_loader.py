@@ -126,7 +126,10 @@ def test_installed_package_is_searched_after_env(
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     cands = plugin_candidates(None, env={})
     assert [c.found_by for c in cands] == [
-        "argument", ENV_PLUGINS_PATH, "tensorrt_llm package", "system loader"
+        "argument",
+        ENV_PLUGINS_PATH,
+        "tensorrt_llm package",
+        "system loader",
     ]
     loaded = PluginLoader(preload_nccl=False).load(env={})
     assert loaded.found_by == "tensorrt_llm package"
@@ -240,15 +243,36 @@ def test_package_without_the_library_is_listed(
 def test_missing_mpi_dependency_gets_the_mpi_hint(tmp_path: Path) -> None:
     # a plugin library linked against an MPI library that is not there (as on a box without MPI)
     (tmp_path / "mpi.c").write_text("int MPI_Stub(void) { return 0; }\n")
-    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libmpi_stub.so", "-o",
-                    str(tmp_path / "libmpi_stub.so"), str(tmp_path / "mpi.c")], check=True)
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libmpi_stub.so",
+            "-o",
+            str(tmp_path / "libmpi_stub.so"),
+            str(tmp_path / "mpi.c"),
+        ],
+        check=True,
+    )
     (tmp_path / "plugin.c").write_text(
         "int MPI_Stub(void);\n_Bool initTrtLlmPlugins(void* l, const char* n) "
         "{ return MPI_Stub() == 0; }\n"
     )
     lib = tmp_path / LIB_NAME
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "plugin.c"),
-                    f"-L{tmp_path}", "-lmpi_stub"], check=True)
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(lib),
+            str(tmp_path / "plugin.c"),
+            f"-L{tmp_path}",
+            "-lmpi_stub",
+        ],
+        check=True,
+    )
     (tmp_path / "libmpi_stub.so").unlink()
     with pytest.raises(EngineUnavailableError, match="It needs MPI: install Open MPI"):
         PluginLoader(preload_nccl=False).load(str(lib), env={})
@@ -260,17 +284,33 @@ def _linked_to_nvinfer(root: Path, major: int) -> Path:
     folder.mkdir()
     (folder / "stub.c").write_text("int nvinfer_stub(void) { return 0; }\n")
     subprocess.run(
-        ["cc", "-shared", "-fPIC", f"-Wl,-soname,libnvinfer.so.{major}",
-         "-o", str(folder / "libnvinfer.so"), str(folder / "stub.c")],
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            f"-Wl,-soname,libnvinfer.so.{major}",
+            "-o",
+            str(folder / "libnvinfer.so"),
+            str(folder / "stub.c"),
+        ],
         check=True,
-    )  # fmt: skip
+    )
     (folder / "plugin.c").write_text(textwrap.dedent(SOURCES["ok"]))
     lib = folder / LIB_NAME
     subprocess.run(
-        ["cc", "-shared", "-fPIC", "-o", str(lib), str(folder / "plugin.c"),
-         "-Wl,--no-as-needed", f"-L{folder}", "-lnvinfer"],
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(lib),
+            str(folder / "plugin.c"),
+            "-Wl,--no-as-needed",
+            f"-L{folder}",
+            "-lnvinfer",
+        ],
         check=True,
-    )  # fmt: skip
+    )
     return lib
 
 

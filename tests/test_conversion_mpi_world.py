@@ -48,8 +48,9 @@ def test_local_rank_used_as_rank_is_caught() -> None:
 
 def test_group_outside_the_world() -> None:
     with pytest.raises(DistributedSetupError, match=r"names ranks \[4, 5\] outside"):
-        check_plugin_world([[4, 5]], mpi_world_size=4, mpi_rank=0, torch_rank=0,
-                           torch_world_size=4, env={})
+        check_plugin_world(
+            [[4, 5]], mpi_world_size=4, mpi_rank=0, torch_rank=0, torch_world_size=4, env={}
+        )
 
 
 def test_tllm_disable_mpi_is_refused() -> None:
@@ -89,8 +90,16 @@ def test_under_real_mpirun(tmp_path: Path) -> None:
     env = dict(os.environ)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     pkg = Path(__file__).parents[1] / "py" / "torch_tensorrt_dist"
-    cmd = [shutil.which("mpirun") or "mpirun", "--oversubscribe", "-np", "2",
-           sys.executable, str(script), str(pkg), str(tmp_path)]
+    cmd = [
+        shutil.which("mpirun") or "mpirun",
+        "--oversubscribe",
+        "-np",
+        "2",
+        sys.executable,
+        str(script),
+        str(pkg),
+        str(tmp_path),
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]

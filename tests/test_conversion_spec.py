@@ -161,8 +161,16 @@ def test_native_spec_broadcast_root_within_communicator() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(op="all_reduce", dtype=torch.float16, group_ranks=[2, 3], reduce_op="sum",
-              comm_ranks=[0, 1, 2, 3]), "not\\s+verified"),
+        (
+            dict(
+                op="all_reduce",
+                dtype=torch.float16,
+                group_ranks=[2, 3],
+                reduce_op="sum",
+                comm_ranks=[0, 1, 2, 3],
+            ),
+            "not\\s+verified",
+        ),
         (dict(op="all_reduce", dtype=torch.int32, group_ranks=[0, 1], reduce_op="avg"), "round"),
         (dict(op="all_gather", dtype=torch.float64, group_ranks=[0, 1]), "not float64"),
         (dict(op="broadcast", dtype=torch.float16, group_ranks=[0, 1], root=2), "source 2"),

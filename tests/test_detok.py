@@ -37,9 +37,9 @@ def _sentencepiece(path: Path) -> Path:
     base = HF(models.BPE(unk_token="<unk>"))
     base.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
     base.train_from_iterator(
-        TEXTS[:2] * 5, trainers.BpeTrainer(vocab_size=120, special_tokens=specials,
-                                           show_progress=False)
-    )  # fmt: skip
+        TEXTS[:2] * 5,
+        trainers.BpeTrainer(vocab_size=120, special_tokens=specials, show_progress=False),
+    )
     model = json.loads(base.to_str())["model"]
     vocab, merges = model["vocab"], [tuple(m) for m in model["merges"]]
     for b in range(256):
@@ -47,10 +47,14 @@ def _sentencepiece(path: Path) -> Path:
     tok = HF(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
     tok.add_special_tokens(specials)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.decoder = decoders.Sequence([
-        decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-        decoders.Strip(" ", 1, 0),
-    ])  # fmt: skip
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
     tok.save(str(path))
     return path
 
@@ -152,9 +156,7 @@ def test_byte_fallback_run_is_released_when_it_ends(
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_cost_per_token_is_bounded(
-    tokenizers: dict[str, tuple[Tokenizer, int]], name: str
-) -> None:
+def test_cost_per_token_is_bounded(tokenizers: dict[str, tuple[Tokenizer, int]], name: str) -> None:
     """2000 tokens decode a few ids each, not the whole sequence (which would be ~2e6)."""
     counting = Counting(tokenizers[name][0])
     ids = counting.encode(" ".join(TEXTS) * 30)[:2000]
@@ -205,8 +207,9 @@ def _scripted(tok: Tokenizer, vocab: int, script: list[int]) -> Slots:
     def decode(tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return one_hot([script[min(int(p), len(script) - 1)] for p in pos])  # pos 1: script[1]
 
-    return Slots(prefill, decode, rows=1, cache_len=64, bucket=lambda n: n, tokenizer=tok,
-                 text=True)  # fmt: skip
+    return Slots(
+        prefill, decode, rows=1, cache_len=64, bucket=lambda n: n, tokenizer=tok, text=True
+    )
 
 
 @pytest.mark.parametrize("after", ["eos", "length", "more text"])
@@ -220,8 +223,13 @@ def test_byte_fallback_stop_string_ends_at_its_last_byte(
     ids = tok.encode("the 中", add_special_tokens=False)
     assert len(ids) == 5 and all(i in tok.unstable_ids for i in ids[2:])  # 中: three bytes
     tail = StopText(tok, ("中",))
-    assert [tail.push(i) for i in ids] == [("the", False), (" ", False), ("", False),
-                                           ("", False), ("", True)]  # fmt: skip
+    assert [tail.push(i) for i in ids] == [
+        ("the", False),
+        (" ", False),
+        ("", False),
+        ("", False),
+        ("", True),
+    ]
     then = {"eos": [2], "length": [], "more text": tok.encode("the", add_special_tokens=False)}
     script = ids + then[after]
     slots = _scripted(tok, vocab, script)

@@ -104,11 +104,14 @@ def test_no_engine_with_collectives_means_no_wrapper() -> None:
     assert with_bound_communicator(run, [], None, torch.device("cpu")) is run  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("backend", "device", "expected"), [
-    ("nccl", "cuda:1", torch.device("cuda:1")),
-    ("cpu:gloo,cuda:nccl", "cuda:0", torch.device("cuda:0")),
-    ("gloo", "cpu", None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("backend", "device", "expected"),
+    [
+        ("nccl", "cuda:1", torch.device("cuda:1")),
+        ("cpu:gloo,cuda:nccl", "cuda:0", torch.device("cuda:0")),
+        ("gloo", "cpu", None),
+    ],
+)
 def test_nccl_groups_bind_their_device_at_init(backend: str, device: str, expected: Any) -> None:
     from torch_tensorrt_dist.runtime.distributed import bound_device
 

@@ -99,8 +99,10 @@ def test_whole_and_per_block_count_what_the_uncompiled_model_runs() -> None:
         expected = _uncompiled_collectives(model, x)
         whole = explain(model, x)
         assert compile_blocks(model, options={"engine": "eager"}) == [
-            "layers.0", "layers.1", "layers.2",
-        ]  # fmt: skip
+            "layers.0",
+            "layers.1",
+            "layers.2",
+        ]
         per_block = explain(model, x)
         with torch.no_grad():
             torch.testing.assert_close(model(x), torch.compile(model, backend="eager")(x))

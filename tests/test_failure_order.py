@@ -40,8 +40,16 @@ AOTI_WAIT = (
 
 
 def _rec(rank: int, t: float, error: str, **more: Any) -> dict[str, Any]:
-    return {"rank": rank, "exit_code": 1, "time": t, "error": error, "host": "vm",
-            "pid": 100 + rank, "follows": None, **more}  # fmt: skip
+    return {
+        "rank": rank,
+        "exit_code": 1,
+        "time": t,
+        "error": error,
+        "host": "vm",
+        "pid": 100 + rank,
+        "follows": None,
+        **more,
+    }
 
 
 def test_peer_loss_is_told_by_the_error_or_what_it_came_from() -> None:
@@ -100,8 +108,10 @@ def test_a_rank_aborted_after_the_refusal_is_not_the_cause() -> None:
     # the process (SIGABRT, no record) at 10.5. torchrun lists both.
     failed = {0: FailedRank(0, exit_code=2, pid=100), 1: FailedRank(1, signal=6, pid=101)}
     records = {0: _rec(0, 10.2, "CheckpointError: model.safetensors is truncated")}
-    exits = {0: ExitEvent(0, 10.3, said=True, exit_code=2, pid=100),
-             1: ExitEvent(1, 10.5, signal=6, pid=101)}  # fmt: skip
+    exits = {
+        0: ExitEvent(0, 10.3, said=True, exit_code=2, pid=100),
+        1: ExitEvent(1, 10.5, signal=6, pid=101),
+    }
     first = pick_first_failure(failed, records, exits)
     assert first is not None and (first.rank, first.exit_code) == (0, 2)
     # two abrupt deaths: the one that ended first, not the lower rank
@@ -232,8 +242,10 @@ def test_a_genuine_connection_refused_is_the_cause_when_it_came_first() -> None:
     # mpirun then stops rank 1 and reaps it before the watch reads its status (no word)
     failed = {0: FailedRank(0, exit_code=1)}
     records = {0: _rec(0, 100.0, REFUSED)}
-    exits = {0: ExitEvent(0, 100.1, said=True, exit_code=1, pid=100, host="vm"),
-             1: ExitEvent(1, 100.3, pid=11, host="h")}  # fmt: skip
+    exits = {
+        0: ExitEvent(0, 100.1, said=True, exit_code=1, pid=100, host="vm"),
+        1: ExitEvent(1, 100.3, pid=11, host="h"),
+    }
     first = pick_first_failure(failed, records, exits)
     assert first == FailedRank(0, exit_code=1, host="vm", pid=100, detail=REFUSED)
     # a peer's own error after it (its collective broke) does not win either
@@ -254,8 +266,10 @@ def test_an_abrupt_death_noticed_late_still_comes_first() -> None:
     # review 3, F2: rank 0 is SIGKILLed; rank 1 records a timeout 5 ms later, and the watch,
     # loaded, sees rank 0's end 20 ms after that
     records = {1: _rec(1, 10.005, "RuntimeError: [gloo] Timed out waiting 3000ms for recv")}
-    exits = {0: ExitEvent(0, 10.025, signal=9, pid=100),
-             1: ExitEvent(1, 10.03, said=True, exit_code=1, pid=101)}  # fmt: skip
+    exits = {
+        0: ExitEvent(0, 10.025, signal=9, pid=100),
+        1: ExitEvent(1, 10.03, said=True, exit_code=1, pid=101),
+    }
     assert pick_first_failure({}, records, exits) == FailedRank(0, signal=9, pid=100)
     # os._exit(3): no word, no record, the same
     exits[0] = ExitEvent(0, 10.025, exit_code=3, pid=100)
@@ -285,8 +299,10 @@ def test_a_death_seen_after_a_failed_rank_ended_does_not_take_the_grace() -> Non
     # the process (SIGABRT) as its peer went, seen at 10.3: within the grace, but after rank
     # 0's end, which the watch saw first
     records = {0: _rec(0, 10.2, "ValueError: bad")}
-    exits = {0: ExitEvent(0, 10.21, said=True, exit_code=1, pid=100),
-             1: ExitEvent(1, 10.3, signal=6, pid=101)}  # fmt: skip
+    exits = {
+        0: ExitEvent(0, 10.21, said=True, exit_code=1, pid=100),
+        1: ExitEvent(1, 10.3, signal=6, pid=101),
+    }
     failed = {0: FailedRank(0, exit_code=1), 1: FailedRank(1, signal=6)}
     assert pick_first_failure(failed, records, exits).rank == 0  # type: ignore[union-attr]
     # seen in the other order, the death is the cause

@@ -23,11 +23,27 @@ BOUND_S = 30.0  # from the death of a rank to the exit of the launcher
 def test_rank_killed_mid_decode(launcher: str, tmp_path: Path) -> None:
     death = tmp_path / "death"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch_tensorrt_dist", "run", "--launcher", launcher,
-         "--nproc-per-node", "2", str(SCRIPT), "--die-rank", "1", "--die-step", "3",
-         "--death-file", str(death)],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch_tensorrt_dist",
+            "run",
+            "--launcher",
+            launcher,
+            "--nproc-per-node",
+            "2",
+            str(SCRIPT),
+            "--die-rank",
+            "1",
+            "--die-step",
+            "3",
+            "--death-file",
+            str(death),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     end = time.time()
     assert proc.returncode != 0
     assert death.exists(), proc.stderr[-2000:]  # rank 1 really died mid-decode

@@ -40,16 +40,28 @@ CHECKPOINTS = [
     ("before_data", _before_data, rf"tensor '{NORM}': data_offsets \[-400, 112\] is not"),
     ("header_list", _header_list, r"model.safetensors: the safetensors header is a list"),
     ("bf16_as_f32", _bf16_as_f32, rf"tensor '{NORM}': a F32 tensor of shape \[256\] needs 1024"),
-    ("layers", lambda c: edit_config(c, num_hidden_layers=100000),
-     r"config.json says num_hidden_layers=100000, but .* holds 4 layers"),
+    (
+        "layers",
+        lambda c: edit_config(c, num_hidden_layers=100000),
+        r"config.json says num_hidden_layers=100000, but .* holds 4 layers",
+    ),
     ("vocab", lambda c: edit_config(c, vocab_size=1e12), r"config.json vocab_size must be an"),
-    ("rope_theta_nan", lambda c: edit_config(c, rope_theta=float("nan"), rope_parameters=...),
-     r"config.json rope_theta must be a finite number"),
-    ("heads_missing", lambda c: edit_config(c, num_attention_heads=...),
-     r"config.json lacks num_attention_heads"),
-    ("index", lambda c: (c / "model.safetensors.index.json").write_text("[1]"),
-     r"model.safetensors.index.json has no weight_map object"),
-]  # fmt: skip
+    (
+        "rope_theta_nan",
+        lambda c: edit_config(c, rope_theta=float("nan"), rope_parameters=...),
+        r"config.json rope_theta must be a finite number",
+    ),
+    (
+        "heads_missing",
+        lambda c: edit_config(c, num_attention_heads=...),
+        r"config.json lacks num_attention_heads",
+    ),
+    (
+        "index",
+        lambda c: (c / "model.safetensors.index.json").write_text("[1]"),
+        r"model.safetensors.index.json has no weight_map object",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +84,9 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 
 @pytest.mark.parametrize("tp", ["1", "2"])
-@pytest.mark.parametrize(("name", "message"), [(c[0], c[2]) for c in CHECKPOINTS],
-                         ids=[c[0] for c in CHECKPOINTS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "message"), [(c[0], c[2]) for c in CHECKPOINTS], ids=[c[0] for c in CHECKPOINTS]
+)
 def test_hostile_checkpoint_is_one_line(
     capsys: pytest.CaptureFixture[str], broken: dict[str, Path], name: str, message: str, tp: str
 ) -> None:
@@ -89,10 +102,12 @@ OPTIONS = [  # (argv after `generate`, what the error line must say)
     (["--seed", str(2**64)], r"seed must be an integer in \[0, 2\*\*64\)"),
     (["--max-seq-len", "0"], r"--max-seq-len must be an integer >= 1, got 0"),
     (["--max-seq-len", "300"], r"--max-seq-len 300 exceeds the model's 256 positions"),
-    (["--prompt", b"ab\xffc".decode("utf-8", "surrogateescape")],
-     r"--prompt is not valid UTF-8 text: byte 0xff at character 2"),
+    (
+        ["--prompt", b"ab\xffc".decode("utf-8", "surrogateescape")],
+        r"--prompt is not valid UTF-8 text: byte 0xff at character 2",
+    ),
     (["--max-new-tokens", "0"], r"--max-new-tokens must be an integer >= 1, got 0"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("tp", ["1", "2"])
@@ -136,8 +151,11 @@ def _start(argv: list[str]) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     return subprocess.Popen(
         [sys.executable, "-m", "torch_tensorrt_dist", *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def test_real_processes_refuse_in_one_line_within_bounded_memory(broken: dict[str, Path]) -> None:

@@ -25,27 +25,43 @@ from torch_tensorrt_dist.models.weights_check import check_checkpoint, llama_ten
 
 # (id, config.json changes, message regex) on a copy of the demo checkpoint
 MISMATCH_CASES = [
-    ("layers_100000", {"num_hidden_layers": 100000},
-     r"config.json says num_hidden_layers=100000, but .* holds 4 layers \(0-3\)"),
+    (
+        "layers_100000",
+        {"num_hidden_layers": 100000},
+        r"config.json says num_hidden_layers=100000, but .* holds 4 layers \(0-3\)",
+    ),
     ("layers_2", {"num_hidden_layers": 2}, r"num_hidden_layers=2, but .* holds 4 layers"),
-    ("intermediate_1e9", {"intermediate_size": 1e9},
-     r"model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' has shape \[768, 256\], "
-     r"but config.json implies \[1000000000, 256\] \(intermediate_size=1000000000\)"),
-    ("vocab_2e9", {"vocab_size": 2 * 10**9},
-     r"tensor 'model.embed_tokens.weight' has shape \[1024, 256\], but config.json implies "
-     r"\[2000000000, 256\] \(vocab_size=2000000000\)"),
-    ("kv_heads", {"num_key_value_heads": 8},
-     r"'model.layers.0.self_attn.k_proj.weight' has shape \[128, 256\], but config.json implies "
-     r"\[256, 256\] \(num_key_value_heads x head_dim=256\)"),
+    (
+        "intermediate_1e9",
+        {"intermediate_size": 1e9},
+        r"model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' has shape \[768, 256\], "
+        r"but config.json implies \[1000000000, 256\] \(intermediate_size=1000000000\)",
+    ),
+    (
+        "vocab_2e9",
+        {"vocab_size": 2 * 10**9},
+        r"tensor 'model.embed_tokens.weight' has shape \[1024, 256\], but config.json implies "
+        r"\[2000000000, 256\] \(vocab_size=2000000000\)",
+    ),
+    (
+        "kv_heads",
+        {"num_key_value_heads": 8},
+        r"'model.layers.0.self_attn.k_proj.weight' has shape \[128, 256\], but config.json implies "
+        r"\[256, 256\] \(num_key_value_heads x head_dim=256\)",
+    ),
     ("untied", {"tie_word_embeddings": False}, r"lacks tensor 'lm_head.weight', which config"),
-    ("dtype", {"torch_dtype": "float16", "dtype": "float16"},
-     r"tensor 'model.embed_tokens.weight' is bfloat16, but config.json says the weights are "
-     r"float16"),
-]  # fmt: skip
+    (
+        "dtype",
+        {"torch_dtype": "float16", "dtype": "float16"},
+        r"tensor 'model.embed_tokens.weight' is bfloat16, but config.json says the weights are "
+        r"float16",
+    ),
+]
 
 
-@pytest.mark.parametrize(("fields", "message"), [c[1:] for c in MISMATCH_CASES],
-                         ids=[c[0] for c in MISMATCH_CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fields", "message"), [c[1:] for c in MISMATCH_CASES], ids=[c[0] for c in MISMATCH_CASES]
+)
 def test_config_against_weights(tmp_path: Path, fields: dict[str, Any], message: str) -> None:
     ckpt = copy_demo(tmp_path)
     edit_config(ckpt, **fields)
@@ -73,8 +89,11 @@ def test_relabelled_dtype_is_refused(tmp_path: Path) -> None:
     ckpt = copy_demo(tmp_path)
     norm = "model.layers.2.post_attention_layernorm.weight"
     edit_header(ckpt, lambda h: h[norm].update(dtype="F16"))
-    with pytest.raises(CheckpointError, match=rf"'{norm}' is float16, but config.json says .* "
-                       "bfloat16"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=rf"'{norm}' is float16, but config.json says .* "
+        "bfloat16",
+    ):
         check_checkpoint(ckpt, read_config(ckpt))
     edit_header(ckpt, lambda h: h[norm].update(dtype="I16"))
     edit_config(ckpt, torch_dtype=..., dtype=...)
@@ -85,36 +104,71 @@ def test_relabelled_dtype_is_refused(tmp_path: Path) -> None:
 NAN, INF = float("nan"), float("inf")
 # (id, config.json changes, message regex): each field named, before any weights are read
 FIELD_CASES = [
-    ("rope_theta_nan", {"rope_theta": NAN, "rope_parameters": ...},
-     r"config.json rope_theta must be a finite number in \(0, 3.40282e\+38\], got NaN"),
-    ("rope_parameters_theta_inf", {"rope_parameters": {"rope_theta": INF, "rope_type": "default"}},
-     r"config.json rope_theta must be a finite number"),
-    ("eps_nan", {"rms_norm_eps": NAN},
-     r"config.json rms_norm_eps must be a finite number in \(0, 1\)"),
-    ("vocab_1e12", {"vocab_size": 1e12},
-     r"config.json vocab_size must be an integer in \[1, 2147483647\], got 1000000000000"),
+    (
+        "rope_theta_nan",
+        {"rope_theta": NAN, "rope_parameters": ...},
+        r"config.json rope_theta must be a finite number in \(0, 3.40282e\+38\], got NaN",
+    ),
+    (
+        "rope_parameters_theta_inf",
+        {"rope_parameters": {"rope_theta": INF, "rope_type": "default"}},
+        r"config.json rope_theta must be a finite number",
+    ),
+    (
+        "eps_nan",
+        {"rms_norm_eps": NAN},
+        r"config.json rms_norm_eps must be a finite number in \(0, 1\)",
+    ),
+    (
+        "vocab_1e12",
+        {"vocab_size": 1e12},
+        r"config.json vocab_size must be an integer in \[1, 2147483647\], got 1000000000000",
+    ),
     ("eps_zero", {"rms_norm_eps": 0}, r"rms_norm_eps must be a finite number in \(0, 1\), got 0"),
-    ("rope_factor_nan", {"rope_parameters": {"rope_type": "linear", "factor": NAN}},
-     r"config.json rope_parameters factor must be a finite number in \[1, "),
-    ("llama3_bands", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
-                                      "high_freq_factor": 4.0}, "rope_parameters": ...},
-     r"RoPE high_freq_factor \(> low_freq_factor\) must be a finite number in \(4, "),
+    (
+        "rope_factor_nan",
+        {"rope_parameters": {"rope_type": "linear", "factor": NAN}},
+        r"config.json rope_parameters factor must be a finite number in \[1, ",
+    ),
+    (
+        "llama3_bands",
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 4.0,
+                "high_freq_factor": 4.0,
+            },
+            "rope_parameters": ...,
+        },
+        r"RoPE high_freq_factor \(> low_freq_factor\) must be a finite number in \(4, ",
+    ),
     ("heads_missing", {"num_attention_heads": ...}, r"config.json lacks num_attention_heads"),
-    ("heads_null", {"num_attention_heads": None},
-     r"config.json has num_attention_heads=null; it must be an integer in \[1, "),
-    ("hidden_abc", {"hidden_size": "abc"},
-     r'config.json hidden_size must be an integer .*got "abc"'),
+    (
+        "heads_null",
+        {"num_attention_heads": None},
+        r"config.json has num_attention_heads=null; it must be an integer in \[1, ",
+    ),
+    (
+        "hidden_abc",
+        {"hidden_size": "abc"},
+        r'config.json hidden_size must be an integer .*got "abc"',
+    ),
     ("layers_fraction", {"num_hidden_layers": 4.5}, r"num_hidden_layers must be an integer"),
     ("layers_huge", {"num_hidden_layers": 10**400}, r"num_hidden_layers must be an integer in"),
-    ("tied_string", {"tie_word_embeddings": "false"},
-     r'config.json tie_word_embeddings must be true or false, got "false"'),
+    (
+        "tied_string",
+        {"tie_word_embeddings": "false"},
+        r'config.json tie_word_embeddings must be true or false, got "false"',
+    ),
     ("rope_list", {"rope_scaling": [8.0]}, r"config.json rope_scaling must be an object or null"),
     ("eos_string", {"eos_token_id": "</s>"}, r"config.json eos_token_id must be an integer"),
-]  # fmt: skip
+]
 
 
-@pytest.mark.parametrize(("fields", "message"), [c[1:] for c in FIELD_CASES],
-                         ids=[c[0] for c in FIELD_CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fields", "message"), [c[1:] for c in FIELD_CASES], ids=[c[0] for c in FIELD_CASES]
+)
 def test_config_fields_are_checked_by_name(
     tmp_path: Path, fields: dict[str, Any], message: str
 ) -> None:
@@ -203,13 +257,19 @@ def test_moe_checkpoint_shapes_name_the_field(tmp_path: Path) -> None:
     tensors = {n: torch.zeros(shape) for n, shape in moe_tensors(args, moe, names=()).items()}
     save_file(tensors, str(tmp_path / "model.safetensors"))
     cases = [
-        ({"moe_intermediate_size": 32}, r"experts.0.gate_proj.weight' has shape \[16, 64\], but "
-         r"config.json implies \[32, 64\] \(moe_intermediate_size=32\)"),
-        ({"shared_expert_intermediate_size": 16}, r"shared_expert.gate_proj.weight' has shape "
-         r"\[32, 64\], .* \(shared_expert_intermediate_size=16\)"),
+        (
+            {"moe_intermediate_size": 32},
+            r"experts.0.gate_proj.weight' has shape \[16, 64\], but "
+            r"config.json implies \[32, 64\] \(moe_intermediate_size=32\)",
+        ),
+        (
+            {"shared_expert_intermediate_size": 16},
+            r"shared_expert.gate_proj.weight' has shape "
+            r"\[32, 64\], .* \(shared_expert_intermediate_size=16\)",
+        ),
         ({"num_experts": 10**6}, r"num_experts=1000000, but layer 0 of .* holds experts 4 \(0-3\)"),
         ({"mlp_only_layers": []}, r"layer 1 of .* holds experts 0 \(none\)"),
-    ]  # fmt: skip
+    ]
     for fields, message in cases:
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **fields}))
         with pytest.raises(CheckpointError, match=message):

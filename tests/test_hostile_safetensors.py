@@ -49,14 +49,23 @@ def _drop(name: str, key: str) -> Any:
 # (id, change of the header dict, message regex). All of these are refused by the library too.
 HEADER_CASES = [
     ("overlap", _set(NORM, "data_offsets", [0, 512]), rf"tensor '{EMBED}' .* overlaps tensor"),
-    ("before_data", _set(NORM, "data_offsets", [-400, 112]),
-     r"data_offsets \[-400, 112\] is not \[begin, end\] with integers in \[0, 2\*\*64\)"),
+    (
+        "before_data",
+        _set(NORM, "data_offsets", [-400, 112]),
+        r"data_offsets \[-400, 112\] is not \[begin, end\] with integers in \[0, 2\*\*64\)",
+    ),
     ("begin_after_end", _set(NORM, "data_offsets", [524800, 524288]), "end before they begin"),
-    ("short_span", _set(NORM, "data_offsets", [524288, 524544]),
-     r"BF16 tensor of shape \[256\] needs 512 bytes, but .* span 256"),
-    ("bf16_as_f32", _set(NORM, "dtype", "F32"),
-     r"F32 tensor of shape \[256\] needs 1024 bytes, but its data_offsets \[524288, 524800\] "
-     "span 512"),
+    (
+        "short_span",
+        _set(NORM, "data_offsets", [524288, 524544]),
+        r"BF16 tensor of shape \[256\] needs 512 bytes, but .* span 256",
+    ),
+    (
+        "bf16_as_f32",
+        _set(NORM, "dtype", "F32"),
+        r"F32 tensor of shape \[256\] needs 1024 bytes, but its data_offsets \[524288, 524800\] "
+        "span 512",
+    ),
     ("missing_dtype", _drop(NORM, "dtype"), "its entry has no 'dtype'"),
     ("string_offsets", _set(NORM, "data_offsets", ["524288", "524800"]), "is not \\[begin, end\\]"),
     ("float_offsets", _set(NORM, "data_offsets", [524288.0, 524800]), "is not \\[begin, end\\]"),
@@ -68,7 +77,7 @@ HEADER_CASES = [
     ("unknown_dtype", _set(NORM, "dtype", "bf16"), 'has dtype "bf16", which this reader does not'),
     ("nan_offset", _set(NORM, "data_offsets", [524288, float("nan")]), "is not \\[begin, end\\]"),
     ("metadata_not_strings", _entry("__metadata__", {"format": 1}), "__metadata__ must map"),
-]  # fmt: skip
+]
 RAW_CASES = [  # (id, header bytes, message regex)
     ("list", b"[]", r"the safetensors header is a list, not an object"),
     ("not_json", b"{nope", r"has a corrupt safetensors header: Expecting property name"),
@@ -95,8 +104,9 @@ def _write(tmp_path: Path, header: bytes) -> tuple[Path, bytes]:
     return path, blob
 
 
-@pytest.mark.parametrize(("change", "message"), [c[1:] for c in HEADER_CASES],
-                         ids=[c[0] for c in HEADER_CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "message"), [c[1:] for c in HEADER_CASES], ids=[c[0] for c in HEADER_CASES]
+)
 def test_malformed_entry_is_refused_in_one_line(tmp_path: Path, change: Any, message: str) -> None:
     header = demo_header()
     change(header)
@@ -108,8 +118,9 @@ def test_malformed_entry_is_refused_in_one_line(tmp_path: Path, change: Any, mes
     assert _refused_by_library(blob)
 
 
-@pytest.mark.parametrize(("raw", "message"), [c[1:] for c in RAW_CASES],
-                         ids=[c[0] for c in RAW_CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("raw", "message"), [c[1:] for c in RAW_CASES], ids=[c[0] for c in RAW_CASES]
+)
 def test_malformed_header_is_refused_in_one_line(tmp_path: Path, raw: bytes, message: str) -> None:
     path, blob = _write(tmp_path, raw)
     with pytest.raises(CheckpointError, match=message) as exc:
@@ -165,15 +176,22 @@ INDEX_CASES = [
     ("list", [], r"has no weight_map object"),
     ("no_map", {"metadata": {}}, r"has no weight_map object"),
     ("map_of_ints", {"weight_map": {"model.norm.weight": 3}}, r"not a .safetensors file name"),
-    ("traversal", {"weight_map": {"model.norm.weight": "../model.safetensors"}},
-     r"shards must be file names in the checkpoint directory"),
-    ("missing_shard", {"weight_map": {"model.norm.weight": "model-00003-of-00003.safetensors"}},
-     r"names files that are missing: model-00003-of-00003.safetensors"),
-]  # fmt: skip
+    (
+        "traversal",
+        {"weight_map": {"model.norm.weight": "../model.safetensors"}},
+        r"shards must be file names in the checkpoint directory",
+    ),
+    (
+        "missing_shard",
+        {"weight_map": {"model.norm.weight": "model-00003-of-00003.safetensors"}},
+        r"names files that are missing: model-00003-of-00003.safetensors",
+    ),
+]
 
 
-@pytest.mark.parametrize(("index", "message"), [c[1:] for c in INDEX_CASES],
-                         ids=[c[0] for c in INDEX_CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("index", "message"), [c[1:] for c in INDEX_CASES], ids=[c[0] for c in INDEX_CASES]
+)
 def test_malformed_index_is_refused(tmp_path: Path, sharded: Any, index: Any, message: str) -> None:
     ckpt = tmp_path
     for f in sharded[0].iterdir():

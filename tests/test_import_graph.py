@@ -50,8 +50,9 @@ def import_graph(package: Path) -> dict[str, set[str]]:
                 if node.level:
                     anchor = here.split(".")[: len(here.split(".")) - node.level + 1]
                     base = ".".join([*anchor, base] if base else anchor)
-                targets = (f"{base}.{a.name}" if f"{base}.{a.name}" in found else base
-                           for a in node.names)  # fmt: skip
+                targets = (
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in found else base for a in node.names
+                )
             for target in targets:
                 if target.split(".")[0] == top:
                     resolved = owner(target)
@@ -140,8 +141,11 @@ def wrong_edges(graph: dict[str, set[str]]) -> list[str]:
 def test_the_core_names_no_implementation(graph: dict[str, set[str]]) -> None:
     assert wrong_edges(graph) == []
     broken = {name: set(targets) for name, targets in graph.items()}
-    for name, target in (("converters", "impl.native.spec"), ("impl.trtllm.spec",
-                         "impl.torch_nccl.rules"), ("impl.native.rules", "impl")):  # fmt: skip
+    for name, target in (
+        ("converters", "impl.native.spec"),
+        ("impl.trtllm.spec", "impl.torch_nccl.rules"),
+        ("impl.native.rules", "impl"),
+    ):
         broken[f"{CONVERSION}.{name}"].add(f"{CONVERSION}.{target}")
     assert [edge.replace(f"{CONVERSION}.", "") for edge in wrong_edges(broken)] == [
         "converters -> impl.native.spec",
@@ -152,9 +156,16 @@ def test_the_core_names_no_implementation(graph: dict[str, set[str]]) -> None:
 
 def test_no_file_of_the_project_passes_450_lines() -> None:
     files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
-    for folder, suffixes in (("py", {".py"}), ("tests", {".py"}), ("examples", {".py"}),
-                             ("csrc", {".cpp", ".h"})):  # fmt: skip
+    for folder, suffixes in (
+        ("py", {".py"}),
+        ("tests", {".py"}),
+        ("examples", {".py"}),
+        ("csrc", {".cpp", ".h"}),
+    ):
         files += [p for p in (ROOT / folder).rglob("*") if p.suffix in suffixes]
-    long = {str(p.relative_to(ROOT)): n for p in files
-            if (n := len(p.read_text(errors="replace").splitlines())) > 450}  # fmt: skip
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in files
+        if (n := len(p.read_text(errors="replace").splitlines())) > 450
+    }
     assert long == {}

@@ -30,8 +30,12 @@ def _python(code: str, path: Path | None, *args: str) -> subprocess.CompletedPro
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *args],
-        capture_output=True, text=True, timeout=240, env=env, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        check=False,
+    )
 
 
 def _package(root: Path, name: str, body: str) -> Path:
@@ -103,8 +107,6 @@ def test_real_torch_tensorrt_wheel_without_tensorrt_libraries() -> None:
     assert trt.returncode == 2
     [line] = trt.stderr.strip().splitlines()
     assert line.startswith("error: engine='tensorrt' needs TensorRT") and "pip install" in line
-    ok = _python(
-        cli, NOLIB, "generate", "--engine", "eager", "--max-new-tokens", "2", "--json"
-    )
+    ok = _python(cli, NOLIB, "generate", "--engine", "eager", "--max-new-tokens", "2", "--json")
     assert ok.returncode == 0, ok.stderr
     assert '"engine": "eager"' in ok.stdout

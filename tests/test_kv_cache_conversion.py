@@ -83,8 +83,10 @@ def test_a_cache_with_another_reader_is_not_written_in_place() -> None:
     write = graph.call_function(torch.ops.aten.index_copy.default, (cache, 2, pos, k))
     old = graph.call_function(torch.ops.aten.sum.default, (cache,))  # reads the old cache
     graph.output((write, old))
-    for node, val in zip(graph.nodes, (torch.zeros(2, 2, 8, 4), torch.zeros(1, dtype=torch.long),
-                                       torch.zeros(2, 2, 1, 4))):  # fmt: skip
+    for node, val in zip(
+        graph.nodes,
+        (torch.zeros(2, 2, 8, 4), torch.zeros(1, dtype=torch.long), torch.zeros(2, 2, 1, 4)),
+    ):
         node.meta["val"] = val
     decision = kv_cache_write_decision(write)
     assert not decision.convertible and "other readers" in decision.reason
@@ -138,19 +140,29 @@ def test_the_generation_cores_writes_are_taken_in_both_forms() -> None:
 
 
 def test_index_puts_that_are_not_cache_writes_are_left_to_torch_tensorrt() -> None:
-    def put(cache: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, v: torch.Tensor,
-            accumulate: bool = False) -> torch.Tensor:  # fmt: skip
+    def put(
+        cache: torch.Tensor,
+        rows: torch.Tensor,
+        pos: torch.Tensor,
+        v: torch.Tensor,
+        accumulate: bool = False,
+    ) -> torch.Tensor:
         return torch.ops.aten.index_put.default(cache, [rows, None, pos], v, accumulate)
 
     cache, v = torch.zeros(2, 2, 8, 4), torch.ones(2, 2, 4)
-    _, [accumulating] = _puts(lambda c, p: put(c, torch.arange(2), p, v, True), cache,
-                              torch.tensor([1, 2]))  # fmt: skip
+    _, [accumulating] = _puts(
+        lambda c, p: put(c, torch.arange(2), p, v, True), cache, torch.tensor([1, 2])
+    )
     assert "accumulating" in kv_cache_put_form(accumulating).reason
-    _, [some_rows] = _puts(lambda c, r, p: put(c, r, p, v), cache, torch.tensor([1, 0]),
-                           torch.tensor([1, 2]))  # fmt: skip
+    _, [some_rows] = _puts(
+        lambda c, r, p: put(c, r, p, v), cache, torch.tensor([1, 0]), torch.tensor([1, 2])
+    )
     assert kv_cache_put_form(some_rows).form is None  # rows given by an input, not arange
-    _, [scattered] = _puts(lambda c, s: put(c, s.expand(3), torch.tensor([0, 2, 5]),
-                                            torch.ones(3, 2, 4)), cache, torch.tensor([1]))
+    _, [scattered] = _puts(
+        lambda c, s: put(c, s.expand(3), torch.tensor([0, 2, 5]), torch.ones(3, 2, 4)),
+        cache,
+        torch.tensor([1]),
+    )
     assert "neither every row" in kv_cache_put_form(scattered).reason  # not positions [0, S)
 
     def read_too(c: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

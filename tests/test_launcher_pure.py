@@ -45,9 +45,17 @@ def test_mpirun_single_node_command() -> None:
         MpiCommand(PROGRAM, nproc_per_node=2, forward=["MASTER_ADDR", "MASTER_PORT", "MASTER_ADDR"])
     )
     assert cmd == [
-        "mpirun", "-np", "2", "--bind-to", "none",
-        "-x", "MASTER_ADDR", "-x", "MASTER_PORT", *PROGRAM,
-    ]  # fmt: skip
+        "mpirun",
+        "-np",
+        "2",
+        "--bind-to",
+        "none",
+        "-x",
+        "MASTER_ADDR",
+        "-x",
+        "MASTER_PORT",
+        *PROGRAM,
+    ]
 
 
 def test_mpirun_as_root_multi_node_command() -> None:

@@ -22,9 +22,7 @@ def test_agent_loggers_silenced_then_restored() -> None:
     before = run_logger.level
     with _quiet_torchrun():
         assert not run_logger.isEnabledFor(logging.CRITICAL)
-        assert not logging.getLogger("torch.distributed.elastic.agent").isEnabledFor(
-            logging.ERROR
-        )
+        assert not logging.getLogger("torch.distributed.elastic.agent").isEnabledFor(logging.ERROR)
     assert run_logger.level == before
 
 

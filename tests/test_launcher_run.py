@@ -102,13 +102,24 @@ def test_cli_torchrun_launcher_two_ranks() -> None:
     [
         # rank 0 raises while rank 1 computes: the launcher then stops rank 1 with SIGTERM,
         # and names rank 0 with its error and status (not rank 1, not 143)
-        ("torchrun", ["--fail-rank", "0", "--raise", "--sleep-rank", "1"], 0, 1,
-         "exited with code 1"),
-        pytest.param("mpi", ["--fail-rank", "1", "--kill"], 1, 137,
-                     "was killed by SIGKILL (signal 9)", marks=pytest.mark.mpi),
+        (
+            "torchrun",
+            ["--fail-rank", "0", "--raise", "--sleep-rank", "1"],
+            0,
+            1,
+            "exited with code 1",
+        ),
+        pytest.param(
+            "mpi",
+            ["--fail-rank", "1", "--kill"],
+            1,
+            137,
+            "was killed by SIGKILL (signal 9)",
+            marks=pytest.mark.mpi,
+        ),
     ],
     ids=["torchrun-raise", "mpi-kill"],
-)  # fmt: skip
+)
 def test_the_first_failing_rank_stops_the_job_and_is_named(
     tmp_path: Path,
     record_property: Any,

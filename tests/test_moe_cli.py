@@ -30,8 +30,18 @@ def qwen(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
 
 
 def _generate(path: Path, *extra: str) -> list[str]:
-    return ["generate", "--model", str(path), "--engine", "none", "--prompt", "Hello",
-            "--max-new-tokens", "8", *extra]  # fmt: skip
+    return [
+        "generate",
+        "--model",
+        str(path),
+        "--engine",
+        "none",
+        "--prompt",
+        "Hello",
+        "--max-new-tokens",
+        "8",
+        *extra,
+    ]
 
 
 def test_generate_moe_json_equals_transformers(
@@ -71,10 +81,30 @@ def test_expert_parallel_example_two_ranks(qwen: tuple[Path, list[int]]) -> None
     path, expected = qwen
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "py"), env.get("PYTHONPATH", "")])
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-              "--master-port", str(free_port())]  # fmt: skip
-    cmd = [*launch, str(EXAMPLE), "--model", str(path), "--ep", "2", "--engine", "eager",
-           "--prompt", "Hello", "--max-new-tokens", "8", "--check"]  # fmt: skip
+    launch = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+    ]
+    cmd = [
+        *launch,
+        str(EXAMPLE),
+        "--model",
+        str(path),
+        "--ep",
+        "2",
+        "--engine",
+        "eager",
+        "--prompt",
+        "Hello",
+        "--max-new-tokens",
+        "8",
+        "--check",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]

@@ -134,8 +134,12 @@ ENV = MoELayerEnvironment
     "dtype,env,ok,reason",
     [
         (torch.bfloat16, ENV(None, False, (10, 0)), False, "no TensorRT here"),
-        (torch.bfloat16, ENV("10.15.1", False, (10, 0)), False,
-         "TensorRT 10.15.1 has no MoE layer"),
+        (
+            torch.bfloat16,
+            ENV("10.15.1", False, (10, 0)),
+            False,
+            "TensorRT 10.15.1 has no MoE layer",
+        ),
         (torch.bfloat16, ENV("11.1.0", True, None), False, "no CUDA GPU here"),
         (torch.bfloat16, ENV("11.1.0", True, (9, 0)), False, "this GPU is SM 9.0"),
         (torch.bfloat16, ENV("11.1.0", True, (12, 0)), False, "this GPU is SM 12.0"),
@@ -145,7 +149,7 @@ ENV = MoELayerEnvironment
         # the gate is the layer itself, not a version: a build without add_moe is refused
         (torch.float16, ENV("11.1.0", False, (11, 0)), False, "TensorRT 11.1.0 has no MoE layer"),
     ],
-)  # fmt: skip
+)
 def test_moe_layer_decision(dtype: torch.dtype, env: Any, ok: bool, reason: str) -> None:
     decision = moe_layer_decision(dtype, env)
     assert decision.convertible is ok and decision.reason.startswith(reason), decision
@@ -203,8 +207,10 @@ def test_expert_weights_to_freeze_follow_the_decision() -> None:
     assert "graph inputs" in node_moe_decision(node, blackwell).reason
     assert frozen_expert_inputs(gm, hopper) == []
     assert frozen_expert_inputs(gm, blackwell) == [3, 4, 5]
-    real = [torch.zeros(p.meta["val"].shape, dtype=p.meta["val"].dtype)
-            for p in gm.graph.find_nodes(op="placeholder")]  # fmt: skip
+    real = [
+        torch.zeros(p.meta["val"].shape, dtype=p.meta["val"].dtype)
+        for p in gm.graph.find_nodes(op="placeholder")
+    ]
     assert freeze_inputs(gm, real, real, also=[3, 4, 5]) == [0, 1, 2]
     node = next(iter(gm.graph.find_nodes(op="call_function", target=EXPERTS_OP)))
     assert node_moe_decision(node, blackwell).convertible
@@ -256,11 +262,18 @@ def test_speed_figures_judge_the_goals_from_one_run() -> None:
     def run(s: float, shift: float = 0.0) -> dict[str, Any]:
         return {"logits": logits + shift, "s": [s, 2 * s], "cpu": [s], "compile_s": 1.0}
 
-    hf = {"prefill_256": run(0.1), "prefill_1000": run(0.3),
-          "decode": {"tokens": [1, 2], "s_per_step": 0.02}}  # fmt: skip
-    ours = {"prefill_256": run(0.1), "prefill_1000": run(0.25, 2e-5), "prefill_256_dense": run(0.3),
-            "decode_auto": {"tokens": [1, 2], "s_per_step": 0.01},
-            "decode_grouped": {"tokens": [1, 2], "s_per_step": 0.015}}  # fmt: skip
+    hf = {
+        "prefill_256": run(0.1),
+        "prefill_1000": run(0.3),
+        "decode": {"tokens": [1, 2], "s_per_step": 0.02},
+    }
+    ours = {
+        "prefill_256": run(0.1),
+        "prefill_1000": run(0.25, 2e-5),
+        "prefill_256_dense": run(0.3),
+        "decode_auto": {"tokens": [1, 2], "s_per_step": 0.01},
+        "decode_grouped": {"tokens": [1, 2], "s_per_step": 0.015},
+    }
     got = {f.name.split(": ", 1)[1]: f for f in _figures("m", hf, ours)}
     assert got["prefill 256 tokens, transformers / ours time"].met is True  # 1.0 >= 1.0
     assert got["prefill 1000 tokens, transformers / ours time"].met is False  # 1.2 < 1.5
@@ -271,8 +284,13 @@ def test_speed_figures_judge_the_goals_from_one_run() -> None:
     assert decode.value == 2.0 and decode.met is True and "grouped 67 tok/s" in decode.note
     ours["decode_grouped"]["s_per_step"] = 0.005  # grouped faster: auto did not keep the faster
     assert _figures("m", hf, ours)[-1].met is False
-    ranks = [{k: {**v, "logits": v["logits"].tolist()} if k.startswith("prefill") else v
-              for k, v in ours.items()} for _ in range(2)]  # fmt: skip
+    ranks = [
+        {
+            k: {**v, "logits": v["logits"].tolist()} if k.startswith("prefill") else v
+            for k, v in ours.items()
+        }
+        for _ in range(2)
+    ]
     ranks[1]["prefill_256"] = {**ranks[1]["prefill_256"], "s": [0.3, 0.1]}
     ep = _ep_result(ranks)
     assert ep["prefill_256"]["s"] == [0.3, 0.2]  # the slower rank of each run

@@ -31,8 +31,22 @@ def mixtral(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_explain_ep2_tp4_on_fake_world_of_8(capsys: pytest.CaptureFixture[str]) -> None:
     """Rank 5 of --ep 2 --tp 4: one decode graph, attention on TP group [4..7], each MoE
     layer's single all-reduce on the EP x TP group [0..7], named by its module."""
-    args = ["explain", "--model", "moe", "--world-size", "8", "--ep", "2", "--tp", "4", "--rank",
-            "5", "--layers", "2", "--json"]  # fmt: skip
+    args = [
+        "explain",
+        "--model",
+        "moe",
+        "--world-size",
+        "8",
+        "--ep",
+        "2",
+        "--tp",
+        "4",
+        "--rank",
+        "5",
+        "--layers",
+        "2",
+        "--json",
+    ]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["ep_rank"], report["tp_rank"], report["experts"]) == (1, 1, [4, 8])
@@ -88,11 +102,15 @@ def test_qwen2_moe_config_translation() -> None:
     [
         (3, 1, {}, "ep=3 does not divide the 4 experts; use ep in [1, 2, 4]"),
         (1, 3, {}, "tp=3 does not divide the expert FFN size 16"),
-        (4, 1, {"shared_expert_intermediate_size": 18}, "ep x tp = 4 does not divide the shared "
-         "expert FFN size 18"),
+        (
+            4,
+            1,
+            {"shared_expert_intermediate_size": 18},
+            "ep x tp = 4 does not divide the shared expert FFN size 18",
+        ),
         (1, 8, {"moe_intermediate_size": 64}, "n_heads=4 is not divisible by tp=8"),
     ],
-)  # fmt: skip
+)
 def test_bad_layouts_name_the_numbers(
     ep: int, tp: int, overrides: dict[str, int], text: str
 ) -> None:
@@ -118,8 +136,11 @@ def test_missing_expert_is_named(mixtral: Path, tmp_path: Path) -> None:
     for kind in ("w1", "w2", "w3"):
         del tensors[f"model.layers.1.block_sparse_moe.experts.3.{kind}.weight"]
     save_file(tensors, str(broken / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"num_local_experts=4, but layer 1 of .* holds "
-                       r"experts 3 \(0-2\); the config and weights do not match"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"num_local_experts=4, but layer 1 of .* holds "
+        r"experts 3 \(0-2\); the config and weights do not match",
+    ):
         load_moe(broken, progress=False)
     # every rank checks the whole checkpoint, so ep rank 0 of 2 (experts 0, 1) refuses it too
     # rather than loading and waiting in a collective for the rank that cannot

@@ -26,11 +26,30 @@ def test_pipeline_tensor_parallel_example_four_ranks(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "py"), env.get("PYTHONPATH", "")])
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-        "--master-port", str(free_port()), str(EXAMPLE), "--model", str(tmp_path),
-        "--pp", "2", "--tp", "2", "--split", "1,3", "--engine", "none", "--prompt", "Hello",
-        "--max-new-tokens", "6", "--check",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "4",
+        "--master-port",
+        str(free_port()),
+        str(EXAMPLE),
+        "--model",
+        str(tmp_path),
+        "--pp",
+        "2",
+        "--tp",
+        "2",
+        "--split",
+        "1,3",
+        "--engine",
+        "none",
+        "--prompt",
+        "Hello",
+        "--max-new-tokens",
+        "6",
+        "--check",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]

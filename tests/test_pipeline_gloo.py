@@ -45,17 +45,46 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     common = {"max_new_tokens": MAX_NEW, "cache_len": 64}
     jobs = [
         {"path": gqa, "prompts": PROMPTS, "pp": 2, "tp": 2, "engine": "eager", **common},
-        {"path": gqa, "prompts": PROMPTS, "pp": 2, "tp": 2, "engine": "none",
-         "sampling": SAMPLING, "microbatches": 1, **common},
+        {
+            "path": gqa,
+            "prompts": PROMPTS,
+            "pp": 2,
+            "tp": 2,
+            "engine": "none",
+            "sampling": SAMPLING,
+            "microbatches": 1,
+            **common,
+        },
         {"path": tied, "prompts": PROMPTS, "pp": 2, "tp": 2, "engine": "none", **common},
-        {"path": gqa, "prompts": PROMPTS[:1], "pp": 4, "tp": 1, "engine": "none",
-         "stop_ids": [stop], **common},
+        {
+            "path": gqa,
+            "prompts": PROMPTS[:1],
+            "pp": 4,
+            "tp": 1,
+            "engine": "none",
+            "stop_ids": [stop],
+            **common,
+        },
         {"path": gqa, "prompts": PROMPTS, "pp": 3, "tp": 2, "expect_error": True, **common},
-        {"path": gqa, "prompts": FOUR, "pp": 4, "tp": 1, "engine": "none",
-         "stop_ids": [stop], **common},
-        {"path": gqa, "prompts": PROMPTS, "pp": 2, "tp": 2, "split": [1, 2],
-         "expect_error": True, **common},
-    ]  # fmt: skip
+        {
+            "path": gqa,
+            "prompts": FOUR,
+            "pp": 4,
+            "tp": 1,
+            "engine": "none",
+            "stop_ids": [stop],
+            **common,
+        },
+        {
+            "path": gqa,
+            "prompts": PROMPTS,
+            "pp": 2,
+            "tp": 2,
+            "split": [1, 2],
+            "expect_error": True,
+            **common,
+        },
+    ]
     results = run_on_ranks(_pipeline_fns.pipeline_suite, 4, jobs, timeout=240)
     return {
         "results": results,

@@ -36,8 +36,9 @@ def test_chained_stages_equal_whole_model(tmp_path: Path, name: str) -> None:
         assert all(s.tok_embeddings is None for s in stages[1:])
         for s in stages:
             s.setup_caches(2, 32)
-        tokens = torch.randint(0, model.args.vocab_size, (2, 10),
-                               generator=torch.Generator().manual_seed(5))  # fmt: skip
+        tokens = torch.randint(
+            0, model.args.vocab_size, (2, 10), generator=torch.Generator().manual_seed(5)
+        )
         pad = torch.tensor([0, 3])
         with torch.no_grad():
             x: torch.Tensor = tokens

@@ -30,9 +30,14 @@ from torch_tensorrt_dist.quantization.tensors import (
 )
 
 ARGS = ModelArgs(
-    dim=128, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, intermediate_size=256,
+    dim=128,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    vocab_size=96,
+    intermediate_size=256,
     max_seq_len=64,
-)  # fmt: skip
+)
 
 
 # --- the math ---------------------------------------------------------------------------

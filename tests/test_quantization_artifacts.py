@@ -29,12 +29,23 @@ ARGS = ModelArgs.from_name("tiny")
 
 def _manifest(quantization: dict[str, object] | None) -> Manifest:
     return Manifest(
-        engine="inductor", world_size=1, tp=1, pp=1, groups=[],
-        ranks=[RankEntry(0, {}, {"decode": []})], dtype="fp32", buckets=[16],
-        max_batch_size=1, cache_len=64, model_args=dataclasses.asdict(ARGS),
-        checkpoint={"source": "preset:tiny", "sha256": "ab"}, options={}, tokenizer=None,
-        versions={"torch": torch.__version__}, quantization=quantization,
-    )  # fmt: skip
+        engine="inductor",
+        world_size=1,
+        tp=1,
+        pp=1,
+        groups=[],
+        ranks=[RankEntry(0, {}, {"decode": []})],
+        dtype="fp32",
+        buckets=[16],
+        max_batch_size=1,
+        cache_len=64,
+        model_args=dataclasses.asdict(ARGS),
+        checkpoint={"source": "preset:tiny", "sha256": "ab"},
+        options={},
+        tokenizer=None,
+        versions={"torch": torch.__version__},
+        quantization=quantization,
+    )
 
 
 def test_the_manifest_records_the_scheme_and_refuses_a_mismatch() -> None:

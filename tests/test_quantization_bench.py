@@ -12,9 +12,14 @@ from torch_tensorrt_dist.bench.quantize import CONFIGS, _tp_figures, quantize_ra
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 
 ARGS = ModelArgs(
-    dim=128, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, intermediate_size=256,
+    dim=128,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    vocab_size=256,
+    intermediate_size=256,
     max_seq_len=64,
-)  # fmt: skip
+)
 
 
 def test_one_rank_measures_bytes_speed_and_load_peak(tmp_path: Path) -> None:

@@ -22,13 +22,23 @@ from torch_tensorrt_dist.quantization.tensors import (
 )
 
 ARGS = ModelArgs(
-    dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, intermediate_size=128,
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    vocab_size=96,
+    intermediate_size=128,
     max_seq_len=32,
-)  # fmt: skip
+)
 MOE = MoEArgs(
-    n_experts=4, top_k=2, expert_size=64, shared_expert_size=32, sparse_layers=(1,),
-    style="qwen3_moe", qk_norm=True,
-)  # fmt: skip
+    n_experts=4,
+    top_k=2,
+    expert_size=64,
+    shared_expert_size=32,
+    sparse_layers=(1,),
+    style="qwen3_moe",
+    qk_norm=True,
+)
 
 
 def _dequantize(w: torch.Tensor, scheme: str) -> torch.Tensor:

@@ -82,8 +82,16 @@ def test_generate_quantize_int8_cli(
 ) -> None:
     """In process: TP 2 through the launcher runs the same rank code, whose numerics the
     ranks above check."""
-    args = ["generate", "--quantize", "int8", "--max-new-tokens", "16", "--engine", "none",
-            "--json"]  # fmt: skip
+    args = [
+        "generate",
+        "--quantize",
+        "int8",
+        "--max-new-tokens",
+        "16",
+        "--engine",
+        "none",
+        "--json",
+    ]
     assert main(args) == 0
     out = _json(capsys.readouterr().out)
     assert out["tokens"] == [tp1["fp32"]["tokens"]]
@@ -95,8 +103,20 @@ def test_eval_perplexity_cli(
 ) -> None:
     text = tmp_path / "text.txt"
     text.write_text(TEXT)
-    args = ["eval", "--perplexity", str(text), "--quantize", "int4", "--group-size", "64",
-            "--window", "64", "--stride", "32", "--json"]  # fmt: skip
+    args = [
+        "eval",
+        "--perplexity",
+        str(text),
+        "--quantize",
+        "int4",
+        "--group-size",
+        "64",
+        "--window",
+        "64",
+        "--stride",
+        "32",
+        "--json",
+    ]
     assert main(args) == 0
     out = _json(capsys.readouterr().out)
     assert out["perplexity"] == pytest.approx(tp1["int4"]["perplexity"], rel=1e-6)

@@ -33,10 +33,27 @@ def test_unexpected_error_in_rank_1_is_carried_with_its_traceback_under_v() -> N
     message = "[Errno 5] Input/output error reading model-00002.safetensors"
     env["TORCH_TENSORRT_DIST_TEST_FAULT"] = f"1:{READ}:OSError:{message}"
     out = subprocess.run(
-        [sys.executable, "-m", "torch_tensorrt_dist", "-v", "generate", "--tp", "2",
-         "--engine", "none", "--max-new-tokens", "2", "--prompt", "Hello"],
-        env=env, capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch_tensorrt_dist",
+            "-v",
+            "generate",
+            "--tp",
+            "2",
+            "--engine",
+            "none",
+            "--max-new-tokens",
+            "2",
+            "--prompt",
+            "Hello",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
     assert out.returncode == 1, out.stderr[-3000:]  # rank 1's status (an exception: 1)
     assert out.stdout == ""  # rank 0 neither echoed the prompt nor generated
     error, named = out.stderr.strip().splitlines()[-2:]

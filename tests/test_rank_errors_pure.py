@@ -112,11 +112,26 @@ def test_cause_is_the_earliest_rank_failing_on_its_own_account() -> None:
     # rank 1 refused its files; rank 0 repeats it (agree) and happens to record first
     failed = {0: FailedRank(0, exit_code=2, pid=7)}  # torchrun's function entries: one rank
     records = {
-        0: {"rank": 0, "exit_code": 2, "time": 1.0, "error": "RankFailedError: rank 1 ...",
-            "follows": 1, "host": "h", "pid": 7},
-        1: {"rank": 1, "exit_code": 2, "time": 1.2, "error": "ArtifactError: rank-1/x bad",
-            "follows": None, "host": "h", "pid": 8, "traceback": "Traceback ..."},
-    }  # fmt: skip
+        0: {
+            "rank": 0,
+            "exit_code": 2,
+            "time": 1.0,
+            "error": "RankFailedError: rank 1 ...",
+            "follows": 1,
+            "host": "h",
+            "pid": 7,
+        },
+        1: {
+            "rank": 1,
+            "exit_code": 2,
+            "time": 1.2,
+            "error": "ArtifactError: rank-1/x bad",
+            "follows": None,
+            "host": "h",
+            "pid": 8,
+            "traceback": "Traceback ...",
+        },
+    }
     first = pick_first_failure(failed, records)
     assert first == FailedRank(
         1, exit_code=2, host="h", pid=8, detail="ArtifactError: rank-1/x bad"
@@ -152,8 +167,11 @@ def test_mpirun_failure_banners_are_dropped_other_blocks_kept() -> None:
     assert BannerFilter(keep=True).feed(banner[1]) == [banner[1]]
     long = BannerFilter(max_block=3)
     assert [x for line in [rule, "a\n", "b\n", "c\n"] for x in long.feed(line)] == [
-        rule, "a\n", "b\n", "c\n"
-    ]  # fmt: skip
+        rule,
+        "a\n",
+        "b\n",
+        "c\n",
+    ]
 
 
 def test_busy_rendezvous_port_in_one_line() -> None:
@@ -178,8 +196,14 @@ def _agree_on_threads(verdicts: list[BaseException | None], step: str) -> list[s
     def rank(r: int) -> None:
         store = dist.TCPStore("127.0.0.1", server.port, world, is_master=False)
         try:
-            agree(verdicts[r], step=step, store=store, rank=r, world_size=world,
-                  timeout=timedelta(seconds=30))  # fmt: skip
+            agree(
+                verdicts[r],
+                step=step,
+                store=store,
+                rank=r,
+                world_size=world,
+                timeout=timedelta(seconds=30),
+            )
             out[r] = "ok"
         except Exception as exc:
             out[r] = f"{type(exc).__name__}: {exc}"
@@ -223,8 +247,11 @@ def test_compile_out_checked_before_any_rank(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match=r"cannot be created: .*file is a file"):
         check_output_dir(tmp_path / "file" / "sub")
     (tmp_path / "art" / "notes.txt").write_text("mine")
-    with pytest.raises(ArtifactError, match=r"not empty and is not an artifact directory \(it "
-                       r"holds notes.txt\)"):  # fmt: skip
+    with pytest.raises(
+        ArtifactError,
+        match=r"not empty and is not an artifact directory \(it "
+        r"holds notes.txt\)",
+    ):
         check_output_dir(tmp_path / "art")
 
 

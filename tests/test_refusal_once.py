@@ -19,8 +19,11 @@ def test_who_prints_a_refusal() -> None:
     same = mark_alike(ConfigError("--pp 1 x --tp 1 needs 1 ranks, but the launcher started 4"))
     # before joining the world every rank refuses alike: the lowest local rank of each node
     assert [prints_refusal(same, _torchrun(r), joined=False) for r in range(4)] == [
-        True, False, True, False,
-    ]  # fmt: skip
+        True,
+        False,
+        True,
+        False,
+    ]
     # after joining, a rank's own error is its own
     own = ConfigError("rank-3/weights.safetensors is corrupt")
     assert prints_refusal(own, _torchrun(3), joined=True)
@@ -28,14 +31,21 @@ def test_who_prints_a_refusal() -> None:
     # said once on the other node
     repeat = RankFailedError("rank 3 failed the artifact check: ...", failed_rank=3)
     assert [prints_refusal(repeat, _torchrun(r), joined=True) for r in range(3)] == [
-        True, False, False,
-    ]  # fmt: skip
+        True,
+        False,
+        False,
+    ]
     # Open MPI's names, one node
-    mpi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
-           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}  # fmt: skip
+    mpi = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    }
     assert not prints_refusal(same, mpi, joined=False)
-    assert prints_refusal(same, {**mpi, "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-                                 "OMPI_COMM_WORLD_RANK": "0"}, joined=False)  # fmt: skip
+    assert prints_refusal(
+        same, {**mpi, "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_RANK": "0"}, joined=False
+    )
     # one process, or variables that do not fit: always said
     assert prints_refusal(same, {}, joined=False)
     assert prints_refusal(same, {**_torchrun(1), "LOCAL_RANK": "9"}, joined=False)
@@ -70,10 +80,12 @@ def _world_refusal() -> ConfigError:
 #: what each rank of `torchrun --nproc-per-node 2 -m torch_tensorrt_dist generate ...` refuses
 #: alike: the world check and an option check (``cli._failures.alike_on_every_rank``)
 ALIKE = [
-    (["--tp", "1", "--max-new-tokens", "2"],
-     "error: --pp 1 x --tp 1 needs 1 ranks, but the launcher started 2; generate uses every"),
+    (
+        ["--tp", "1", "--max-new-tokens", "2"],
+        "error: --pp 1 x --tp 1 needs 1 ranks, but the launcher started 2; generate uses every",
+    ),
     (["--tp", "2", "--max-new-tokens", "0"], "error: --max-new-tokens must be"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("rank", [0, 1])

@@ -45,9 +45,26 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(ckpt: Path) -> Any:
-    srv = start_server(["--model", str(ckpt), "--served-model-name", "demo", "--tp", "2",
-                        "--engine", "none", "--max-batch-size", "4", "--max-queue", "8",
-                        "--max-seq-len", str(CACHE), "--api-key", KEY])  # fmt: skip
+    srv = start_server(
+        [
+            "--model",
+            str(ckpt),
+            "--served-model-name",
+            "demo",
+            "--tp",
+            "2",
+            "--engine",
+            "none",
+            "--max-batch-size",
+            "4",
+            "--max-queue",
+            "8",
+            "--max-seq-len",
+            str(CACHE),
+            "--api-key",
+            KEY,
+        ]
+    )
     yield srv
     srv.kill()  # only if a test failed before the drain test
 
@@ -89,8 +106,9 @@ def test_concurrent_greedy_requests_equal_each_prompt_alone(client: Any, alone: 
     lengths = [20, 6, 24, 9, 15, 12, 30, 5]
 
     def ask(i: int) -> Any:
-        return client.completions.create(model="demo", prompt=PROMPTS[i], max_tokens=lengths[i],
-                                         temperature=0)  # fmt: skip
+        return client.completions.create(
+            model="demo", prompt=PROMPTS[i], max_tokens=lengths[i], temperature=0
+        )
 
     with cf.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(ask, range(8)))
@@ -102,12 +120,16 @@ def test_concurrent_greedy_requests_equal_each_prompt_alone(client: Any, alone: 
         assert res.usage.prompt_tokens == len(tok.encode(PROMPTS[i]))
 
 
-def test_streaming_pieces_add_up_and_end_with_done(server: Server, client: Any,
-                                                   alone: Any) -> None:  # fmt: skip
+def test_streaming_pieces_add_up_and_end_with_done(server: Server, client: Any, alone: Any) -> None:
     tok, run = alone
-    stream = client.completions.create(model="demo", prompt=PROMPTS[2], max_tokens=16,
-                                       temperature=0, stream=True,
-                                       stream_options={"include_usage": True})  # fmt: skip
+    stream = client.completions.create(
+        model="demo",
+        prompt=PROMPTS[2],
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert (text, chunks[-2].choices[0].finish_reason) == run(tok.encode(PROMPTS[2]), 16)[:2]
@@ -126,35 +148,51 @@ def test_stop_strings_and_seeded_sampling(client: Any, alone: Any) -> None:
     tok, run = alone
     full = run(tok.encode(PROMPTS[2]), 24)[0]
     cut = full.index(" exception")  # the text before the first " exception"
-    res = client.completions.create(model="demo", prompt=PROMPTS[2], max_tokens=24,
-                                    temperature=0, stop=[" exception", "zzz"])  # fmt: skip
+    res = client.completions.create(
+        model="demo", prompt=PROMPTS[2], max_tokens=24, temperature=0, stop=[" exception", "zzz"]
+    )
     assert (res.choices[0].text, res.choices[0].finish_reason) == (full[:cut], "stop")
 
     def sampled(seed: int) -> str:
-        return str(client.completions.create(model="demo", prompt=PROMPTS[0], max_tokens=12,
-                                             temperature=1.0, top_p=0.9, seed=seed)
-                   .choices[0].text)  # fmt: skip
+        return str(
+            client.completions.create(
+                model="demo",
+                prompt=PROMPTS[0],
+                max_tokens=12,
+                temperature=1.0,
+                top_p=0.9,
+                seed=seed,
+            )
+            .choices[0]
+            .text
+        )
 
     assert sampled(3) == sampled(3) != sampled(4)
 
 
-def test_chat_uses_the_template_as_transformers_renders_it(ckpt: Path, client: Any,
-                                                           alone: Any) -> None:  # fmt: skip
+def test_chat_uses_the_template_as_transformers_renders_it(
+    ckpt: Path, client: Any, alone: Any
+) -> None:
     transformers = pytest.importorskip("transformers")
     _tok, run = alone
-    messages = [{"role": "system", "content": "Answer briefly."},
-                {"role": "user", "content": "What does the return statement do?"}]  # fmt: skip
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "What does the return statement do?"},
+    ]
     hf = transformers.AutoTokenizer.from_pretrained(ckpt)
-    ids = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                 return_dict=False)  # fmt: skip
+    ids = hf.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     text, finish, _n = run(list(ids), 20)
-    res = client.chat.completions.create(model="demo", messages=messages, max_tokens=20,
-                                         temperature=0)  # fmt: skip
+    res = client.chat.completions.create(
+        model="demo", messages=messages, max_tokens=20, temperature=0
+    )
     assert res.choices[0].message.role == "assistant"
     assert (res.choices[0].message.content, res.choices[0].finish_reason) == (text, finish)
     assert res.usage.prompt_tokens == len(ids)
-    stream = client.chat.completions.create(model="demo", messages=messages, max_tokens=20,
-                                            temperature=0, stream=True)  # fmt: skip
+    stream = client.chat.completions.create(
+        model="demo", messages=messages, max_tokens=20, temperature=0, stream=True
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
@@ -181,8 +219,9 @@ def _post(server: Server, body: Any, *, key: str | None = KEY, path: str = "comp
         ({"prompt": "x", "model": "gpt-4"}, 404, "is not served here"),
     ],
 )
-def test_bad_requests_get_openai_errors(server: Server, body: Any, status: int,
-                                        message: str) -> None:  # fmt: skip
+def test_bad_requests_get_openai_errors(
+    server: Server, body: Any, status: int, message: str
+) -> None:
     res = _post(server, body)
     assert res.status_code == status
     error = res.json()["error"]
@@ -225,8 +264,13 @@ def test_full_queue_is_429_and_clients_that_leave_free_their_rows(server: Server
         # stay busy (and the 8 others queued) for seconds after the 13th request
         body = {"prompt": PROMPTS[1], "max_tokens": 240, "temperature": 0, "stream": True}
         try:
-            with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120,
-                              headers={"Authorization": f"Bearer {KEY}"}) as res:  # fmt: skip
+            with httpx.stream(
+                "POST",
+                f"{server.url}/v1/completions",
+                json=body,
+                timeout=120,
+                headers={"Authorization": f"Bearer {KEY}"},
+            ) as res:
                 statuses.append(res.status_code)
                 started.release()
                 for _ in res.iter_lines():
@@ -261,11 +305,18 @@ def test_full_queue_is_429_and_clients_that_leave_free_their_rows(server: Server
 
 def test_metrics(server: Server) -> None:
     text = httpx.get(f"{server.url}/metrics").text
-    for name in ("torchtrt_requests_total", "torchtrt_prompt_tokens_total",
-                 "torchtrt_generation_tokens_total", "torchtrt_queue_depth",
-                 "torchtrt_running_rows", "torchtrt_time_to_first_token_seconds_bucket",
-                 "torchtrt_inter_token_latency_seconds_bucket", "torchtrt_step_seconds_sum",
-                 "torchtrt_control_seconds_sum", "torchtrt_control_latency_seconds"):  # fmt: skip
+    for name in (
+        "torchtrt_requests_total",
+        "torchtrt_prompt_tokens_total",
+        "torchtrt_generation_tokens_total",
+        "torchtrt_queue_depth",
+        "torchtrt_running_rows",
+        "torchtrt_time_to_first_token_seconds_bucket",
+        "torchtrt_inter_token_latency_seconds_bucket",
+        "torchtrt_step_seconds_sum",
+        "torchtrt_control_seconds_sum",
+        "torchtrt_control_latency_seconds",
+    ):
         assert name in text, name
     assert _metric(server, 'torchtrt_requests_total{status="400"}') >= 1
     assert _metric(server, "torchtrt_control_latency_seconds") > 0  # measured at TP 2

@@ -35,8 +35,22 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> Any:
     gen = Generator(load_moe(path, progress=False), max_batch_size=1, cache_len=64)
     with one_thread():
         alone = [gen.generate([p], max_new_tokens=n).tokens[0] for p, n in zip(PROMPTS, LENGTHS)]
-    srv = start_server(["--model", str(path), "--ep", "2", "--tp", "1", "--engine", "none",
-                        "--max-seq-len", "64", "--max-batch-size", "2"])  # fmt: skip
+    srv = start_server(
+        [
+            "--model",
+            str(path),
+            "--ep",
+            "2",
+            "--tp",
+            "1",
+            "--engine",
+            "none",
+            "--max-seq-len",
+            "64",
+            "--max-batch-size",
+            "2",
+        ]
+    )
     yield srv, alone
     srv.kill()
 

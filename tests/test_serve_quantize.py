@@ -44,14 +44,18 @@ def test_serving_core_on_a_quantized_shard_gives_generates_tokens(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--quantize", "int4", "--group-size", "32", "--engine", "tensorrt"],
-         "--group-size 32 with --engine tensorrt: TensorRT's INT4 block quantization takes "
-         "groups of 64 or 128"),
+        (
+            ["--quantize", "int4", "--group-size", "32", "--engine", "tensorrt"],
+            "--group-size 32 with --engine tensorrt: TensorRT's INT4 block quantization takes "
+            "groups of 64 or 128",
+        ),
         (["--group-size", "64"], "--group-size needs --quantize int8 or --quantize int4"),
-        (["--quantize", "int8", "--artifacts", "ARTIFACTS"],
-         "--quantize int8 with --artifacts: the artifacts hold their weights as compiled"),
+        (
+            ["--quantize", "int8", "--artifacts", "ARTIFACTS"],
+            "--quantize int8 with --artifacts: the artifacts hold their weights as compiled",
+        ),
     ],
-)  # fmt: skip
+)
 def test_serve_refuses_bad_quantize_options_in_one_line(
     extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -40,11 +40,28 @@ from torch_tensorrt_dist.serving.loop import Leader, StepLoop
 def test_request_defaults_and_checks() -> None:
     p = protocol.parse_request({"prompt": "hi"}, chat=False)
     assert (p.max_tokens, p.temperature, p.top_p, p.seed, p.stop, p.stream) == (
-        16, 1.0, 1.0, None, (), False)  # fmt: skip
-    c = protocol.parse_request({"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "stop": "x",
-        "max_completion_tokens": 5, "stream": True,
-        "stream_options": {"include_usage": True}}, chat=True)  # fmt: skip
+        16,
+        1.0,
+        1.0,
+        None,
+        (),
+        False,
+    )
+    c = protocol.parse_request(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                }
+            ],
+            "stop": "x",
+            "max_completion_tokens": 5,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        chat=True,
+    )
     assert c.messages == [{"role": "user", "content": "a\nb"}] and c.max_tokens == 5
     assert c.stop == ("x",) and c.include_usage
     assert protocol.parse_request({"prompt": [[1, 2]]}, chat=False).prompt == [1, 2]
@@ -66,8 +83,9 @@ def test_request_defaults_and_checks() -> None:
     with pytest.raises(protocol.RequestError, match=r"role 'robot' is not one of"):
         protocol.parse_request({"messages": [{"role": "robot", "content": "x"}]}, chat=True)
     with pytest.raises(protocol.RequestError, match="content part 'image_url'"):
-        protocol.parse_request({"messages": [{"role": "user", "content": [
-            {"type": "image_url"}]}]}, chat=True)  # fmt: skip
+        protocol.parse_request(
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, chat=True
+        )
 
 
 def test_response_and_chunk_shapes() -> None:
@@ -80,8 +98,12 @@ def test_response_and_chunk_shapes() -> None:
     assert first["object"] == "chat.completion.chunk"
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     end = protocol.chunk(chat, text=None, finish="length", **head)
-    assert end["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
-                                 "finish_reason": "length"}  # fmt: skip
+    assert end["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "length",
+    }
     plain = protocol.parse_request({"prompt": "x"}, chat=False)
     assert protocol.chunk(plain, text="a", **head)["object"] == "text_completion"
     assert protocol.chunk(plain, text=None, usage={"x": 1}, **head)["choices"] == []
@@ -181,8 +203,10 @@ def test_leader_runs_more_requests_than_rows_and_each_gets_its_alone_text(gen: G
     leader, inbox, _ = _leader(gen)
     prompts = [(72, 105), (1, 2, 3, 4, 5), (9,), (100, 101, 102), (65,)]
     sinks = [_Sink() for _ in prompts]
-    subs = [Submission(p, 6 + i, SamplingConfig(), None, (), s)  # type: ignore[arg-type]
-            for i, (p, s) in enumerate(zip(prompts, sinks))]  # fmt: skip
+    subs = [
+        Submission(p, 6 + i, SamplingConfig(), None, (), s)  # type: ignore[arg-type]
+        for i, (p, s) in enumerate(zip(prompts, sinks))
+    ]
     for sub in subs:
         inbox.submit(sub)
     inbox.cancel(subs[4].rid)  # its client left while it waited: it never runs
@@ -255,8 +279,14 @@ def test_deliver_wakes_each_event_loop_once_per_batch() -> None:
 
     loops = [Loop(), Loop()]
     sinks = [Sink(loops[0]), Sink(loops[0]), Sink(loops[1])]  # type: ignore[arg-type]
-    deliver([(sinks[0], Piece("a", 1)), (sinks[1], Piece("b", 1)), (sinks[2], Failed(503, "x")),
-             (sinks[0], Piece("c", 1, "length"))])  # fmt: skip
+    deliver(
+        [
+            (sinks[0], Piece("a", 1)),
+            (sinks[1], Piece("b", 1)),
+            (sinks[2], Failed(503, "x")),
+            (sinks[0], Piece("c", 1, "length")),
+        ]
+    )
     assert [len(loop.calls) for loop in loops] == [1, 1]
     for loop in loops:
         fn, args = loop.calls[0]

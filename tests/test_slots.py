@@ -115,10 +115,14 @@ def test_schedule_equals_each_prompt_alone_tp2_and_ep2(cases: dict[str, Any]) ->
     """TP 2 on the Llama checkpoints, EP 2 x TP 1 on the Mixtral one: one spawn of 2 ranks."""
     names = ("demo", "llama_gqa", "mixtral")
     spec = [
-        {"path": cases[n]["path"], "jobs": [asdict(j) for j in cases[n]["jobs"]],
-         "stop_ids": cases[n]["stop_ids"], "ep": 2 if n == "mixtral" else 0}
+        {
+            "path": cases[n]["path"],
+            "jobs": [asdict(j) for j in cases[n]["jobs"]],
+            "stop_ids": cases[n]["stop_ids"],
+            "ep": 2 if n == "mixtral" else 0,
+        }
         for n in names
-    ]  # fmt: skip
+    ]
     results = run_on_ranks(rank_schedules, 2, spec, timeout=240)
     for rank in range(2):
         for name, result in zip(names, results[rank], strict=True):
@@ -130,24 +134,30 @@ def test_sampled_request_is_batch_invariant(cases: dict[str, Any]) -> None:
     case = cases["llama_gqa"]
     job = case["jobs"][-1]
     greedy = Job(job.step, job.prompt, job.max_new)
-    single = Generator(load_llama(case["path"], progress=False), max_batch_size=1,
-                       cache_len=CACHE_LEN)  # fmt: skip
+    single = Generator(
+        load_llama(case["path"], progress=False), max_batch_size=1, cache_len=CACHE_LEN
+    )
     assert alone(single, greedy, ()) != case["alone"][-1]
 
 
 def test_compiled_core_never_recompiles_after_warmup(cases: dict[str, Any]) -> None:
     torch._dynamo.reset()
     case = cases["llama_gqa"]
-    gen = Generator(load_llama(case["path"], progress=False), engine="eager",
-                    max_batch_size=ROWS, cache_len=32)  # fmt: skip
+    gen = Generator(
+        load_llama(case["path"], progress=False), engine="eager", max_batch_size=ROWS, cache_len=32
+    )
     assert gen.buckets() == [16, 32]
     with recording() as warm:
         gen.warmup_all()
     assert len(warm) == 3  # a prefill per bucket and the decode graph
     for graph in warm:  # every KV-cache write in place, nothing copied back
         assert graph.input_writes and all(w.in_place for w in graph.input_writes)
-    jobs = [Job(0, [3, 5, 7], 12), Job(1, list(range(10, 30)), 6), Job(2, [9] * 17, 9),
-            Job(4, [1], 20, cancel_at=9)]  # fmt: skip
+    jobs = [
+        Job(0, [3, 5, 7], 12),
+        Job(1, list(range(10, 30)), 6),
+        Job(2, [9] * 17, 9),
+        Job(4, [1], 20, cancel_at=9),
+    ]
     with recording() as later:
         result = run_schedule(gen, jobs, ())
     assert later == []  # no graph compiled for any mix of requests, lengths and positions
@@ -157,8 +167,9 @@ def test_compiled_core_never_recompiles_after_warmup(cases: dict[str, Any]) -> N
 
 
 def test_slots_refuse_what_does_not_fit(cases: dict[str, Any]) -> None:
-    gen = Generator(load_llama(cases["llama_gqa"]["path"], progress=False), max_batch_size=2,
-                    cache_len=32)  # fmt: skip
+    gen = Generator(
+        load_llama(cases["llama_gqa"]["path"], progress=False), max_batch_size=2, cache_len=32
+    )
     slots = gen.slots()
     with pytest.raises(ConfigError, match=r"prompt \(30 tokens\) \+ max_new_tokens \(3\) = 33"):
         slots.join(Request(0, tuple(range(30)), 3), slot=0)

@@ -86,8 +86,10 @@ def test_stop_string_validation() -> None:
         check_stop_strings([""])
 
 
-@given(st.text(alphabet="ab\n é", max_size=30), st.lists(st.text("ab\n", min_size=1,
-       max_size=3), max_size=3))  # fmt: skip
+@given(
+    st.text(alphabet="ab\n é", max_size=30),
+    st.lists(st.text("ab\n", min_size=1, max_size=3), max_size=3),
+)
 def test_pieces_are_the_text_up_to_the_first_stop(text: str, stop: list[str]) -> None:
     """Generation stops where a stop string first completes; the text before it is shown."""
     pieces, hit, rest = _feed(text, tuple(stop))

@@ -17,8 +17,11 @@ import torch
 from torch_tensorrt_dist.testing import run_on_ranks
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
-DTYPES = {"float32": (torch.float32, 1e-5), "float16": (torch.float16, 1e-2),
-          "bfloat16": (torch.bfloat16, 3e-2)}
+DTYPES = {
+    "float32": (torch.float32, 1e-5),
+    "float16": (torch.float16, 1e-2),
+    "bfloat16": (torch.bfloat16, 3e-2),
+}
 
 
 def _collective(op: str, x: torch.Tensor, group: Any, first_rank: int) -> torch.Tensor:
@@ -51,8 +54,9 @@ def _compile(fn: Any, settings: Any) -> tuple[Any, list[Any]]:
         built.append(boxed.trt_module)  # type: ignore[attr-defined]
         return boxed
 
-    backend = aot_autograd(fw_compiler=fw, inference_compiler=fw,
-                           decompositions=decompositions(settings))
+    backend = aot_autograd(
+        fw_compiler=fw, inference_compiler=fw, decompositions=decompositions(settings)
+    )
     return torch.compile(fn, backend=backend, fullgraph=True), built
 
 
@@ -94,8 +98,11 @@ def _op_case(rank: int, world: int, op: str, dtype_name: str) -> dict[str, Any]:
     compiled, built = _compile(fn, CompileSettings(engine="tensorrt"))
     actual = compiled(x)
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
-    return {"graphs": len(built), "engines": sum(len(_engines(m)) for m in built),
-            "left": sum(_typed_ops_left(m) for m in built)}
+    return {
+        "graphs": len(built),
+        "engines": sum(len(_engines(m)) for m in built),
+        "left": sum(_typed_ops_left(m) for m in built),
+    }
 
 
 @pytest.mark.tensorrt
@@ -146,8 +153,11 @@ def _tp_mlp_case(rank: int, world: int, dp: int) -> dict[str, Any]:
         compiled, built = _compile(mlp, CompileSettings(engine="tensorrt"))
         actual = compiled(x)
     torch.testing.assert_close(actual, expected, atol=1e-3, rtol=1e-3)
-    return {"graphs": len(built), "engines": sum(len(_engines(m)) for m in built),
-            "left": sum(_typed_ops_left(m) for m in built)}
+    return {
+        "graphs": len(built),
+        "engines": sum(len(_engines(m)) for m in built),
+        "left": sum(_typed_ops_left(m) for m in built),
+    }
 
 
 @pytest.mark.tensorrt

@@ -48,8 +48,9 @@ def test_decode_on_tensorrt_writes_the_cache_in_place_at_batch_two() -> None:
         for slot in range(3, 7):
             tokens, pos, pad = (t.cuda() for t in decode_example(2, slot=slot))
             tokens.fill_(slot)
-            torch.testing.assert_close(step(tokens, pos, pad), plain(tokens, pos, pad),
-                                       atol=2e-3, rtol=2e-3)  # fmt: skip
+            torch.testing.assert_close(
+                step(tokens, pos, pad), plain(tokens, pos, pad), atol=2e-3, rtol=2e-3
+            )
     _assert_cache_writes_in_engines(graphs)
     for got, want in zip(engine_model.blocks, reference.blocks):
         a, b = got.attention.kv_cache, want.attention.kv_cache
@@ -69,8 +70,10 @@ def test_generation_core_on_tensorrt_writes_rows_and_slots_in_place() -> None:
     reference = Transformer(ARGS).cuda().eval()
     engine_model = Transformer(ARGS).cuda().eval()
     engine_model.load_state_dict(reference.state_dict())
-    gens = [Generator(m, engine=e, max_batch_size=3, cache_len=32)
-            for m, e in ((reference, "none"), (engine_model, "tensorrt"))]  # fmt: skip
+    gens = [
+        Generator(m, engine=e, max_batch_size=3, cache_len=32)
+        for m, e in ((reference, "none"), (engine_model, "tensorrt"))
+    ]
     outs = []
     with recording() as graphs, detailed_layers():
         for gen in gens:

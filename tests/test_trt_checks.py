@@ -11,8 +11,14 @@ LAYERS = [
         "Name": "aten_ops._weight_int8pack_mm_3 [CONSTANT]",
         "LayerType": "Constant",
         "Inputs": [],
-        "Outputs": [{"Name": "w_int8pack_codes", "Location": "Device", "Dimensions": [256, 512],
-                     "Format/Datatype": "Row major linear Int8 format"}],
+        "Outputs": [
+            {
+                "Name": "w_int8pack_codes",
+                "Location": "Device",
+                "Dimensions": [256, 512],
+                "Format/Datatype": "Row major linear Int8 format",
+            }
+        ],
     },
     {
         "Name": "matmul",
@@ -20,7 +26,7 @@ LAYERS = [
         "Inputs": [{"Name": "x", "Format/Datatype": "Row major linear BF16 format"}],
         "Outputs": [{"Name": "y", "Format/Datatype": "Row major linear BF16 format"}],
     },
-]  # fmt: skip
+]
 
 
 def test_formats_come_from_tensors_not_names() -> None:

@@ -108,8 +108,9 @@ def _cache_graph() -> fx.GraphModule:
     cache, idx, x = g.placeholder("cache"), g.placeholder("idx"), g.placeholder("x")
     aten = torch.ops.aten
     rows = g.call_function(aten.index_select.default, (cache, 0, idx))
-    new = g.call_function(aten.index_copy.default, (cache, 0, idx, g.call_function(
-        aten.add.Tensor, (rows, x))))  # fmt: skip
+    new = g.call_function(
+        aten.index_copy.default, (cache, 0, idx, g.call_function(aten.add.Tensor, (rows, x)))
+    )
     g.call_function(aten.copy_.default, (cache, new))
     g.output((g.call_function(aten.sum.default, (new,)),))
     return fx.GraphModule(torch.nn.Module(), g)

@@ -32,16 +32,24 @@ from torch_tensorrt_dist.quantization.tensors import (
 )
 
 ARGS = ModelArgs(
-    dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64, intermediate_size=128,
+    dim=64,
+    n_layers=1,
+    n_heads=4,
+    n_kv_heads=2,
+    vocab_size=64,
+    intermediate_size=128,
     max_seq_len=32,
-)  # fmt: skip
+)
 
 
 def test_int8_spec_and_constants() -> None:
     spec = weight_only_spec("int8", torch.bfloat16, (96, 64), (96,))
     assert (spec.weight_type, spec.weight_shape, spec.scale_shape, spec.axis) == (
-        "INT8", (64, 96), (96,), 1
-    )  # fmt: skip
+        "INT8",
+        (64, 96),
+        (96,),
+        1,
+    )
     assert (spec.dequantize_to, spec.cast_to) == ("BF16", None)
     w = torch.randn(96, 64)
     q, s = quantize_int8(w)
@@ -124,9 +132,11 @@ def test_frozen_decode_graph_converts_every_quantized_matmul(scheme: str) -> Non
     assert not [p for p in placeholders if p.meta["val"].dtype in (torch.int8, torch.uint8)]
     decisions = [weight_only_decision(n, tensorrt_version=(11, 1)) for n in nodes]
     assert all(d.convertible for d in decisions), decisions
-    weight = "INT8 [64, 64] dequantized (per output channel)" if scheme == "int8" else (
-        "INT4 [64, 64] dequantized (blocks of 64)"
-    )  # fmt: skip
+    weight = (
+        "INT8 [64, 64] dequantized (per output channel)"
+        if scheme == "int8"
+        else ("INT4 [64, 64] dequantized (blocks of 64)")
+    )
     assert decisions[0].reason.startswith(weight)  # wq: [K, N] = [64, 64]
 
 

@@ -22,9 +22,14 @@ from ._trt_checks import assert_no_fallback, detailed_layers, engine_layers, ten
 pytestmark = [pytest.mark.tensorrt, pytest.mark.gpu]
 
 ARGS = ModelArgs(
-    dim=256, n_layers=2, n_heads=8, n_kv_heads=4, vocab_size=512, intermediate_size=512,
+    dim=256,
+    n_layers=2,
+    n_heads=8,
+    n_kv_heads=4,
+    vocab_size=512,
+    intermediate_size=512,
     max_seq_len=64,
-)  # fmt: skip
+)
 
 
 def _decode(scheme: str, engine: str, layers: list[Any] | None = None) -> torch.Tensor:

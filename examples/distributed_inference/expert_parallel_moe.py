@@ -33,8 +33,15 @@ from torch_tensorrt_dist.parallel.moe import MoEGroups, make_moe_mesh, moe_group
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: the model without --model: 2 layers, 8 experts of which each token uses 2
-TINY = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256,
-                 intermediate_size=128, max_seq_len=256)  # fmt: skip
+TINY = ModelArgs(
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    vocab_size=256,
+    intermediate_size=128,
+    max_seq_len=256,
+)
 TINY_MOE = MoEArgs(n_experts=8, top_k=2, expert_size=128, sparse_layers=(0, 1))
 
 

@@ -93,9 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         ).to(info.device)
     else:
         stage = load_stage(
-            path, stage=layout.stage, pp=args.pp, group=group, split=split, dtype=dtype,
+            path,
+            stage=layout.stage,
+            pp=args.pp,
+            group=group,
+            split=split,
+            dtype=dtype,
             device=info.device,
-        )  # fmt: skip
+        )
     tok = load_tokenizer(path, vocab_size=model_args.vocab_size)
     prompts = [tok.encode(args.prompt)] * args.batch
     stop_ids = tuple(tok.eos_ids or model_args.eos_token_ids)

@@ -32,9 +32,14 @@ def main() -> int:
     args = p.parse_args()
     info = init_distributed()
     model_args = ModelArgs(
-        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, intermediate_size=128,
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=128,
+        intermediate_size=128,
         max_seq_len=64,
-    )  # fmt: skip
+    )
     model = random_llama(model_args, group=dist.group.WORLD)
     gen = Generator(model, engine="eager", max_batch_size=1, cache_len=64)
     steps = 0

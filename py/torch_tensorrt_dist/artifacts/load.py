@@ -187,8 +187,12 @@ def load_generator(
     with agreed("the artifact check"):
         gen = _load_generator(root, tp=tp, pp=pp, device=device)
     gen.load_s = time.perf_counter() - start
-    logger.info("rank %d: loaded the artifacts of %s in %.2f s", dist.get_rank() if
-                dist.is_initialized() else 0, root, gen.load_s)  # fmt: skip
+    logger.info(
+        "rank %d: loaded the artifacts of %s in %.2f s",
+        dist.get_rank() if dist.is_initialized() else 0,
+        root,
+        gen.load_s,
+    )
     return gen
 
 
@@ -201,10 +205,15 @@ def _load_generator(
 ) -> ArtifactGenerator:
     opened = open_artifacts(root, tp=tp, pp=pp)
     manifest, entry = opened.manifest, opened.manifest.rank_entry(opened.rank)
-    dev = torch.device(device) if device is not None else (
-        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
-        else torch.device("cpu")
-    )  # fmt: skip
+    dev = (
+        torch.device(device)
+        if device is not None
+        else (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+    )
     check_device(manifest, dev.type)
     constants = read_weights(opened.root / entry.files["weights"].path, dev)
     dtype = _DTYPES[manifest.dtype]

@@ -263,10 +263,14 @@ def read_manifest(root: Path) -> Manifest:
         raise ArtifactError(f"{path} holds a {type(data).__name__}, not a manifest object")
     recorded, actual = data.get(DIGEST_FIELD), manifest_digest(data)
     if recorded != actual and data.get("format_version") == FORMAT_VERSION:
-        found = "has no digest" if recorded is None else (
-            f"does not match its digest (sha256 {actual[:SHOWN_HASH]}..., recorded "
-            f"{str(recorded)[:SHOWN_HASH]}...)"
-        )  # fmt: skip
+        found = (
+            "has no digest"
+            if recorded is None
+            else (
+                f"does not match its digest (sha256 {actual[:SHOWN_HASH]}..., recorded "
+                f"{str(recorded)[:SHOWN_HASH]}...)"
+            )
+        )
         raise ArtifactError(
             f"{path} {found}: it was changed after the compile; copy it again or recompile"
         )

@@ -200,8 +200,11 @@ def torch_ops_in(
     )
     from torch_tensorrt_dist.ops.experts import EXPERTS_OP
 
-    names = {EXPERTS_OP: "moe_experts", INT8_OP: "_weight_int8pack_mm",
-             INT4_OP: "int4_weight_only_mm"}  # fmt: skip
+    names = {
+        EXPERTS_OP: "moe_experts",
+        INT8_OP: "_weight_int8pack_mm",
+        INT4_OP: "int4_weight_only_mm",
+    }
     out = []
     for node in gm.graph.nodes:
         name = names.get(node.target) if node.op == "call_function" else None

@@ -28,6 +28,7 @@ def check_known_options(options: Mapping[str, Any], known: set[str], what: str) 
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"unknown {what} {key!r}{hint} (known: {', '.join(sorted(known))})")
 
+
 ENGINES = ("tensorrt", "inductor", "eager")
 COLLECTIVE_IMPLS = ("auto", "native", "plugin", "torch_nccl")
 #: overrides ``collective_impl`` when set (the settings value wins if given explicitly)

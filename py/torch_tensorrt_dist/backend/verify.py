@@ -165,9 +165,14 @@ def compare_outputs(
     act_leaves, _ = tree_flatten(actual)
     if len(exp_leaves) != len(act_leaves):
         return Mismatch(
-            -1, "the outputs", None, None, float("inf"), "-",
+            -1,
+            "the outputs",
+            None,
+            None,
+            float("inf"),
+            "-",
             f"{len(act_leaves)} outputs instead of {len(exp_leaves)}",
-        )  # fmt: skip
+        )
     for i, (e, a) in enumerate(zip(exp_leaves, act_leaves)):
         name = names[i] if names is not None and i < len(names) else f"output {i}"
         if isinstance(e, Tensor) and isinstance(a, Tensor):
@@ -175,14 +180,24 @@ def compare_outputs(
             if found is not None:
                 err, tol_text, detail = found
                 return Mismatch(
-                    i, name, tuple(e.shape), str(e.dtype).removeprefix("torch."), err,
-                    tol_text, detail,
-                )  # fmt: skip
+                    i,
+                    name,
+                    tuple(e.shape),
+                    str(e.dtype).removeprefix("torch."),
+                    err,
+                    tol_text,
+                    detail,
+                )
         elif isinstance(e, Tensor) or isinstance(a, Tensor) or e != a:
             return Mismatch(
-                i, name, None, None, float("inf"), "exact",
+                i,
+                name,
+                None,
+                None,
+                float("inf"),
+                "exact",
                 f"got {type(a).__name__} {a!r}, expected {type(e).__name__} {e!r}",
-            )  # fmt: skip
+            )
     return None
 
 
@@ -211,9 +226,11 @@ def mutated_inputs(gm: fx.GraphModule) -> list[int]:
         for i, arg in enumerate(node.target._schema.arguments):
             if arg.alias_info is None or not arg.alias_info.is_write:
                 continue
-            value = node.kwargs.get(arg.name) if arg.kwarg_only else (
-                node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            )  # fmt: skip
+            value = (
+                node.kwargs.get(arg.name)
+                if arg.kwarg_only
+                else (node.args[i] if i < len(node.args) else node.kwargs.get(arg.name))
+            )
             base = _written_placeholder(value)
             if base is not None:
                 written.add(placeholders[base])
@@ -298,8 +315,9 @@ def _describe_collectives(collectives: Sequence[CollectiveInfo]) -> str:
     for c in collectives:
         reduce = f"({c.reduce_op})" if c.reduce_op else ""
         module = f" in {c.module}" if c.module else ""
-        parts.append(f"{c.op}{reduce} {c.dtype}{list(c.shape)} on ranks {list(c.group_ranks)}"
-                     f"{module}")  # fmt: skip
+        parts.append(
+            f"{c.op}{reduce} {c.dtype}{list(c.shape)} on ranks {list(c.group_ranks)}{module}"
+        )
     return "; ".join(parts)
 
 

@@ -28,13 +28,21 @@ from torch_tensorrt_dist.models.moe_args import MoEArgs
 __all__ = ["a2a_bytes", "moe_communication", "moe_figures", "moe_load_memory", "write_moe"]
 
 #: Mixtral-shaped, small: 8 experts, top 2; expert weights are most of the checkpoint (89 %)
-ARGS = ModelArgs(dim=256, n_layers=4, n_heads=8, n_kv_heads=8, vocab_size=1024,
-                 intermediate_size=512, max_seq_len=256)  # fmt: skip
+ARGS = ModelArgs(
+    dim=256,
+    n_layers=4,
+    n_heads=8,
+    n_kv_heads=8,
+    vocab_size=1024,
+    intermediate_size=512,
+    max_seq_len=256,
+)
 MOE = MoEArgs(n_experts=8, top_k=2, expert_size=512, sparse_layers=(0, 1, 2, 3))
 
 
-def a2a_bytes(*, ep: int, tp: int, tokens: int, dim: int, top_k: int, n_experts: int,
-              itemsize: int) -> tuple[int, int]:  # fmt: skip
+def a2a_bytes(
+    *, ep: int, tp: int, tokens: int, dim: int, top_k: int, n_experts: int, itemsize: int
+) -> tuple[int, int]:
     """(collectives, bytes a rank sends in) per MoE layer for an all-to-all dispatch with a
     no-drop static capacity, when tokens are replicated over EP (TP attention): dispatch over EP
     (``ep`` slots of ``tokens x min(top_k, E/ep)`` rows), combine back (the same), the TP
@@ -67,8 +75,15 @@ def moe_communication(
         n = len(moe_args.sparse_layers)
         minimum = batch * args.dim * size
         got = sum(c.bytes for c in moe) / n
-        a2a_n, a2a_b = a2a_bytes(ep=ep, tp=tp, tokens=batch, dim=args.dim, top_k=moe_args.top_k,
-                                 n_experts=moe_args.n_experts, itemsize=size)  # fmt: skip
+        a2a_n, a2a_b = a2a_bytes(
+            ep=ep,
+            tp=tp,
+            tokens=batch,
+            dim=args.dim,
+            top_k=moe_args.top_k,
+            n_experts=moe_args.n_experts,
+            itemsize=size,
+        )
         figures += [
             Figure(
                 "moe",
@@ -123,14 +138,21 @@ def write_moe(path: Path, args: ModelArgs = ARGS, moe: MoEArgs = MOE) -> tuple[i
     tensors["lm_head.weight"] = torch.randn(args.vocab_size, args.dim, generator=gen) * 0.02
     save_file(tensors, str(path / "model.safetensors"))
     config = {
-        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_act": "silu",
-        "hidden_size": args.dim, "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads, "num_key_value_heads": args.n_kv_heads,
-        "vocab_size": args.vocab_size, "intermediate_size": moe.expert_size,
-        "num_local_experts": moe.n_experts, "num_experts_per_tok": moe.top_k,
-        "max_position_embeddings": args.max_seq_len, "rms_norm_eps": 1e-5,
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "hidden_act": "silu",
+        "hidden_size": args.dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "vocab_size": args.vocab_size,
+        "intermediate_size": moe.expert_size,
+        "num_local_experts": moe.n_experts,
+        "num_experts_per_tok": moe.top_k,
+        "max_position_embeddings": args.max_seq_len,
+        "rms_norm_eps": 1e-5,
         "tie_word_embeddings": False,
-    }  # fmt: skip
+    }
     (path / "config.json").write_text(json.dumps(config))
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     return expert, total - expert
@@ -144,8 +166,10 @@ def load_rank(rank: int, world: int, path: str, ep: int) -> dict[str, Any]:
 
     groups = moe_groups(make_moe_mesh(ep, world // ep))
     with torch.device("meta"):  # pay the one-time imports of meta tensors before the window
-        MoETransformer(ModelArgs(dim=8, n_layers=1, n_heads=1, vocab_size=8, intermediate_size=8),
-                       MoEArgs(2, 1, 8, sparse_layers=(0,)))  # fmt: skip
+        MoETransformer(
+            ModelArgs(dim=8, n_layers=1, n_heads=1, vocab_size=8, intermediate_size=8),
+            MoEArgs(2, 1, 8, sparse_layers=(0,)),
+        )
     before = _hwm_bytes()
     model = load_moe(path, groups=groups, progress=False)
     after = _hwm_bytes()

@@ -41,21 +41,36 @@ from torch_tensorrt_dist.bench.common import Figure
 __all__ = ["SHAPES", "hf_checkpoint", "moe_speed", "speed_rank"]
 
 _COMMON: dict[str, Any] = dict(
-    hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-    vocab_size=1024, max_position_embeddings=2048, rms_norm_eps=1e-6,
-    bos_token_id=None, eos_token_id=None, pad_token_id=None,
-)  # fmt: skip
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    vocab_size=1024,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-6,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 #: name -> (transformers class prefix, config)
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_moe 64 experts top 8": (
         "Qwen3Moe",
-        dict(_COMMON, head_dim=32, intermediate_size=512, moe_intermediate_size=128,
-             num_experts=64, num_experts_per_tok=8, norm_topk_prob=True),
+        dict(
+            _COMMON,
+            head_dim=32,
+            intermediate_size=512,
+            moe_intermediate_size=128,
+            num_experts=64,
+            num_experts_per_tok=8,
+            norm_topk_prob=True,
+        ),
     ),
     "mixtral 8 experts top 2": (
-        "Mixtral", dict(_COMMON, intermediate_size=512, num_local_experts=8, num_experts_per_tok=2)
+        "Mixtral",
+        dict(_COMMON, intermediate_size=512, num_local_experts=8, num_experts_per_tok=2),
     ),
-}  # fmt: skip
+}
 PREFILL = (256, 1000)
 DECODE = 16
 REPEATS = 5
@@ -231,28 +246,37 @@ def _figures(
         err = float((o["logits"] - h["logits"]).abs().max())
         figures += [
             Figure(
-                "moe", f"{label}: prefill {n} tokens, transformers / ours time", round(speedup, 2),
-                "x", goal=f">= {want}" if want else "", met=speedup >= want if want else None,
+                "moe",
+                f"{label}: prefill {n} tokens, transformers / ours time",
+                round(speedup, 2),
+                "x",
+                goal=f">= {want}" if want else "",
+                met=speedup >= want if want else None,
                 note=f"transformers {_spread(h['s'])}; ours {_spread(o['s'])}; CPU time "
                 f"{min(h['cpu']) / min(o['cpu']):.2f}x (compile {o['compile_s']:.0f} s)",
             ),
             Figure(
-                "moe", f"{label}: prefill {n} tokens, max |logit - transformers'|", f"{err:.1e}",
-                goal=f"<= {TOLERANCE:g}", met=err <= TOLERANCE,
+                "moe",
+                f"{label}: prefill {n} tokens, max |logit - transformers'|",
+                f"{err:.1e}",
+                goal=f"<= {TOLERANCE:g}",
+                met=err <= TOLERANCE,
                 note=f"largest |logit| {float(h['logits'].abs().max()):.2f}",
             ),
-        ]  # fmt: skip
+        ]
         dense = ours.get(f"prefill_{n}_dense")
         if dense is not None:  # the dense form: what every prefill ran before the grouped op
             err = float((dense["logits"] - h["logits"]).abs().max())
             figures.append(
                 Figure(
-                    "moe", f"{label}: prefill {n} tokens, ours dense / ours grouped time",
-                    round(min(dense["s"]) / min(o["s"]), 2), "x",
+                    "moe",
+                    f"{label}: prefill {n} tokens, ours dense / ours grouped time",
+                    round(min(dense["s"]) / min(o["s"]), 2),
+                    "x",
                     note=f"dense {_spread(dense['s'])}; CPU time "
                     f"{min(dense['cpu']) / min(o['cpu']):.2f}x; dense logits within {err:.1e}",
                 )
-            )  # fmt: skip
+            )
     h, o = hf["decode"], ours["decode_auto"]
     same = o["tokens"] == h["tokens"]
     note = f"transformers {1 / h['s_per_step']:.0f} tok/s; ours (auto: routed) "
@@ -266,10 +290,15 @@ def _figures(
         goal = ">= 1 and auto >= grouped, greedy tokens equal"
     figures.append(
         Figure(
-            "moe", f"{label}: decode tok/s, ours / transformers",
-            round(h["s_per_step"] / o["s_per_step"], 2), "x", goal=goal, met=met, note=note,
+            "moe",
+            f"{label}: decode tok/s, ours / transformers",
+            round(h["s_per_step"] / o["s_per_step"], 2),
+            "x",
+            goal=goal,
+            met=met,
+            note=note,
         )
-    )  # fmt: skip
+    )
     return figures
 
 
@@ -296,12 +325,14 @@ def _block_figures(label: str, times: dict[str, Any]) -> list[Figure]:
         h, o = times[f"hf_{n}"], times[f"ours_{n}"]
         figures.append(
             Figure(
-                "moe", f"{label}: MoE block alone, {n} tokens, transformers / ours time",
-                round(min(h["s"]) / min(o["s"]), 2), "x",
+                "moe",
+                f"{label}: MoE block alone, {n} tokens, transformers / ours time",
+                round(min(h["s"]) / min(o["s"]), 2),
+                "x",
                 note=f"transformers {_spread(h['s'])}; ours {_spread(o['s'])}; CPU time "
                 f"{min(h['cpu']) / min(o['cpu']):.2f}x",
             )
-        )  # fmt: skip
+        )
     return figures
 
 

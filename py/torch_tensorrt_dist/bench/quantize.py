@@ -32,9 +32,14 @@ from torch_tensorrt_dist.models.llama_args import ModelArgs
 __all__ = ["ARGS", "quantize_figures", "quantize_rank"]
 
 ARGS = ModelArgs(
-    dim=1024, n_layers=12, n_heads=16, n_kv_heads=8, vocab_size=8192, intermediate_size=2816,
+    dim=1024,
+    n_layers=12,
+    n_heads=16,
+    n_kv_heads=8,
+    vocab_size=8192,
+    intermediate_size=2816,
     max_seq_len=256,
-)  # fmt: skip
+)
 #: name -> (model dtype, scheme, group size)
 CONFIGS: dict[str, tuple[torch.dtype, str | None, int | None]] = {
     "fp32": (torch.float32, None, None),
@@ -168,28 +173,42 @@ def _tp_figures(section: str, tp: int, ranks: list[dict[str, Any]], size: int) -
     goal8 = tp == 1
     out.append(
         Figure(
-            section, f"tp={tp} int8 vs the faster of fp32 and bf16", round(int8, 2), "x",
-            goal=">= 1.5x" if goal8 else "", met=(int8 >= 1.5) if goal8 else None,
-            note="kernel aten._weight_int8pack_mm, bf16 activations" + (
-                "" if goal8 else "; gloo's per-collective latency sets a floor at tp 2"
-            ),
+            section,
+            f"tp={tp} int8 vs the faster of fp32 and bf16",
+            round(int8, 2),
+            "x",
+            goal=">= 1.5x" if goal8 else "",
+            met=(int8 >= 1.5) if goal8 else None,
+            note="kernel aten._weight_int8pack_mm, bf16 activations"
+            + ("" if goal8 else "; gloo's per-collective latency sets a floor at tp 2"),
         )
-    )  # fmt: skip
+    )
     out.append(
         Figure(
-            section, f"tp={tp} int4 vs int8", round(int4, 2), "x", goal="> 1x",
-            met=int4 > 1, note="kernel aten._weight_int4pack_mm_for_cpu, bf16 activations",
+            section,
+            f"tp={tp} int4 vs int8",
+            round(int4, 2),
+            "x",
+            goal="> 1x",
+            met=int4 > 1,
+            note="kernel aten._weight_int4pack_mm_for_cpu, bf16 activations",
         )
-    )  # fmt: skip
-    peaks = [r[n]["peak"] / (r[n]["dense_bytes"] + r[n]["bytes"]) for r in ranks for n in
-             ("int8", "int4")]  # fmt: skip
+    )
+    peaks = [
+        r[n]["peak"] / (r[n]["dense_bytes"] + r[n]["bytes"])
+        for r in ranks
+        for n in ("int8", "int4")
+    ]
     out.append(
         Figure(
-            section, f"tp={tp} quantized load peak / (bf16 slice + codes), worst rank",
-            round(max(peaks), 3), goal="<= 1", met=max(peaks) <= 1,
+            section,
+            f"tp={tp} quantized load peak / (bf16 slice + codes), worst rank",
+            round(max(peaks), 3),
+            goal="<= 1",
+            met=max(peaks) <= 1,
             note=f"checkpoint {size / 2**20:.0f} MiB fp32; raw: {json.dumps(_raw(ranks))}",
         )
-    )  # fmt: skip
+    )
     return out
 
 

@@ -58,11 +58,16 @@ class Load:
         return percentile(getattr(self, name), q)
 
 
-async def _request(client: Any, url: str, prompt: str, max_tokens: int) -> tuple[
-    float, list[float], int, str
-]:  # fmt: skip
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+async def _request(
+    client: Any, url: str, prompt: str, max_tokens: int
+) -> tuple[float, list[float], int, str]:
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     times: list[float] = []
     tokens, text = 0, []
@@ -81,8 +86,9 @@ async def _request(client: Any, url: str, prompt: str, max_tokens: int) -> tuple
     return start, times, tokens, "".join(text)
 
 
-async def run_load(url: str, prompts: list[str], *, requests: int, concurrency: int,
-                   max_tokens: int) -> Load:  # fmt: skip
+async def run_load(
+    url: str, prompts: list[str], *, requests: int, concurrency: int, max_tokens: int
+) -> Load:
     """``requests`` streamed completions (prompts taken in turn) from ``concurrency`` clients."""
     import httpx
 
@@ -125,8 +131,14 @@ class ServerProcess:
         """Start it; return once it printed its URL (ConfigError with its output if not)."""
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "torch_tensorrt_dist", "serve", "--port", "0", *self.args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=env, start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
         threading.Thread(target=self._pump, daemon=True).start()
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:

@@ -90,9 +90,15 @@ def rank_main(ns: argparse.Namespace) -> int:
         stop_ids=stop_ids,
         on_step=on_step,
     )
-    fields = {"tp": ns.tp, "pp": ns.pp, "engine": gen.engine, "load_s": gen.load_s,
-              "dtype": gen.manifest.dtype, "model": f"artifacts:{ns.artifacts}",
-              "quantize": gen.manifest.quantization}  # fmt: skip
+    fields = {
+        "tp": ns.tp,
+        "pp": ns.pp,
+        "engine": gen.engine,
+        "load_s": gen.load_s,
+        "dtype": gen.manifest.dtype,
+        "model": f"artifacts:{ns.artifacts}",
+        "quantize": gen.manifest.quantization,
+    }
     out.result(result, fields, f"[tp={ns.tp} {gen.engine}] load {gen.load_s:.2f} s,")
     if world > 1:
         dist.destroy_process_group()

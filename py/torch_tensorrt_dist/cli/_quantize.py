@@ -72,9 +72,12 @@ def quantize_rank(model: Any, ns: argparse.Namespace, *, engine: str) -> QuantCo
     if config is not None:
         report = quantize_model(model, config, engine=engine)
         logger.info(
-            "%s: %d layers, %.1f -> %.1f MiB on this rank", config.describe(), report.layers,
-            report.bytes_before / 2**20, report.bytes_after / 2**20,
-        )  # fmt: skip
+            "%s: %d layers, %.1f -> %.1f MiB on this rank",
+            config.describe(),
+            report.layers,
+            report.bytes_before / 2**20,
+            report.bytes_after / 2**20,
+        )
         if engine == "tensorrt":
             logger.info(
                 "each TensorRT engine (every prefill bucket, the decode step) holds its own copy "

@@ -78,18 +78,22 @@ def _plan_artifacts(ns: argparse.Namespace) -> ServePlan:
     if ns.model is not None:
         raise ConfigError("--artifacts replaces --model (the artifacts hold the weights)")
     if getattr(ns, "quantize", None) is not None:
-        raise ConfigError(f"--quantize {ns.quantize} with --artifacts: the artifacts hold their "
-                          "weights as compiled; drop --quantize, or compile them with "
-                          f"`torchtrt-dist compile --quantize {ns.quantize}`")  # fmt: skip
+        raise ConfigError(
+            f"--quantize {ns.quantize} with --artifacts: the artifacts hold their "
+            "weights as compiled; drop --quantize, or compile them with "
+            f"`torchtrt-dist compile --quantize {ns.quantize}`"
+        )
     root = Path(ns.artifacts)
     manifest = read_manifest(root)
     world = int(os.environ.get("WORLD_SIZE", str(manifest.world_size)))
     check_layout(manifest, world_size=world, tp=ns.tp, pp=ns.pp)
     rows = manifest.max_batch_size
     if ns.max_batch_size not in (None, rows):
-        raise ConfigError(f"--max-batch-size {ns.max_batch_size}: the artifacts were compiled "
-                          f"for {rows} rows; leave it unset or recompile with --max-batch "
-                          f"{ns.max_batch_size}")  # fmt: skip
+        raise ConfigError(
+            f"--max-batch-size {ns.max_batch_size}: the artifacts were compiled "
+            f"for {rows} rows; leave it unset or recompile with --max-batch "
+            f"{ns.max_batch_size}"
+        )
     ns.tp, ns.ep, ns.max_batch_size = manifest.tp, 1, rows
     name = ns.served_model_name or root.resolve().name
     return ServePlan(None, None, model_args(manifest), manifest.cache_len, name)
@@ -98,11 +102,15 @@ def _plan_artifacts(ns: argparse.Namespace) -> ServePlan:
 def _ready(ns: argparse.Namespace, plan_: ServePlan, engine: str, url: str, warm_s: float) -> None:
     body = json.dumps({"model": plan_.name, "prompt": "The return statement", "max_tokens": 32})
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if ns.api_key else ""
-    print(f"serving {plan_.name} at {url}/v1 (tp={ns.tp} ep={ns.ep}, engine {engine}, "
-          f"{ns.max_batch_size} rows x {plan_.cache_len} tokens, warm-up {warm_s:.1f} s)",
-          flush=True)  # fmt: skip
-    print(f"curl {url}/v1/completions -H 'Content-Type: application/json'{auth} -d '{body}'",
-          flush=True)  # fmt: skip
+    print(
+        f"serving {plan_.name} at {url}/v1 (tp={ns.tp} ep={ns.ep}, engine {engine}, "
+        f"{ns.max_batch_size} rows x {plan_.cache_len} tokens, warm-up {warm_s:.1f} s)",
+        flush=True,
+    )
+    print(
+        f"curl {url}/v1/completions -H 'Content-Type: application/json'{auth} -d '{body}'",
+        flush=True,
+    )
 
 
 def rank_main(ns: argparse.Namespace) -> int:
@@ -138,11 +146,23 @@ def _serve(ns: argparse.Namespace) -> ServeResult:
             raise ConfigError(f"rank {rank} is not in the world group; relaunch every rank")
         control = group
     stop_ids = tuple(tok.eos_ids or p.args.eos_token_ids)
-    config = ServeConfig(host=ns.host, port=ns.port, api_key=ns.api_key, max_queue=ns.max_queue,
-                         drain_timeout_s=ns.drain_timeout, model_name=p.name)  # fmt: skip
-    result = serve_rank(gen, tokenizer=tok, chat=load_chat_template(source), stop_ids=stop_ids,
-                        config=config, control=control,
-                        on_ready=lambda url, s: _ready(ns, p, gen.engine, url, s))  # fmt: skip
+    config = ServeConfig(
+        host=ns.host,
+        port=ns.port,
+        api_key=ns.api_key,
+        max_queue=ns.max_queue,
+        drain_timeout_s=ns.drain_timeout,
+        model_name=p.name,
+    )
+    result = serve_rank(
+        gen,
+        tokenizer=tok,
+        chat=load_chat_template(source),
+        stop_ids=stop_ids,
+        config=config,
+        control=control,
+        on_ready=lambda url, s: _ready(ns, p, gen.engine, url, s),
+    )
     print(result.summary, file=sys.stderr, flush=True)
     if result.code == 0:
         drain_dir = getattr(ns, "drain_dir", None)
@@ -177,18 +197,32 @@ def _load(
     if p.moe is not None and p.path is not None:
         from torch_tensorrt_dist.cli.generate_moe import load_moe_rank
 
-        model = load_moe_rank(ns, p.path, world=world, dtype=dtype, device=device,
-                              max_seq_len=p.args.max_seq_len)  # fmt: skip
+        model = load_moe_rank(
+            ns, p.path, world=world, dtype=dtype, device=device, max_seq_len=p.args.max_seq_len
+        )
     elif p.path is not None:
-        model = load_llama(p.path, group=group, dtype=dtype, device=device,
-                           lm_head=ns.lm_head, embedding=ns.embedding,
-                           max_seq_len=p.args.max_seq_len, progress=False)  # fmt: skip
+        model = load_llama(
+            p.path,
+            group=group,
+            dtype=dtype,
+            device=device,
+            lm_head=ns.lm_head,
+            embedding=ns.embedding,
+            max_seq_len=p.args.max_seq_len,
+            progress=False,
+        )
     else:
-        model = random_llama(p.args, seed=0, group=group, dtype=dtype, lm_head=ns.lm_head,
-                             embedding=ns.embedding).to(device)  # fmt: skip
+        model = random_llama(
+            p.args, seed=0, group=group, dtype=dtype, lm_head=ns.lm_head, embedding=ns.embedding
+        ).to(device)
     quantize_rank(model, ns, engine=ns.engine)  # --quantize: this rank's shard, in place
-    gen = Generator(model, engine=ns.engine, max_batch_size=ns.max_batch_size,
-                    cache_len=p.cache_len, verify=ns.verify)  # fmt: skip
+    gen = Generator(
+        model,
+        engine=ns.engine,
+        max_batch_size=ns.max_batch_size,
+        cache_len=p.cache_len,
+        verify=ns.verify,
+    )
     return gen, load_tokenizer(p.path, vocab_size=p.args.vocab_size), p.path
 
 

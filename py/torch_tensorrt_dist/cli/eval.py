@@ -54,9 +54,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default 1)")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (MoE checkpoints)")
     p.add_argument(
-        "--engine", choices=("tensorrt", "inductor", "eager", "none"), default="none",
+        "--engine",
+        choices=("tensorrt", "inductor", "eager", "none"),
+        default="none",
         help="as for generate (default none: plain PyTorch, nothing to compile)",
-    )  # fmt: skip
+    )
     p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
     p.add_argument("--window", type=int, default=256, help="tokens per window (default 256)")
     p.add_argument("--stride", type=int, default=128, help="tokens a window advances (default 128)")
@@ -135,9 +137,15 @@ def _load(
         )
     elif path is not None:
         model = load_llama(
-            path, group=group, dtype=dtype, device=device, lm_head=ns.lm_head,
-            embedding=ns.embedding, max_seq_len=args.max_seq_len, progress=False,
-        )  # fmt: skip
+            path,
+            group=group,
+            dtype=dtype,
+            device=device,
+            lm_head=ns.lm_head,
+            embedding=ns.embedding,
+            max_seq_len=args.max_seq_len,
+            progress=False,
+        )
     else:
         model = random_llama(
             args, seed=0, group=group, dtype=dtype, lm_head=ns.lm_head, embedding=ns.embedding
@@ -169,11 +177,18 @@ def _rank_main(ns: argparse.Namespace) -> int:
     result = perplexity(model, ids, window=ns.window, stride=ns.stride, engine=ns.engine)
     if rank == 0:
         summary = {
-            "perplexity": result.perplexity, "nll": result.nll, "tokens": result.tokens,
-            "windows": result.windows, "seconds": result.seconds, "file": ns.perplexity,
-            "tp": ns.tp, "ep": ns.ep, "engine": ns.engine, "dtype": ns.dtype,
+            "perplexity": result.perplexity,
+            "nll": result.nll,
+            "tokens": result.tokens,
+            "windows": result.windows,
+            "seconds": result.seconds,
+            "file": ns.perplexity,
+            "tp": ns.tp,
+            "ep": ns.ep,
+            "engine": ns.engine,
+            "dtype": ns.dtype,
             "quantize": None if quant is None else quant.to_dict(),
-        }  # fmt: skip
+        }
         if ns.json:
             print(json.dumps(summary), flush=True)
         else:

@@ -101,9 +101,14 @@ def _llama_args(args: argparse.Namespace) -> Any:
         check_fits(llama_tensors(margs), args.checkpoint)
         return margs
     return ModelArgs(
-        dim=args.dim, n_layers=args.layers, n_heads=8, n_kv_heads=8, vocab_size=512,
-        intermediate_size=4 * args.dim, max_seq_len=256,
-    )  # fmt: skip
+        dim=args.dim,
+        n_layers=args.layers,
+        n_heads=8,
+        n_kv_heads=8,
+        vocab_size=512,
+        intermediate_size=4 * args.dim,
+        max_seq_len=256,
+    )
 
 
 def _llama(mesh: Any, args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
@@ -275,9 +280,15 @@ def _run_pipeline(args: argparse.Namespace) -> int:
             f"{args.world_size}"
         )
     report = explain_pipeline(
-        _llama_args(args), pp=args.pp, tp=tp, rank=args.rank, batch=args.batch,
-        dtype=_DTYPES[args.dtype], lm_head=args.lm_head, embedding=args.embedding,
-    )  # fmt: skip
+        _llama_args(args),
+        pp=args.pp,
+        tp=tp,
+        rank=args.rank,
+        batch=args.batch,
+        dtype=_DTYPES[args.dtype],
+        lm_head=args.lm_head,
+        embedding=args.embedding,
+    )
     print(json.dumps(report.as_dict(), indent=2) if args.json else report)
     return 0
 
@@ -303,13 +314,26 @@ def _run_moe(args: argparse.Namespace) -> int:
         check_fits(moe_tensors(margs, moe, ()), args.checkpoint)  # per-expert layout: same count
     else:
         margs = ModelArgs(
-            dim=args.dim, n_layers=args.layers, n_heads=8, n_kv_heads=8, vocab_size=512,
-            intermediate_size=4 * args.dim, max_seq_len=256,
-        )  # fmt: skip
+            dim=args.dim,
+            n_layers=args.layers,
+            n_heads=8,
+            n_kv_heads=8,
+            vocab_size=512,
+            intermediate_size=4 * args.dim,
+            max_seq_len=256,
+        )
         moe = MoEArgs(8, 2, 4 * args.dim, sparse_layers=tuple(range(args.layers)))
     report = explain_moe(
-        margs, moe, ep=ep, tp=tp, rank=args.rank, batch=args.batch, dtype=_DTYPES[args.dtype],
-        lm_head=args.lm_head, embedding=args.embedding, prefill=args.seq,
-    )  # fmt: skip
+        margs,
+        moe,
+        ep=ep,
+        tp=tp,
+        rank=args.rank,
+        batch=args.batch,
+        dtype=_DTYPES[args.dtype],
+        lm_head=args.lm_head,
+        embedding=args.embedding,
+        prefill=args.seq,
+    )
     print(json.dumps(report.as_dict(), indent=2) if args.json else report)
     return 0

@@ -275,9 +275,13 @@ def _rank_main(ns: argparse.Namespace) -> int:
             pass  # each stage loads its own layers in generate_pipeline
         elif plan.moe is not None and plan.path is not None:
             model = load_moe_rank(
-                ns, plan.path, world=world, dtype=dtype, device=device,
+                ns,
+                plan.path,
+                world=world,
+                dtype=dtype,
+                device=device,
                 max_seq_len=plan.args.max_seq_len,
-            )  # fmt: skip
+            )
         elif plan.path is not None:
             model = load_llama(
                 plan.path,
@@ -346,9 +350,16 @@ def _rank_main(ns: argparse.Namespace) -> int:
             on_step=on_step,
         )
     model_name = str(plan.path) if plan.path else f"preset:{plan.preset} (random weights)"
-    fields = {"tp": ns.tp, "pp": ns.pp, "ep": ns.ep, "engine": ns.engine, "compile_s": compile_s,
-              "dtype": ns.dtype, "model": model_name,
-              "quantize": None if quant is None else quant.to_dict()}  # fmt: skip
+    fields = {
+        "tp": ns.tp,
+        "pp": ns.pp,
+        "ep": ns.ep,
+        "engine": ns.engine,
+        "compile_s": compile_s,
+        "dtype": ns.dtype,
+        "model": model_name,
+        "quantize": None if quant is None else quant.to_dict(),
+    }
     q = "" if quant is None else f" {quant.describe()}"
     status = f"[pp={ns.pp} tp={ns.tp} engine={ns.engine}{q}]"
     out.result(result, fields, status + (f" compile {compile_s:.1f} s," if compile_s else ""))

@@ -65,6 +65,11 @@ def load_moe_rank(
 
     groups = moe_groups(make_moe_mesh(ns.ep, ns.tp)) if world > 1 else None
     return load_moe(
-        path, groups=groups, dtype=dtype, device=device, lm_head=ns.lm_head,
-        embedding=ns.embedding, max_seq_len=max_seq_len,
-    )  # fmt: skip
+        path,
+        groups=groups,
+        dtype=dtype,
+        device=device,
+        lm_head=ns.lm_head,
+        embedding=ns.embedding,
+        max_seq_len=max_seq_len,
+    )

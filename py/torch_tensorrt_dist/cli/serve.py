@@ -124,16 +124,22 @@ def register(subparsers: Any) -> None:
 def check_options(ns: argparse.Namespace) -> None:
     """Refuse bad options before any rank starts (ConfigError, with the fix)."""
     if ns.pp != 1:
-        raise ConfigError(f"serve --pp {ns.pp}: pipeline parallel serving is not supported yet; "
-                          "serve with --tp (and --ep for MoE)")  # fmt: skip
+        raise ConfigError(
+            f"serve --pp {ns.pp}: pipeline parallel serving is not supported yet; "
+            "serve with --tp (and --ep for MoE)"
+        )
     if (ns.tp is not None and ns.tp < 1) or ns.ep < 1:
         raise ConfigError(f"--tp and --ep must be >= 1, got tp={ns.tp} ep={ns.ep}")
     if (ns.max_batch_size is not None and ns.max_batch_size < 1) or ns.max_queue < 1:
-        raise ConfigError(f"--max-batch-size and --max-queue must be >= 1, got "
-                          f"{ns.max_batch_size} and {ns.max_queue}")  # fmt: skip
+        raise ConfigError(
+            f"--max-batch-size and --max-queue must be >= 1, got "
+            f"{ns.max_batch_size} and {ns.max_queue}"
+        )
     if not 0 <= ns.drain_timeout <= MAX_DRAIN_S:
-        raise ConfigError(f"--drain-timeout {ns.drain_timeout:g} must be in [0, {MAX_DRAIN_S:g}] "
-                          "(the launcher stops ranks 30 s after SIGTERM)")  # fmt: skip
+        raise ConfigError(
+            f"--drain-timeout {ns.drain_timeout:g} must be in [0, {MAX_DRAIN_S:g}] "
+            "(the launcher stops ranks 30 s after SIGTERM)"
+        )
     if not 0 <= ns.port <= 65535:
         raise ConfigError(f"--port {ns.port} is not a TCP port (0-65535)")
     if ns.api_key is not None and not ns.api_key.strip():
@@ -145,8 +151,9 @@ def check_options(ns: argparse.Namespace) -> None:
         import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as exc:
-        raise ConfigError(f"serve needs the 'serve' extra ({exc.name} is missing): "
-                          "pip install -e '.[serve]'") from exc  # fmt: skip
+        raise ConfigError(
+            f"serve needs the 'serve' extra ({exc.name} is missing): pip install -e '.[serve]'"
+        ) from exc
 
 
 def run(ns: argparse.Namespace) -> int:

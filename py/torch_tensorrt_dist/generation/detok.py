@@ -37,8 +37,18 @@ INCOMPLETE = "\ufffd"
 class Detokenizer:
     """The text of one sequence of generated ids, released as it completes."""
 
-    __slots__ = ("_ids", "_prefix", "_prefix_text", "_read", "_released", "_run", "_text", "_tok",
-                 "_unstable", "full_decodes")
+    __slots__ = (
+        "_ids",
+        "_prefix",
+        "_prefix_text",
+        "_read",
+        "_released",
+        "_run",
+        "_text",
+        "_tok",
+        "_unstable",
+        "full_decodes",
+    )
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tok = tokenizer

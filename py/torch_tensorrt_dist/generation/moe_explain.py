@@ -153,9 +153,15 @@ def explain_moe(
             # one prompt of ``prefill`` tokens into row 0 (the serving prefill)
             first = explain(prefill_step(model), *prefill_example(prefill))
         layout = moe_layout(
-            args, moe, ep=ep, tp=tp, ep_rank=groups.ep_rank, tp_rank=groups.tp_rank,
-            lm_head=lm_head, embedding=embedding,
-        )  # fmt: skip
+            args,
+            moe,
+            ep=ep,
+            tp=tp,
+            ep_rank=groups.ep_rank,
+            tp_rank=groups.tp_rank,
+            lm_head=lm_head,
+            embedding=embedding,
+        )
         tp_ranks = [rank // tp * tp + t for t in range(tp)]
         moe_ranks = list(range(ep * tp))
     return MoEExplainReport(

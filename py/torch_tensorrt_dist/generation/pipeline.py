@@ -168,9 +168,11 @@ class PipelineGenerator:
         ttft, decode_start, step, rounds = 0.0, start, 0, 0
         while True:
             seq = bucket if step == 0 else 1
-            cache_pos = torch.arange(bucket, device=dev) if step == 0 else (
-                torch.tensor([bucket + step - 1], dtype=torch.long, device=dev)
-            )  # fmt: skip
+            cache_pos = (
+                torch.arange(bucket, device=dev)
+                if step == 0
+                else (torch.tensor([bucket + step - 1], dtype=torch.long, device=dev))
+            )
             ran = False
             for m in range(n_mb):
                 sl = slice(m * b, (m + 1) * b)
@@ -282,23 +284,45 @@ def generate_pipeline(
     device = f"cuda:{torch.cuda.current_device()}" if mesh.device_type == "cuda" else "cpu"
     if isinstance(model, ModelArgs):
         stage = random_stage(
-            args, stage=layout.stage, pp=pp, group=group, split=split, seed=seed, dtype=dtype,
-            lm_head=lm_head, embedding=embedding,
-        ).to(device)  # fmt: skip
+            args,
+            stage=layout.stage,
+            pp=pp,
+            group=group,
+            split=split,
+            seed=seed,
+            dtype=dtype,
+            lm_head=lm_head,
+            embedding=embedding,
+        ).to(device)
     else:
         stage = load_stage(
-            model, stage=layout.stage, pp=pp, group=group, split=split, dtype=dtype,
-            device=device, lm_head=lm_head, embedding=embedding,
-        )  # fmt: skip
+            model,
+            stage=layout.stage,
+            pp=pp,
+            group=group,
+            split=split,
+            dtype=dtype,
+            device=device,
+            lm_head=lm_head,
+            embedding=embedding,
+        )
     if microbatches is None:
         microbatches = pp if len(prompts) % pp == 0 else 1
     runner = PipelineGenerator(
-        stage, layout, engine=engine, max_batch_size=len(prompts), cache_len=cache_len,
-        microbatches=microbatches, verify=verify,
-    )  # fmt: skip
+        stage,
+        layout,
+        engine=engine,
+        max_batch_size=len(prompts),
+        cache_len=cache_len,
+        microbatches=microbatches,
+        verify=verify,
+    )
     if warmup:
         runner.warmup(max(len(p) for p in prompts), max_new_tokens, len(prompts))
     return runner.generate(
-        prompts, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        stop_ids=stop_ids,
         on_step=on_step,
-    )  # fmt: skip
+    )

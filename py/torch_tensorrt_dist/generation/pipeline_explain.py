@@ -85,10 +85,16 @@ class PipelineExplainReport:
             "stage-to-stage transfers per decode step:",
         ]
         rows = [
-            [t.direction, t.peer, t.kind, list(t.shape), str(t.dtype).removeprefix("torch."),
-             f"{t.bytes:,}"]
+            [
+                t.direction,
+                t.peer,
+                t.kind,
+                list(t.shape),
+                str(t.dtype).removeprefix("torch."),
+                f"{t.bytes:,}",
+            ]
             for t in self.transfers
-        ]  # fmt: skip
+        ]
         if rows:
             table = format_table(["dir", "peer", "what", "shape", "dtype", "bytes"], rows)
             lines += ["  " + row for row in table.splitlines()]

@@ -75,8 +75,10 @@ def freeze_inputs(
     if len(placeholders) != len(real_inputs) or len(inputs) != len(real_inputs):
         logger.warning(
             "cannot freeze %d quantized weights: the graph has %d inputs, Dynamo gave %d",
-            len(frozen), len(placeholders), len(real_inputs),
-        )  # fmt: skip
+            len(frozen),
+            len(placeholders),
+            len(real_inputs),
+        )
         return None
     for i in frozen:
         fake, real = inputs[i], real_inputs[i]
@@ -86,8 +88,13 @@ def freeze_inputs(
         if tuple(fake.shape) != tuple(real.shape) or fake.dtype != real.dtype:
             logger.warning(
                 "cannot freeze quantized weights: input %d is %s%s in the graph but %s%s in the "
-                "module", i, fake.dtype, list(fake.shape), real.dtype, list(real.shape),
-            )  # fmt: skip
+                "module",
+                i,
+                fake.dtype,
+                list(fake.shape),
+                real.dtype,
+                list(real.shape),
+            )
             return None
     for n, i in enumerate(frozen):
         node = placeholders[i]

@@ -185,7 +185,5 @@ def random_llama(
                 p.fill_(1.0)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5 / p.shape[-1] ** 0.5)
-    apply_tp(
-        model, resolve_tp_group(group, mesh_dim), lm_head=lm_head, embedding=embedding
-    )
+    apply_tp(model, resolve_tp_group(group, mesh_dim), lm_head=lm_head, embedding=embedding)
     return model.to(dtype).requires_grad_(False).eval()

@@ -169,9 +169,15 @@ def _expert_view(reader: SafetensorsReader, key: str) -> None:
 
 
 def fill_moe_parameters(
-    model: MoETransformer, root: Path, layout: MoELayout, full_shapes: dict[str, tuple[int, ...]],
-    *, lm_head: LMHead, embedding: Embedding, progress: bool = True,
-) -> int:  # fmt: skip
+    model: MoETransformer,
+    root: Path,
+    layout: MoELayout,
+    full_shapes: dict[str, tuple[int, ...]],
+    *,
+    lm_head: LMHead,
+    embedding: Embedding,
+    progress: bool = True,
+) -> int:
     """Fill every parameter of a sharded, materialised MoE model with this rank's slice of its
     checkpoint tensor (``full_shapes``: the unsharded shapes); return the bytes read."""
     args, moe = model.args, model.moe
@@ -203,8 +209,10 @@ def fill_moe_parameters(
         by_file.setdefault(names[job[2].split("@")[0]], []).append(job)
     show = progress and (not dist.is_initialized() or dist.get_rank() == 0)
     total = 0
-    with tqdm(total=len(jobs), desc=f"loading {root.name}", disable=not show) as bar, \
-            torch.no_grad():  # fmt: skip
+    with (
+        tqdm(total=len(jobs), desc=f"loading {root.name}", disable=not show) as bar,
+        torch.no_grad(),
+    ):
         for file, entries in by_file.items():
             with SafetensorsReader(file) as reader:
                 for _, dest, key, sl, want in entries:
@@ -244,9 +252,15 @@ def load_moe(
     check_checkpoint(root, args, moe)  # names, shapes, counts, dtypes: before any allocation
     g = groups or _SINGLE
     layout = moe_layout(
-        args, moe, ep=g.ep, tp=g.tp, ep_rank=g.ep_rank, tp_rank=g.tp_rank, lm_head=lm_head,
+        args,
+        moe,
+        ep=g.ep,
+        tp=g.tp,
+        ep_rank=g.ep_rank,
+        tp_rank=g.tp_rank,
+        lm_head=lm_head,
         embedding=embedding,
-    )  # fmt: skip
+    )
     with torch.device("meta"):
         model = MoETransformer(args, moe)
     full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}

@@ -101,8 +101,11 @@ def load_tokenizer(path: str | Path | None, *, vocab_size: int) -> Tokenizer:
     if root is not None and (root / "tokenizer.json").is_file():
         return HFTokenizer(root / "tokenizer.json", eos)
     if root is not None:
-        others = [f for f in ("tokenizer.model", "vocab.json", "tokenizer_config.json")
-                  if (root / f).is_file()]  # fmt: skip
+        others = [
+            f
+            for f in ("tokenizer.model", "vocab.json", "tokenizer_config.json")
+            if (root / f).is_file()
+        ]
         if others:
             raise ConfigError(
                 f"{root} has {', '.join(others)} but no tokenizer.json, the only format read "

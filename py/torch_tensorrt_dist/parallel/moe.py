@@ -195,9 +195,15 @@ def apply_moe_parallel(
     """Shard ``model`` in place (meta or real weights): attention and dense MLPs over TP
     (the Llama plan), experts over EP and TP, the shared expert over EP x TP."""
     layout = moe_layout(
-        model.args, model.moe, ep=groups.ep, tp=groups.tp, ep_rank=groups.ep_rank,
-        tp_rank=groups.tp_rank, lm_head=lm_head, embedding=embedding,
-    )  # fmt: skip
+        model.args,
+        model.moe,
+        ep=groups.ep,
+        tp=groups.tp,
+        ep_rank=groups.ep_rank,
+        tp_rank=groups.tp_rank,
+        lm_head=lm_head,
+        embedding=embedding,
+    )
     apply_tp(model, groups.tp_group, lm_head=lm_head, embedding=embedding)
     for moe in model.sparse_blocks:
         first, count = layout.expert_start, layout.local_experts

@@ -79,8 +79,13 @@ def load_stage(
     fill_parameters(model, root, args, layout, full_shapes, progress=False)
     logger.info(
         "loaded stage %d of %d (layers %s) of %s, tp rank %d of %d",
-        stage, pp, list(model.layer_ids), root, rank, size,
-    )  # fmt: skip
+        stage,
+        pp,
+        list(model.layer_ids),
+        root,
+        rank,
+        size,
+    )
     return model.requires_grad_(False).eval()
 
 

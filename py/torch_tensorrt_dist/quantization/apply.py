@@ -147,8 +147,14 @@ def quantize_model(
         if config.embeddings:
             moved = _quantize_vocab(model)
             before, after = before + moved[0], after + moved[1]
-    logger.info("quantized %d linears to %s (%s): %d -> %d bytes", len(targets), config.scheme,
-                kind, before, after)  # fmt: skip
+    logger.info(
+        "quantized %d linears to %s (%s): %d -> %d bytes",
+        len(targets),
+        config.scheme,
+        kind,
+        before,
+        after,
+    )
     return QuantReport(config, kind, len(targets), before, after)
 
 

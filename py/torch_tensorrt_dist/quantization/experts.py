@@ -79,8 +79,10 @@ class QuantizedSparseMoE(nn.Module):
         super().__init__()
         dtype = compute_dtype(moe.w1.device.type, moe.w1.dtype)
         self.n_experts, self.top_k, self.norm_topk_prob = (
-            moe.n_experts, moe.top_k, moe.norm_topk_prob
-        )  # fmt: skip
+            moe.n_experts,
+            moe.top_k,
+            moe.norm_topk_prob,
+        )
         self.gate, self.shared = moe.gate, moe.shared
         self.expert_start = moe.expert_start
         self.group: dist.ProcessGroup | None = moe.group
@@ -126,8 +128,8 @@ def quantize_experts(model: nn.Module, config: QuantConfig, kind: str) -> tuple[
             before += sum(getattr(child, n).nbytes for n in ("w1", "w3", "w2"))
             quantized = QuantizedSparseMoE(child, config, kind)
             after += sum(
-                getattr(quantized, n).nbytes for n in ("w1", "w3", "w2", "w1_scales", "w3_scales",
-                                                       "w2_scales")
-            )  # fmt: skip
+                getattr(quantized, n).nbytes
+                for n in ("w1", "w3", "w2", "w1_scales", "w3_scales", "w2_scales")
+            )
             setattr(parent, child_name, quantized)
     return before, after

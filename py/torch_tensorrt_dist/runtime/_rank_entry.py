@@ -83,9 +83,13 @@ def describe(exc: BaseException) -> dict[str, Any]:
     if cause is None:
         code = exc.code if isinstance(exc, SystemExit) else None
         message = str(code).strip() if isinstance(code, str) else ""
-        return {"error": message.splitlines()[0][:_MAX_LINE] if message else None,
-                "traceback": None, "follows": None, "refusal": False,
-                "peer_lost": False}  # fmt: skip
+        return {
+            "error": message.splitlines()[0][:_MAX_LINE] if message else None,
+            "traceback": None,
+            "follows": None,
+            "refusal": False,
+            "peer_lost": False,
+        }
     follows = getattr(cause, "failed_rank", None)
     tb = traceback.TracebackException.from_exception(cause)
     own = [f for f in tb.stack if not _trampoline_frame(f.filename)]

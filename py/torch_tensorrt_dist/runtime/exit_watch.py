@@ -133,9 +133,13 @@ class ExitWatch:
         if peer.rank is None:
             return
         event = ExitEvent(
-            peer.rank, when, said=peer.code is not None, exit_code=peer.code, pid=peer.pid,
+            peer.rank,
+            when,
+            said=peer.code is not None,
+            exit_code=peer.code,
+            pid=peer.pid,
             host=self._host,
-        )  # fmt: skip
+        )
         with self._lock:
             self._events.setdefault(peer.rank, event)
 
@@ -150,14 +154,19 @@ class ExitWatch:
                 code, sig = status
                 with self._lock:
                     self._events[rank] = ExitEvent(
-                        rank, event.time, exit_code=code, signal=sig, pid=event.pid,
+                        rank,
+                        event.time,
+                        exit_code=code,
+                        signal=sig,
+                        pid=event.pid,
                         host=event.host,
-                    )  # fmt: skip
+                    )
             if status is not None or now > deadline:
                 del pending[rank]
 
-    def _handle(self, sel: selectors.BaseSelector, key: selectors.SelectorKey,
-                pending: dict[int, float]) -> None:  # fmt: skip
+    def _handle(
+        self, sel: selectors.BaseSelector, key: selectors.SelectorKey, pending: dict[int, float]
+    ) -> None:
         assert self._server is not None
         if key.data is None:
             with contextlib.suppress(OSError):

@@ -389,8 +389,9 @@ def _log_failure(
 ) -> None:
     """At INFO (``-v``): the failed rank's traceback, and what the other ranks recorded."""
     if trace:
-        logger.info("rank %s failed first; its traceback:\n%s", first.rank if first else "?",
-                    trace.rstrip())  # fmt: skip
+        logger.info(
+            "rank %s failed first; its traceback:\n%s", first.rank if first else "?", trace.rstrip()
+        )
     for rank in sorted(records):
         if first is not None and rank == first.rank:
             continue

@@ -68,8 +68,14 @@ def _sse(data: dict[str, Any]) -> str:
 
 
 class _Handler:
-    def __init__(self, model: ServedModel, inbox: Inbox, state: ServerState, metrics: Metrics,
-                 api_key: str | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: ServedModel,
+        inbox: Inbox,
+        state: ServerState,
+        metrics: Metrics,
+        api_key: str | None,
+    ) -> None:
         self.model, self.inbox, self.state, self.metrics = model, inbox, state, metrics
         self.api_key = api_key
 
@@ -78,8 +84,11 @@ class _Handler:
             return
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-            raise RequestError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                               code="invalid_api_key")  # fmt: skip
+            raise RequestError(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                code="invalid_api_key",
+            )
 
     def available(self) -> None:
         state = self.state.state
@@ -94,16 +103,23 @@ class _Handler:
         tok = self.model.tokenizer
         if params.messages is not None:  # a chat request
             if self.model.chat is None:
-                raise RequestError(400, f"model {self.model.name!r} has no chat template (no "
-                                   "chat_template in its tokenizer_config.json); use "
-                                   "/v1/completions", param="messages")  # fmt: skip
+                raise RequestError(
+                    400,
+                    f"model {self.model.name!r} has no chat template (no "
+                    "chat_template in its tokenizer_config.json); use "
+                    "/v1/completions",
+                    param="messages",
+                )
             text = self.model.chat.render(params.messages)
             return tok.encode(text, add_special_tokens=False)
         if isinstance(params.prompt, list):
             bad = [i for i in params.prompt if not 0 <= i < self.model.vocab_size]
             if bad:
-                raise RequestError(400, f"prompt holds token ids {bad[:4]} outside [0, "
-                                   f"{self.model.vocab_size})", param="prompt")  # fmt: skip
+                raise RequestError(
+                    400,
+                    f"prompt holds token ids {bad[:4]} outside [0, {self.model.vocab_size})",
+                    param="prompt",
+                )
             return params.prompt
         return tok.encode(params.prompt or "")
 
@@ -116,9 +132,13 @@ class _Handler:
             raise RequestError(400, f"the request body is not JSON: {exc}") from exc
         params = protocol.parse_request(body, chat=chat)
         if params.model is not None and params.model != self.model.name:
-            raise RequestError(404, f"model {params.model!r} is not served here; this server "
-                               f"serves {self.model.name!r}", param="model",
-                               code="model_not_found")  # fmt: skip
+            raise RequestError(
+                404,
+                f"model {params.model!r} is not served here; this server "
+                f"serves {self.model.name!r}",
+                param="model",
+                code="model_not_found",
+            )
         try:
             ids = self.prompt_ids(params)
             limit = self.model.cache_len - len(ids)
@@ -135,15 +155,20 @@ class _Handler:
         except QueueFull as exc:
             raise RequestError(429, f"the server is busy: {exc}; retry later") from exc
         self.metrics.prompt_tokens.inc(len(ids))
-        head = {"rid": f"{'chatcmpl' if chat else 'cmpl'}-{sub.rid}",
-                "created": int(time.time()), "model": self.model.name}  # fmt: skip
+        head = {
+            "rid": f"{'chatcmpl' if chat else 'cmpl'}-{sub.rid}",
+            "created": int(time.time()),
+            "model": self.model.name,
+        }
         if params.stream:
-            return StreamingResponse(self.stream(params, sub, len(ids), head),
-                                     media_type="text/event-stream")  # fmt: skip
+            return StreamingResponse(
+                self.stream(params, sub, len(ids), head), media_type="text/event-stream"
+            )
         return await self.collect(request, params, sub, len(ids), head)
 
-    async def collect(self, request: Request, params: Params, sub: Submission, n: int,
-                      head: dict[str, Any]) -> Response:  # fmt: skip
+    async def collect(
+        self, request: Request, params: Params, sub: Submission, n: int, head: dict[str, Any]
+    ) -> Response:
         text, tokens = [], 0
         while True:
             try:
@@ -159,13 +184,19 @@ class _Handler:
             text.append(item.text)
             tokens += item.tokens
             if item.finish is not None:
-                body = protocol.response(params, text="".join(text), finish=item.finish,
-                                         usage=protocol.usage(n, tokens), **head)  # fmt: skip
+                body = protocol.response(
+                    params,
+                    text="".join(text),
+                    finish=item.finish,
+                    usage=protocol.usage(n, tokens),
+                    **head,
+                )
                 self.metrics.requests.labels("200").inc()
                 return JSONResponse(body)
 
-    async def stream(self, params: Params, sub: Submission, n: int,
-                     head: dict[str, Any]) -> AsyncIterator[str]:  # fmt: skip
+    async def stream(
+        self, params: Params, sub: Submission, n: int, head: dict[str, Any]
+    ) -> AsyncIterator[str]:
         status, tokens = "cancelled", 0
         try:
             if params.chat:
@@ -193,8 +224,14 @@ class _Handler:
             self.metrics.requests.labels(status).inc()
 
 
-def create_app(model: ServedModel, inbox: Inbox, state: ServerState, metrics: Metrics, *,
-               api_key: str | None = None) -> FastAPI:  # fmt: skip
+def create_app(
+    model: ServedModel,
+    inbox: Inbox,
+    state: ServerState,
+    metrics: Metrics,
+    *,
+    api_key: str | None = None,
+) -> FastAPI:
     """The FastAPI application of one server (rank 0)."""
     app = FastAPI(title="torch_tensorrt_dist", docs_url=None, redoc_url=None, openapi_url=None)
     h = _Handler(model, inbox, state, metrics, api_key)
@@ -221,8 +258,13 @@ def create_app(model: ServedModel, inbox: Inbox, state: ServerState, metrics: Me
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         h.authorize(request)
-        entry = {"id": model.name, "object": "model", "created": 0,
-                 "owned_by": "torch_tensorrt_dist", "max_model_len": model.cache_len}  # fmt: skip
+        entry = {
+            "id": model.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "torch_tensorrt_dist",
+            "max_model_len": model.cache_len,
+        }
         return JSONResponse({"object": "list", "data": [entry]})
 
     @app.get("/health")

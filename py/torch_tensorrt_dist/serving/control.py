@@ -61,10 +61,14 @@ class StepEvents:
 def _request_dict(slot: int, r: Request) -> dict[str, Any]:
     s = r.sampling
     return {
-        "slot": slot, "rid": r.rid, "prompt": list(r.prompt), "max_new": r.max_new_tokens,
+        "slot": slot,
+        "rid": r.rid,
+        "prompt": list(r.prompt),
+        "max_new": r.max_new_tokens,
         "sampling": [s.temperature, s.top_k, s.top_p, s.seed],
-        "stop_ids": list(r.stop_ids), "stop": list(r.stop),
-    }  # fmt: skip
+        "stop_ids": list(r.stop_ids),
+        "stop": list(r.stop),
+    }
 
 
 def encode_events(events: StepEvents) -> bytes:

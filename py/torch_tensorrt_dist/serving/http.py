@@ -37,11 +37,14 @@ class HttpThread:
             self.sock.bind((host, port))
         except OSError as exc:
             self.sock.close()
-            raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror}); choose another "
-                              "--port (0 picks a free one)") from exc  # fmt: skip
+            raise ConfigError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); choose another "
+                "--port (0 picks a free one)"
+            ) from exc
         self.host, self.port = host, int(self.sock.getsockname()[1])
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
-                                timeout_graceful_shutdown=2)  # fmt: skip
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=2
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, name="http", daemon=True

@@ -197,9 +197,13 @@ class Leader:
             self.inbox.left()
             seed = sub.seed if sub.seed is not None else self._seeds.randrange(2**31)
             req = Request(
-                sub.rid, sub.prompt, sub.max_new_tokens, replace(sub.sampling, seed=seed),
-                self.stop_ids, sub.stop,
-            )  # fmt: skip
+                sub.rid,
+                sub.prompt,
+                sub.max_new_tokens,
+                replace(sub.sampling, seed=seed),
+                self.stop_ids,
+                sub.stop,
+            )
             events.joins.append((free.pop(0), req))
             self.running[sub.rid] = sub
         return events

@@ -30,20 +30,34 @@ class Metrics:
     def __init__(self, prefix: str = "torchtrt") -> None:
         r = self.registry = CollectorRegistry()
         p = prefix
-        self.requests = Counter(f"{p}_requests", "Finished HTTP requests by status", ["status"],
-                                registry=r)  # fmt: skip
+        self.requests = Counter(
+            f"{p}_requests", "Finished HTTP requests by status", ["status"], registry=r
+        )
         self.prompt_tokens = Counter(f"{p}_prompt_tokens", "Prompt tokens received", registry=r)
         self.generated_tokens = Counter(f"{p}_generation_tokens", "Tokens generated", registry=r)
         self.queue_depth = Gauge(f"{p}_queue_depth", "Requests waiting for a slot", registry=r)
         self.running = Gauge(f"{p}_running_rows", "KV-cache rows running a request", registry=r)
-        self.ttft = Histogram(f"{p}_time_to_first_token_seconds", "Arrival to first token",
-                              buckets=_LATENCY, registry=r)  # fmt: skip
-        self.itl = Histogram(f"{p}_inter_token_latency_seconds", "Time between tokens",
-                             buckets=_LATENCY, registry=r)  # fmt: skip
-        self.step = Histogram(f"{p}_step_seconds", "Decode step (control exchange included)",
-                              buckets=_LATENCY, registry=r)  # fmt: skip
-        self.control = Histogram(f"{p}_control_seconds", "Control exchange of a decode step "
-                                 "(rank 0)", buckets=_FAST, registry=r)  # fmt: skip
+        self.ttft = Histogram(
+            f"{p}_time_to_first_token_seconds",
+            "Arrival to first token",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.itl = Histogram(
+            f"{p}_inter_token_latency_seconds", "Time between tokens", buckets=_LATENCY, registry=r
+        )
+        self.step = Histogram(
+            f"{p}_step_seconds",
+            "Decode step (control exchange included)",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.control = Histogram(
+            f"{p}_control_seconds",
+            "Control exchange of a decode step (rank 0)",
+            buckets=_FAST,
+            registry=r,
+        )
         self.control_latency = Gauge(
             f"{p}_control_latency_seconds",
             "One-way latency of a control header (measured at warm-up)",

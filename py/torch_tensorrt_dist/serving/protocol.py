@@ -58,8 +58,9 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 class RequestError(Exception):
     """An HTTP error with OpenAI's error body."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
@@ -67,8 +68,9 @@ class RequestError(Exception):
         return error_body(self.status, self.message, param=self.param, code=self.code)
 
 
-def error_body(status: int, message: str, *, param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:  # fmt: skip
+def error_body(
+    status: int, message: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     kind = _ERROR_TYPES.get(status, "server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
@@ -103,13 +105,21 @@ def _checked(name: str, check: Callable[[], Any]) -> Any:
         raise _bad(str(exc), name) from None
 
 
-def _number(body: dict[str, Any], name: str, default: float, low: float, high: float,
-            *, open_low: bool = False) -> float:  # fmt: skip
+def _number(
+    body: dict[str, Any],
+    name: str,
+    default: float,
+    low: float,
+    high: float,
+    *,
+    open_low: bool = False,
+) -> float:
     value = body.get(name)
     if value is None:
         return default
-    return float(_checked(name, lambda: check_float(value, name=name, low=low, high=high,
-                                                    low_open=open_low)))  # fmt: skip
+    return float(
+        _checked(name, lambda: check_float(value, name=name, low=low, high=high, low_open=open_low))
+    )
 
 
 def _int(body: dict[str, Any], name: str, low: int) -> int | None:
@@ -124,8 +134,10 @@ def _temperature(body: dict[str, Any]) -> float:
     (``TEMPERATURE_RANGE``: logits / temperature would overflow)."""
     t = _number(body, "temperature", 1.0, 0.0, 2.0)
     if 0 < t < TEMPERATURE_RANGE[0]:
-        raise _bad(f"temperature must be 0 (greedy) or in [{TEMPERATURE_RANGE[0]:g}, 2], got {t}",
-                   "temperature")  # fmt: skip
+        raise _bad(
+            f"temperature must be 0 (greedy) or in [{TEMPERATURE_RANGE[0]:g}, 2], got {t}",
+            "temperature",
+        )
     return t
 
 
@@ -152,8 +164,7 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
         p = p[0]  # a batch of one
     if isinstance(p, str) and p:
         return p
-    if isinstance(p, list) and p and all(isinstance(i, int) and not isinstance(i, bool)
-                                         for i in p):  # fmt: skip
+    if isinstance(p, list) and p and all(isinstance(i, int) and not isinstance(i, bool) for i in p):
         return list(p)
     if isinstance(p, list) and len(p) > 1:
         raise _bad("one prompt per request: send a string or one list of token ids", "prompt")
@@ -171,8 +182,10 @@ def _content(message: dict[str, Any], index: int) -> str:
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise _bad(f"messages[{index}]: content part {kind!r} is not supported; send "
-                           "text", "messages")  # fmt: skip
+                raise _bad(
+                    f"messages[{index}]: content part {kind!r} is not supported; send text",
+                    "messages",
+                )
             texts.append(str(part.get("text", "")))
         return "\n".join(texts)
     raise _bad(f"messages[{index}].content must be a string or a list of text parts", "messages")
@@ -186,8 +199,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in _ROLES:
             role = m.get("role") if isinstance(m, dict) else None
-            raise _bad(f"messages[{i}].role {role!r} is not one of {', '.join(_ROLES)}",
-                       "messages")  # fmt: skip
+            raise _bad(f"messages[{i}].role {role!r} is not one of {', '.join(_ROLES)}", "messages")
         out.append({**m, "content": _content(m, i)})
     return out
 
@@ -245,22 +257,40 @@ def _head(params: Params, rid: str, created: int, model: str, stream: bool) -> d
     return {"id": rid, "object": kind, "created": created, "model": model}
 
 
-def response(params: Params, *, rid: str, created: int, model: str, text: str,
-             finish: str, usage: dict[str, int]) -> dict[str, Any]:  # fmt: skip
+def response(
+    params: Params,
+    *,
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str,
+    usage: dict[str, int],
+) -> dict[str, Any]:
     """The body of a finished, non-streamed request."""
     if params.chat:
         choice: dict[str, Any] = {
-            "index": 0, "message": {"role": "assistant", "content": text},
-            "logprobs": None, "finish_reason": finish,
-        }  # fmt: skip
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
     return {**_head(params, rid, created, model, False), "choices": [choice], "usage": usage}
 
 
-def chunk(params: Params, *, rid: str, created: int, model: str, text: str | None,
-          finish: str | None = None, first: bool = False,
-          usage: dict[str, int] | None = None) -> dict[str, Any]:  # fmt: skip
+def chunk(
+    params: Params,
+    *,
+    rid: str,
+    created: int,
+    model: str,
+    text: str | None,
+    finish: str | None = None,
+    first: bool = False,
+    usage: dict[str, int] | None = None,
+) -> dict[str, Any]:
     """One server-sent event's object: new text, or the end (``finish``), or the usage
     (``usage``, no choices)."""
     head = _head(params, rid, created, model, True)
@@ -270,8 +300,12 @@ def chunk(params: Params, *, rid: str, created: int, model: str, text: str | Non
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if text is not None:
             delta["content"] = text
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
-                                  "finish_reason": finish}  # fmt: skip
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": finish,
+        }
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
     return {**head, "choices": [choice]}

@@ -135,16 +135,25 @@ def _lead(
     def check(prompt_len: int, max_new: int) -> None:
         gen.check([[0] * prompt_len], max_new)
 
-    model = ServedModel(config.model_name, tokenizer, chat, gen.cache_len, gen.args.vocab_size,
-                        check)  # fmt: skip
-    http = HttpThread(create_app(model, inbox, state, metrics, api_key=config.api_key),
-                      config.host, config.port)  # fmt: skip
+    model = ServedModel(
+        config.model_name, tokenizer, chat, gen.cache_len, gen.args.vocab_size, check
+    )
+    http = HttpThread(
+        create_app(model, inbox, state, metrics, api_key=config.api_key), config.host, config.port
+    )
     http.start()
 
     signals = _Signals(lambda: state.set("draining"))
-    leader = Leader(loop, inbox, state, stop_ids=stop_ids, idle_tick_s=config.idle_tick_s,
-                    drain_timeout_s=config.drain_timeout_s, on_token=metrics.token,
-                    on_step=lambda _: _observe(loop, metrics))  # fmt: skip
+    leader = Leader(
+        loop,
+        inbox,
+        state,
+        stop_ids=stop_ids,
+        idle_tick_s=config.idle_tick_s,
+        drain_timeout_s=config.drain_timeout_s,
+        on_token=metrics.token,
+        on_step=lambda _: _observe(loop, metrics),
+    )
     try:
         warm = gen.warmup_all()
         metrics.control_latency.set(measure_latency(control))

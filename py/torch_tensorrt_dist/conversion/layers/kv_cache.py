@@ -93,8 +93,7 @@ def kv_cache_write_decision(node: fx.Node) -> Decision:
         )
     return Decision(
         True,
-        f"in-place KV-cache update of {cache_shape[0]} row(s), {slots} slot(s) from "
-        "cache_pos[0]",
+        f"in-place KV-cache update of {cache_shape[0]} row(s), {slots} slot(s) from cache_pos[0]",
     )
 
 

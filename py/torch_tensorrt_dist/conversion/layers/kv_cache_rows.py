@@ -77,8 +77,11 @@ def _is_arange(node: Any, length: int) -> bool:
         return False
     if node.target in _ARANGES:
         args = list(node.args)
-        start, end, step = ((0, args[0], 1) if node.target is _aten.arange.default
-                            else (*args[:2], args[2] if len(args) > 2 else 1))  # fmt: skip
+        start, end, step = (
+            (0, args[0], 1)
+            if node.target is _aten.arange.default
+            else (*args[:2], args[2] if len(args) > 2 else 1)
+        )
         return (start, end, step) == (0, length, 1)
     if node.op == "get_attr" and node.graph.owning_module is not None:
         value = getattr(node.graph.owning_module, str(node.target), None)
@@ -154,8 +157,9 @@ def kv_cache_put_form(node: fx.Node) -> KVPut:
     if not isinstance(cache, fx.Node) or cache.op != "placeholder":
         return KVPut(None, "the cache written is not a graph input (a view of one, say)")
     if len(cache.users) != 1 or any(u.op == "output" for u in cache.users):
-        return KVPut(None, "the cache has other readers in the graph, which an in-place write "
-                     "would change")  # fmt: skip
+        return KVPut(
+            None, "the cache has other readers in the graph, which an in-place write would change"
+        )
     cache_shape, value_shape = _shape(cache), _shape(values)
     if cache_shape is None or len(cache_shape) != 4 or value_shape is None:
         return KVPut(None, "the cache must be 4-D [B, H, L, D] with static shapes")
@@ -166,8 +170,10 @@ def kv_cache_put_form(node: fx.Node) -> KVPut:
         return KVPut(None, "the write is not cache[rows, :, positions] = values")
     dtype = cache.meta["val"].dtype
     if dtype != values.meta["val"].dtype or dtype not in _CACHE_DTYPES:  # type: ignore[union-attr]
-        return KVPut(None, f"TensorRT's KV-cache layer takes float caches of the values' dtype "
-                     f"(cache {dtype})")  # fmt: skip
+        return KVPut(
+            None,
+            f"TensorRT's KV-cache layer takes float caches of the values' dtype (cache {dtype})",
+        )
     b, h, length, d = cache_shape
     rows, pos = idx[0], idx[2]
     if _is_arange(rows, b) and _shape(pos) == (b,) and value_shape == (b, h, d):
@@ -177,10 +183,15 @@ def kv_cache_put_form(node: fx.Node) -> KVPut:
         slot = _constant_slot(rows)
         if slot is not None and not 0 <= slot < b:
             return KVPut(None, f"the slot {slot} is not a row of the cache's {b}")
-        return KVPut("slot", f"in-place KV-cache update of one row of {b}, positions [0, {s}) "
-                     "(packed update)")  # fmt: skip
-    return KVPut(None, f"values {list(value_shape)} at these indices are neither every row at "
-                 "its own position nor one row from position 0")  # fmt: skip
+        return KVPut(
+            "slot",
+            f"in-place KV-cache update of one row of {b}, positions [0, {s}) (packed update)",
+        )
+    return KVPut(
+        None,
+        f"values {list(value_shape)} at these indices are neither every row at "
+        "its own position nor one row from position 0",
+    )
 
 
 def kv_cache_put_decision(node: fx.Node, *, packed_update: bool = True) -> Decision:
@@ -254,8 +265,11 @@ def convert_kv_cache_put(ctx: Any, target: Any, args: Any, kwargs: Any, name: st
             layer.update_lengths = lengths.get_output(0)
             set_layer_name(layer, target, f"{name}_kv_cache_update", SourceIR.ATEN)
             out = layer.get_output(0)
-            ctx.aliased_outputs.append(AliasedOutput(output_tensor=out, input_binding_name=binding,
-                                                     kind=AliasKind.KV_CACHE_UPDATE))  # fmt: skip
+            ctx.aliased_outputs.append(
+                AliasedOutput(
+                    output_tensor=out, input_binding_name=binding, kind=AliasKind.KV_CACHE_UPDATE
+                )
+            )
     if out is None:  # not a network input after all: Torch-TensorRT's scatter (correct, a copy)
         return index_put_converter(ctx, target, SourceIR.ATEN, name, cache, indices, values)
     return out

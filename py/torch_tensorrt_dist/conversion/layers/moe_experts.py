@@ -217,10 +217,13 @@ def convert_moe_experts(ctx: Any, target: Any, args: Any, kwargs: Any, name: str
     ew = impl.elementwise
     local = ew.sub(ctx, target, src, f"{name}_local", tensor(ids, "ids"), start)
     mine = ew.logical_and(
-        ctx, target, src, f"{name}_mine",
+        ctx,
+        target,
+        src,
+        f"{name}_mine",
         ew.ge(ctx, target, src, f"{name}_ge", local, 0),
         ew.lt(ctx, target, src, f"{name}_lt", local, experts),
-    )  # fmt: skip
+    )
     # where() takes tensors on both sides (it reads .shape of each): [1] constants, broadcast
     local = impl.cast.to_copy(ctx, target, src, f"{name}_ids32", local, torch.int32)
     zero_id = torch.zeros(1, dtype=torch.int32)
@@ -241,9 +244,10 @@ def convert_moe_experts(ctx: Any, target: Any, args: Any, kwargs: Any, name: str
         return impl.permutation.permute(ctx, target, src, f"{name}_{tag}t", w, (0, 2, 1))
 
     layer = ctx.net.add_moe(
-        reshape(hidden, x_shape, "x"), reshape(local, ids_shape, "ids"),
+        reshape(hidden, x_shape, "x"),
+        reshape(local, ids_shape, "ids"),
         reshape(scores, w_shape, "w"),
-    )  # fmt: skip
+    )
     if layer is None:
         raise EngineUnavailableError(
             f"TensorRT refused the MoE layer {name}; SparseMoE.compute='dense' keeps the experts "

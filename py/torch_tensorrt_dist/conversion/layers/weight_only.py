@@ -275,10 +275,15 @@ def convert_weight_only(ctx: Any, target: Any, args: Any, kwargs: Any, name: str
     constant = ctx.net.add_constant(
         trt.Dims(spec.weight_shape),
         to_trt_weights(
-            ctx, weight, constant_name(name), "CONSTANT", "CONSTANT",
-            dtype=getattr(trt.DataType, spec.weight_type), count=k * n,
+            ctx,
+            weight,
+            constant_name(name),
+            "CONSTANT",
+            "CONSTANT",
+            dtype=getattr(trt.DataType, spec.weight_type),
+            count=k * n,
         ),
-    )  # fmt: skip
+    )
     # named as Torch-TensorRT's create_constant names its constants: the refit map records
     # this weight under f"{layer name} CONSTANT" (to_trt_weights), so the layer keeps the name
     # given to to_trt_weights (set_layer_name would rename it, and a refit would not find it)
