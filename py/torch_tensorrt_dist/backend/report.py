@@ -11,6 +11,7 @@ import torch
 from torch import fx
 
 from torch_tensorrt_dist.lowering.input_writes import InputWrite
+from torch_tensorrt_dist.lowering.sizes import shape_hint
 from torch_tensorrt_dist.ops.collectives import COLLECTIVE_OPS
 
 __all__ = [
@@ -165,7 +166,7 @@ def collectives_in(
             continue
         x = node.args[0]
         val = x.meta.get("val") if isinstance(x, fx.Node) else None
-        shape = tuple(int(s) for s in val.shape) if val is not None else ()
+        shape = shape_hint(val.shape) if val is not None else ()
         dtype = val.dtype if val is not None else torch.float32
         numel = 1
         for s in shape:
@@ -223,7 +224,7 @@ def torch_ops_in(
                 node=node.name,
                 module=module_path(node, resolve),
                 dtype=_dtype_name(val.dtype) if isinstance(val, torch.Tensor) else "",
-                shape=tuple(int(s) for s in val.shape) if isinstance(val, torch.Tensor) else (),
+                shape=shape_hint(val.shape) if isinstance(val, torch.Tensor) else (),
                 reason=decision.reason,
             )
         )

@@ -34,6 +34,13 @@ from torch import Tensor, nn
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.llama_args import PRESETS, ModelArgs, RopeScaling
+from torch_tensorrt_dist.models.paged import (
+    PagedKVCache,
+    PagedSlots,
+    paged_attention,
+    paged_mask,
+    paged_slots,
+)
 from torch_tensorrt_dist.models.rope import apply_rope, rope_inv_freq, rope_tables
 from torch_tensorrt_dist.models.row_masks import decode_rows_mask, prefill_slot_mask
 
@@ -146,7 +153,23 @@ class Attention(nn.Module):
         # Added once, after the all-reduce (a row-parallel bias must not be summed tp times).
         self.wo_bias = nn.Parameter(torch.zeros(args.dim)) if args.o_bias else None
         self.kv_cache: KVCache | None = None
+        self.kv_pages: PagedKVCache | None = None  # set by Transformer.setup_paged
         self.group: dist.ProcessGroup | None = None  # TP group; set by parallel.llama.apply_tp
+
+    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        # x: [B, S, dim] -> q [B, Hq, S, D], k, v [B, Hkv, S, D] (RoPE applied to q and k)
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _out(self, y: Tensor) -> Tensor:
+        # y: [B, Hq, S, D] -> [B, S, dim], summed over the TP group
+        b, _, s, _ = y.shape
+        y = self.wo(y.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
+        y = _all_reduce(y, self.group)  # 1st all-reduce of the layer
+        return y if self.wo_bias is None else y + self.wo_bias
 
     def forward(
         self,
@@ -160,11 +183,7 @@ class Attention(nn.Module):
         # x: [B, S, dim]; cos/sin: [B, S, D]; mask: [B, 1, S, L] (bool); cache_pos: [S]
         # (write="rows": pos [B], S = 1; write="slot": slot [1], B = 1, mask [1, 1, S, S] or
         # None: causal over the prompt's own keys, computed without its upper triangle)
-        b, s, _ = x.shape
-        q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)  # [B, Hq, S, D]
-        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, S, D]
-        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self._qkv(x, cos, sin)  # [B, Hq, S, D], [B, Hkv, S, D]
         if self.kv_cache is None:
             raise ConfigError("call Transformer.setup_caches(...) before running the model")
         if write == "slot":  # a prompt from slot 0: it attends to its own keys only
@@ -178,9 +197,22 @@ class Attention(nn.Module):
         v = v.repeat_interleave(rep, dim=1)
         # [B, Hq, S, D]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
-        y = self.wo(y.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
-        y = _all_reduce(y, self.group)  # 1st all-reduce of the layer
-        return y if self.wo_bias is None else y + self.wo_bias
+        return self._out(y)
+
+    def forward_paged(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, slots: PagedSlots
+    ) -> Tensor:
+        # x: [R, S, dim]; cos/sin: [R, S, D]; mask: [R, 1, S, NB * bs]; slots: where each
+        # token's K/V goes (blocks, offsets [R * S]) and the rows' block tables [R, NB]
+        r, s, _ = x.shape
+        q, k, v = self._qkv(x, cos, sin)
+        if self.kv_pages is None:
+            raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
+        flat_k = k.transpose(1, 2).reshape(r * s, self.n_kv_heads, self.head_dim)
+        flat_v = v.transpose(1, 2).reshape(r * s, self.n_kv_heads, self.head_dim)
+        self.kv_pages.write(slots.blocks, slots.offsets, flat_k, flat_v)
+        keys, values = self.kv_pages.gather(slots.table)  # [R, Hkv, NB * bs, D]
+        return self._out(paged_attention(q, keys, values, mask))
 
 
 class FeedForward(nn.Module):
@@ -214,6 +246,12 @@ class TransformerBlock(nn.Module):
         write: KVWrite = "shared",
     ) -> Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin, mask, cache_pos, write)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def forward_paged(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, slots: PagedSlots
+    ) -> Tensor:
+        h = x + self.attention.forward_paged(self.attention_norm(x), cos, sin, mask, slots)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -326,6 +364,7 @@ class Transformer(nn.Module):
         self.group: dist.ProcessGroup | None = None  # set when the LM head is vocab-parallel
         self.max_batch_size = -1
         self.max_seq_len = -1
+        self.block_size = -1  # set by setup_paged
 
     def setup_caches(
         self, max_batch_size: int, max_seq_len: int, *, dtype: torch.dtype | None = None
@@ -413,6 +452,54 @@ class Transformer(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, mask, slot, "slot")
         return self._logits(x.index_select(1, last))[:, -1]
+
+    def setup_paged(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_seq_len: int,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """Allocate each layer's block pools (``num_blocks`` x ``block_size`` tokens, block 0
+        the null block) and the RoPE tables for positions below ``max_seq_len``."""
+        if max_seq_len > self.args.max_seq_len:
+            raise ConfigError(
+                f"max_seq_len={max_seq_len} exceeds the model's limit {self.args.max_seq_len} "
+                "(max_position_embeddings); ask for fewer tokens"
+            )
+        weight = self.norm.weight
+        dtype = dtype or weight.dtype
+        for block in self.blocks:
+            attn = block.attention
+            attn.kv_pages = PagedKVCache(
+                num_blocks, block_size, attn.n_kv_heads, attn.head_dim, dtype, weight.device
+            )
+        cos, sin = rope_tables(self.args, max_seq_len)
+        self.register_buffer("rope_cos", cos.to(weight.device), persistent=False)
+        self.register_buffer("rope_sin", sin.to(weight.device), persistent=False)
+        self.block_size, self.max_seq_len = block_size, max_seq_len
+
+    def paged_step(self, tokens: Tensor, start: Tensor, last: Tensor, table: Tensor) -> Tensor:
+        """One step of R rows over the paged cache -> the logits of each row's last token [R, V].
+
+        tokens: [R, S] (a decode row: its last token, S = 1; a prefill chunk: right-padded);
+        start: [R] (the row's tokens already in its blocks: the position of tokens[:, 0]);
+        last: [R] (the index of the row's last real token); table: [R, NB] (the row's blocks,
+        padded with the null block). See ``models/paged.py``.
+        """
+        if self.block_size < 1:
+            raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
+        r, s = tokens.shape
+        pos, slots = paged_slots(start, last, table, s, self.block_size)  # pos: [R, S]
+        mask = paged_mask(self.args, pos, table.shape[1] * self.block_size)  # [R, 1, S, L]
+        x = self.tok_embeddings(tokens)  # [R, S, dim]
+        cos = self.rope_cos[pos].to(x.dtype)  # [R, S, D]
+        sin = self.rope_sin[pos].to(x.dtype)
+        for block in self.blocks:
+            x = block.forward_paged(x, cos, sin, mask, slots)
+        x = x.gather(1, last[:, None, None].expand(r, 1, x.shape[-1]))  # [R, 1, dim]
+        return self._logits(x)[:, 0]
 
     def _check_caches(self) -> None:
         if self.max_seq_len < 0:
