@@ -25,17 +25,18 @@ class Output:
         #: a single prompt without --json is streamed as it is generated
         self.streaming = rank == 0 and not ns.json and n_prompts == 1
 
-    def on_step(self) -> Callable[[list[int]], None] | None:
-        """The generator's per-step callback (None when nothing is streamed); prints the
-        prompt first."""
+    def on_step(self) -> Callable[[list[list[int]]], None] | None:
+        """The generator's per-step callback (None when nothing is streamed): the new ids of
+        each prompt; prints the prompt first."""
         if not self.streaming:
             return None
         print(self.ns.prompt[0], end="", flush=True)
 
-        def step(step_ids: list[int]) -> None:
-            piece = self.stream.push(step_ids, self.stop_ids)[0]
-            if piece:
-                print(piece, end="", flush=True)
+        def step(new: list[list[int]]) -> None:
+            for token in new[0]:
+                piece = self.stream.push([token], self.stop_ids)[0]
+                if piece:
+                    print(piece, end="", flush=True)
 
         return step
 

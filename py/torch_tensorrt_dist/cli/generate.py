@@ -327,7 +327,7 @@ def _rank_main(ns: argparse.Namespace) -> int:
             cache_len=plan.cache_len,
             warmup=not ns.no_warmup,
             microbatches=ns.microbatches,
-            on_step=on_step,
+            on_step=None if on_step is None else (lambda ids: on_step([[i] for i in ids])),
             verify=ns.verify,
         )
     else:

@@ -103,8 +103,8 @@ def serve_rank(
 ) -> ServeResult:
     """Run this rank's part of the server until it stops (see the module docstring)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
-    slots = gen.slots(tokenizer=tokenizer, text=rank == 0)
-    loop = StepLoop(slots, ControlChannel(control))
+    core = gen.core(tokenizer=tokenizer, text=rank == 0)
+    loop = StepLoop(core, ControlChannel(control))
     if rank != 0:
         signals = _Signals(None)
         gen.warmup_all()
@@ -146,13 +146,14 @@ def _lead(
     signals = _Signals(lambda: state.set("draining"))
     leader = Leader(
         loop,
+        gen.scheduler(loop.core),
         inbox,
         state,
         stop_ids=stop_ids,
         idle_tick_s=config.idle_tick_s,
         drain_timeout_s=config.drain_timeout_s,
         on_token=metrics.token,
-        on_step=lambda _: _observe(loop, metrics),
+        on_step=lambda lead: _observe(lead, metrics),
     )
     try:
         warm = gen.warmup_all()
@@ -205,9 +206,17 @@ def _rank_pids(control: dist.ProcessGroup | None) -> list[int]:
     return pids
 
 
-def _observe(loop: StepLoop, metrics: Metrics) -> None:
-    metrics.running.set(loop.slots.active)
-    if loop.last is not None:  # the step decoded
+def _observe(leader: Leader, metrics: Metrics) -> None:
+    loop, sched, pool = leader.loop, leader.scheduler, leader.core.pool
+    metrics.running.set(loop.core.active)
+    metrics.waiting.set(sched.pending)
+    stats = pool.stats()
+    for state in ("used", "cached", "free"):
+        metrics.blocks.labels(state).set(getattr(stats, state))
+    metrics.set_total(metrics.preemptions, sched.preemptions)
+    metrics.set_total(metrics.prefix_queries, pool.queries)
+    metrics.set_total(metrics.prefix_hits, pool.hits)
+    if loop.last is not None:  # the step ran rows
         step_s, control_s = loop.last
         metrics.step.observe(step_s)
         metrics.control.observe(control_s)
