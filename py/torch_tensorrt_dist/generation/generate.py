@@ -44,6 +44,7 @@ __all__ = [
     "decode_example",
     "paged_step",
     "prefill_example",
+    "setup_example",
 ]
 
 logger = logging.getLogger(__name__)
@@ -67,21 +68,36 @@ def paged_step(model: Transformer) -> StepFn:
     return step
 
 
+def setup_example(
+    model: Transformer, rows: int, tokens: int, block_size: int = DEFAULT_BLOCK_SIZE
+) -> None:
+    """A paged cache with room for ``rows`` sequences of ``tokens`` tokens (explain, benches)."""
+    model.setup_paged(rows * blocks_for(tokens, block_size) + 1, block_size, tokens)
+
+
 def decode_example(
-    batch: int, blocks: int = 4, position: int = 8
+    rows: int,
+    tokens: int = 64,
+    *,
+    position: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Inputs of a decode step of ``batch`` rows, each at ``position`` with its own ``blocks``
-    blocks (a pool of at least ``batch * blocks + 1`` blocks: for explain and benchmarks)."""
-    rows = [
-        ([0], position, list(range(1 + i * blocks, 1 + (i + 1) * blocks))) for i in range(batch)
-    ]
-    return step_inputs(rows, StepLimits(batch, 1, blocks), torch.device("cpu"))
+    """Inputs of a decode step of ``rows`` rows, each at ``position`` (default: half of
+    ``tokens``) with its own ``tokens`` tokens of blocks (a cache of :func:`setup_example`)."""
+    blocks = blocks_for(tokens, block_size)
+    pos = tokens // 2 if position is None else position
+    table = [list(range(1 + i * blocks, 1 + (i + 1) * blocks)) for i in range(rows)]
+    spans = [([0], pos, t) for t in table]
+    return step_inputs(spans, StepLimits(rows, 1, max(blocks, 2)), torch.device("cpu"))
 
 
-def prefill_example(length: int, blocks: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Inputs of the prefill of one ``length``-token prompt into blocks 1..``blocks``."""
-    rows = [([0] * length, 0, list(range(1, blocks + 1)))]
-    return step_inputs(rows, StepLimits(1, length, blocks), torch.device("cpu"))
+def prefill_example(
+    length: int, *, block_size: int = DEFAULT_BLOCK_SIZE
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Inputs of the prefill of one ``length``-token prompt into the first blocks."""
+    blocks = blocks_for(length, block_size)
+    spans = [([0] * length, 0, list(range(1, blocks + 1)))]
+    return step_inputs(spans, StepLimits(1, length, max(blocks, 2)), torch.device("cpu"))
 
 
 def compile_step(fn: F, engine: str, *, verify: bool | None = None) -> F:

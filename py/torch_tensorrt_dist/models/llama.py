@@ -1,4 +1,4 @@
-"""A compact Llama-family decoder (Llama 2/3, Mistral, Qwen2) with a static KV cache.
+"""A compact Llama-family decoder (Llama 2/3, Mistral, Qwen2) with a paged or a static KV cache.
 
 RMSNorm, RoPE in Hugging Face's ``rotate_half`` layout (so HF q/k weights load without a
 permutation; Llama-3 frequency scaling included), grouped-query attention, SwiGLU MLP, optional
@@ -16,15 +16,16 @@ vocabulary-parallel LM head one all-gather of the logits.
 says how many leading slots of each row are left padding: they are masked out and positions
 (RoPE) start at 0 after them. Everything is a tensor, so decode steps never recompile.
 
-The generation core (``generation/slots.py``) runs two other forms, where every cache row is a
-slot holding one sequence from position 0: ``decode_rows(tokens [B, 1], pos [B])`` writes and
-attends each row at its own position, and ``prefill_slot(tokens [1, S], slot [1], last [1])``
-writes one prompt into its row. Both write the caches in place (``index_put``).
+The generation core (``generation/core.py``) runs the paged form: ``setup_paged`` gives every
+layer a pool of KV blocks, and ``paged_step(tokens [R, S], start [R], last [R], table [R, NB])``
+runs R rows, each a decode token or a prompt chunk over its own blocks, and returns the logits
+of each row's last token (``models/paged.py``). Pipeline stages and perplexity run the static
+form above.
 """
 
 from __future__ import annotations
 
-from typing import Literal, cast
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,6 @@ from torch_tensorrt_dist.models.paged import (
     paged_slots,
 )
 from torch_tensorrt_dist.models.rope import apply_rope, rope_inv_freq, rope_tables
-from torch_tensorrt_dist.models.row_masks import decode_rows_mask, prefill_slot_mask
 
 __all__ = [
     "PRESETS",
@@ -60,12 +60,6 @@ __all__ = [
     "rope_inv_freq",
     "rope_tables",
 ]
-
-
-#: How a step writes the KV cache: "shared": the same slots ``cache_pos`` [S] in every row
-#: (left-padded batches, pipeline stages); "rows": one slot per row (``pos`` [B], decode);
-#: "slot": one row's positions [0, S) (``slot`` [1], prefill).
-KVWrite = Literal["shared", "rows", "slot"]
 
 
 def _all_reduce(x: Tensor, group: dist.ProcessGroup | None) -> Tensor:
@@ -125,21 +119,6 @@ class KVCache(nn.Module):
         self.v_cache[:b].index_copy_(2, cache_pos, v)
         return self.k_cache[:b], self.v_cache[:b]
 
-    def write_rows(self, pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        # pos: [B], one slot per row; k, v: [B, H_kv, 1, D] (every row) -> full caches.
-        # Captured: index_put(<cache placeholder>, [arange(B), None, pos], k), in place.
-        rows = torch.arange(k.shape[0], device=pos.device)
-        self.k_cache[rows, :, pos] = k[:, :, 0]
-        self.v_cache[rows, :, pos] = v[:, :, 0]
-        return self.k_cache, self.v_cache
-
-    def write_slot(self, slot: Tensor, k: Tensor, v: Tensor) -> None:
-        # slot: [1]; k, v: [1, H_kv, S, D] -> row slot[0], positions [0, S), in place.
-        s = k.shape[2]
-        rows, cols = slot.expand(s), torch.arange(s, device=slot.device)
-        self.k_cache[rows, :, cols] = k[0].transpose(0, 1)  # [S, H_kv, D]
-        self.v_cache[rows, :, cols] = v[0].transpose(0, 1)
-
 
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
@@ -172,47 +151,33 @@ class Attention(nn.Module):
         return y if self.wo_bias is None else y + self.wo_bias
 
     def forward(
-        self,
-        x: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        mask: Tensor | None,
-        cache_pos: Tensor,
-        write: KVWrite = "shared",
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, where: Tensor | PagedSlots
     ) -> Tensor:
-        # x: [B, S, dim]; cos/sin: [B, S, D]; mask: [B, 1, S, L] (bool); cache_pos: [S]
-        # (write="rows": pos [B], S = 1; write="slot": slot [1], B = 1, mask [1, 1, S, S] or
-        # None: causal over the prompt's own keys, computed without its upper triangle)
+        # x: [B, S, dim]; cos/sin: [B, S, D]; mask: [B, 1, S, L] (bool). ``where``: the static
+        # cache's slots cache_pos [S] (the same for every row), or a paged step's slots
+        # (``models/paged.py``: each token's block and offset, the rows' block tables)
         q, k, v = self._qkv(x, cos, sin)  # [B, Hq, S, D], [B, Hkv, S, D]
+        if isinstance(where, PagedSlots):
+            return self._out(self._paged(q, k, v, mask, where))
         if self.kv_cache is None:
             raise ConfigError("call Transformer.setup_caches(...) before running the model")
-        if write == "slot":  # a prompt from slot 0: it attends to its own keys only
-            self.kv_cache.write_slot(cache_pos, k, v)
-        elif write == "rows":
-            k, v = self.kv_cache.write_rows(cache_pos, k, v)  # [B, Hkv, L, D]
-        else:
-            k, v = self.kv_cache.update(cache_pos, k, v)  # [B, Hkv, L, D]
+        k, v = self.kv_cache.update(where, k, v)  # [B, Hkv, L, D]
         rep = self.n_heads // self.n_kv_heads
         k = k.repeat_interleave(rep, dim=1)  # [B, Hq, L, D]
         v = v.repeat_interleave(rep, dim=1)
-        # [B, Hq, S, D]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, Hq, S, D]
         return self._out(y)
 
-    def forward_paged(
-        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, slots: PagedSlots
-    ) -> Tensor:
-        # x: [R, S, dim]; cos/sin: [R, S, D]; mask: [R, 1, S, NB * bs]; slots: where each
-        # token's K/V goes (blocks, offsets [R * S]) and the rows' block tables [R, NB]
-        r, s, _ = x.shape
-        q, k, v = self._qkv(x, cos, sin)
+    def _paged(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, slots: PagedSlots) -> Tensor:
+        # q: [R, Hq, S, D]; k, v: [R, Hkv, S, D]; mask: [R, 1, S, NB * bs] -> [R, Hq, S, D]
         if self.kv_pages is None:
             raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
+        r, _, s, _ = k.shape
         flat_k = k.transpose(1, 2).reshape(r * s, self.n_kv_heads, self.head_dim)
         flat_v = v.transpose(1, 2).reshape(r * s, self.n_kv_heads, self.head_dim)
         self.kv_pages.write(slots.blocks, slots.offsets, flat_k, flat_v)
         keys, values = self.kv_pages.gather(slots.table)  # [R, Hkv, NB * bs, D]
-        return self._out(paged_attention(q, keys, values, mask))
+        return paged_attention(q, keys, values, mask)
 
 
 class FeedForward(nn.Module):
@@ -237,21 +202,9 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
     def forward(
-        self,
-        x: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        mask: Tensor | None,
-        cache_pos: Tensor,
-        write: KVWrite = "shared",
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, where: Tensor | PagedSlots
     ) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, mask, cache_pos, write)
-        return h + self.feed_forward(self.ffn_norm(h))
-
-    def forward_paged(
-        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, slots: PagedSlots
-    ) -> Tensor:
-        h = x + self.attention.forward_paged(self.attention_norm(x), cos, sin, mask, slots)
+        h = x + self.attention(self.attention_norm(x), cos, sin, mask, where)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -416,43 +369,6 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         return self._logits(x)
 
-    def decode_rows(self, tokens: Tensor, pos: Tensor) -> Tensor:
-        """One decode step of every slot at its own position -> logits [B, V].
-
-        tokens: [B, 1] (each row's last token), pos: [B] (the slot it is written to, which is
-        also its RoPE position). Free rows are padding (any token, pos 0).
-        """
-        self._check_caches()
-        if tokens.shape[0] != self.max_batch_size:
-            raise ConfigError(
-                f"decode_rows runs every cache row: got {tokens.shape[0]} rows for a cache of "
-                f"{self.max_batch_size}; pad with free rows (any token, pos 0)"
-            )
-        mask = decode_rows_mask(self.args, self.key_slots, pos)  # [B, 1, 1, L]
-        x = self.tok_embeddings(tokens)  # [B, 1, dim]
-        cos = self.rope_cos[pos][:, None].to(x.dtype)  # [B, 1, D]
-        sin = self.rope_sin[pos][:, None].to(x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask, pos, "rows")
-        return self._logits(x)[:, -1]
-
-    def prefill_slot(self, tokens: Tensor, slot: Tensor, last: Tensor) -> Tensor:
-        """The prompt of one slot, written at positions [0, S) of row ``slot`` -> logits [1, V].
-
-        tokens: [1, S] (the prompt right-padded to its bucket), slot: [1] (its KV-cache row),
-        last: [1] (the index of the prompt's last token, whose logits are returned).
-        """
-        self._check_caches()
-        s = tokens.shape[1]
-        # None (causal attention over the prompt's own k/v) unless a sliding window binds
-        mask = prefill_slot_mask(self.args, self.key_slots, s)  # [1, 1, S, S] or None
-        x = self.tok_embeddings(tokens)  # [1, S, dim]
-        cos = self.rope_cos[:s][None].to(x.dtype)  # [1, S, D]
-        sin = self.rope_sin[:s][None].to(x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask, slot, "slot")
-        return self._logits(x.index_select(1, last))[:, -1]
-
     def setup_paged(
         self,
         num_blocks: int,
@@ -496,8 +412,8 @@ class Transformer(nn.Module):
         x = self.tok_embeddings(tokens)  # [R, S, dim]
         cos = self.rope_cos[pos].to(x.dtype)  # [R, S, D]
         sin = self.rope_sin[pos].to(x.dtype)
-        for block in self.blocks:
-            x = block.forward_paged(x, cos, sin, mask, slots)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, slots)
         x = x.gather(1, last[:, None, None].expand(r, 1, x.shape[-1]))  # [R, 1, dim]
         return self._logits(x)[:, 0]
 
