@@ -15,7 +15,7 @@ from torch_tensorrt_dist.artifacts.manifest import manifest_digest
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.models.loader import load_llama
 
-from ._slots_fns import Job, run_schedule
+from ._core_fns import Job, run_schedule
 
 MAX_SEQ = 64
 

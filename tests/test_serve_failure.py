@@ -21,7 +21,7 @@ from torch_tensorrt_dist.models.tokenizer import ByteTokenizer
 
 from . import _moe_ckpt
 from ._serve import start_server
-from ._slots_fns import one_thread
+from ._core_fns import one_thread
 
 httpx = pytest.importorskip("httpx")
 
@@ -88,7 +88,7 @@ def test_a_killed_rank_ends_the_server_with_503s(moe: Any) -> None:
     t = threading.Thread(target=long)
     t.start()
     deadline = time.monotonic() + 30
-    while "torchtrt_running_rows 1.0" not in httpx.get(f"{srv.url}/metrics").text:
+    while "torchtrt_running_requests 1.0" not in httpx.get(f"{srv.url}/metrics").text:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     start = time.monotonic()

@@ -1,5 +1,5 @@
 """``serve --quantize``: the serving ranks quantize their shard as ``generate`` does, and the
-serving core (slots) then emits the tokens ``generate --quantize`` prints; bad combinations are
+serving core then emits the tokens ``generate --quantize`` prints; bad combinations are
 one-line refusals before any rank starts. In process, on the demo checkpoint, no server."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from torch_tensorrt_dist.cli import _serve_rank, build_parser, main
-from torch_tensorrt_dist.generation.slots import Request
+from torch_tensorrt_dist.generation.core import Request
 from torch_tensorrt_dist.quantization.modules import WeightOnlyLinear
 
 PROMPT = "The return statement"
@@ -32,12 +32,13 @@ def test_serving_core_on_a_quantized_shard_gives_generates_tokens(
     quantized = [m for m in gen.model.modules() if isinstance(m, WeightOnlyLinear)]
     assert len(quantized) == 7 * plan.args.n_layers  # q, k, v, o, w1, w2, w3 of every block
     stop = tuple(tok.eos_ids or plan.args.eos_token_ids)
-    slots = gen.slots()
-    emitted = slots.join(Request(0, tuple(tok.encode(PROMPT)), 12, stop_ids=stop), slot=1)
-    got = list(emitted.tokens)
-    while emitted.finish is None:
-        [emitted] = slots.decode()
-        got += emitted.tokens
+    core = gen.core()
+    sched = gen.scheduler(core)
+    sched.add(Request(0, tuple(tok.encode(PROMPT)), 12, stop_ids=stop))
+    got: list[int] = []
+    while not sched.idle():
+        for e in core.step(sched.plan()):
+            got += e.tokens
     assert got == want
 
 

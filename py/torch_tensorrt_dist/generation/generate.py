@@ -301,7 +301,7 @@ class Generator:
         """Compile every graph a server may run (one row or several, decode or prefill, a
         short prompt and the longest chunk); return s. Nothing compiles after it."""
         start = time.perf_counter()
-        longest = min(self.limits.tokens, self.cache_len - 1)
+        longest = min(self.limits.tokens, self.cache_len - 2)
         shapes = [[[0] * 2] * min(2, self.max_batch_size), [[0] * 2], [[0] * longest]]
         if self.max_batch_size > 2:  # the most rows at once (a MoE layer may pick its form by it)
             shapes.append([[0] * 2] * self.max_batch_size)
