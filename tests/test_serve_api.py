@@ -18,8 +18,8 @@ from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.models.loader import load_llama
 from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 
-from ._serve import Server, demo_with_chat_template, start_server
 from ._core_fns import one_thread
+from ._serve import Server, demo_with_chat_template, start_server
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -211,7 +211,11 @@ def _post(server: Server, body: Any, *, key: str | None = KEY, path: str = "comp
         ({"prompt": "x", "temperature": -1}, 400, r"temperature must be a finite number in \[0, 2"),
         ({"prompt": "x", "top_p": 0}, 400, r"top_p must be a finite number in \(0, 1\]"),
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
-        ({"prompt": "x", "max_tokens": 300}, 400, r"exceeds the longest sequence served, 256 tokens"),
+        (
+            {"prompt": "x", "max_tokens": 300},
+            400,
+            r"exceeds the longest sequence served, 256 tokens",
+        ),
         ({"prompt": "x", "logprobs": 2}, 400, "logprobs is not supported"),
         ({"prompt": [5000]}, 400, r"outside \[0, 1024\)"),
         ({"prompt": ["a", "b"]}, 400, "one prompt per request"),

@@ -20,8 +20,8 @@ from torch_tensorrt_dist.models.moe_loader import load_moe
 from torch_tensorrt_dist.models.tokenizer import ByteTokenizer
 
 from . import _moe_ckpt
-from ._serve import start_server
 from ._core_fns import one_thread
+from ._serve import start_server
 
 httpx = pytest.importorskip("httpx")
 

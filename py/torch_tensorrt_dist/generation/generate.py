@@ -145,7 +145,12 @@ class GenerationResult:
 
 
 class Generator:
-    """Compiles a model's step graph over a paged KV cache it sets up, and generates."""
+    """Compiles a model's step graph over a paged KV cache it sets up, and generates.
+
+    What the methods use (a subclass over other graphs sets the same, see
+    ``artifacts/load.ArtifactGenerator``): ``args``, ``engine``, ``max_batch_size``,
+    ``cache_len``, ``max_prefill_tokens``, ``block_size``, ``num_blocks``, ``prefix_caching``,
+    ``salt``, ``device``, ``limits`` and the step function ``_step``."""
 
     def __init__(
         self,
@@ -175,7 +180,7 @@ class Generator:
                 f"({self.cache_len}) >= 2"
             )
         self.max_prefill_tokens = max_prefill_tokens
-        self.layout = kv_layout(model, block_size)
+        self.block_size, self.layout = block_size, kv_layout(model, block_size)
         self.num_blocks = self.layout.blocks_for_memory(
             kv_cache_memory, rows=max_batch_size, max_seq_len=self.cache_len
         )
@@ -191,10 +196,6 @@ class Generator:
             limit = torch._dynamo.config.recompile_limit
             torch._dynamo.config.recompile_limit = max(limit, 16)
         self._step: StepFn = compile_step(paged_step(model), engine, verify=verify)
-
-    @property
-    def block_size(self) -> int:
-        return self.layout.block_size
 
     def core(self, *, tokenizer: Tokenizer | None = None, text: bool = False) -> GenerationCore:
         """The generation core over this generator's graph and a fresh block pool (the cache

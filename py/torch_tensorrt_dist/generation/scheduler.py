@@ -136,7 +136,9 @@ class Scheduler:
 
         # 2. admit waiting requests: preempted ones first (in their order), then new ones
         rows = len(running)
-        queue = [(s.rid, s.tokens, None) for s in core.preempted.values() if s.rid not in gone]
+        queue: list[tuple[int, list[int], Request | None]] = [
+            (s.rid, s.tokens, None) for s in core.preempted.values() if s.rid not in gone
+        ]
         queue += [(r.rid, list(r.prompt), r) for r in self.waiting]
         for rid, tokens, req in queue:
             if rows >= self.max_rows or budget < 1:
