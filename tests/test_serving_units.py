@@ -15,7 +15,7 @@ from torch_tensorrt_dist.errors import CheckpointError, ConfigError
 from torch_tensorrt_dist.generation import Generator, SamplingConfig
 from torch_tensorrt_dist.generation.core import Request
 from torch_tensorrt_dist.generation.detok import Detokenizer
-from torch_tensorrt_dist.generation.scheduler import StepPlan
+from torch_tensorrt_dist.generation.plan import StepPlan
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.loader import random_llama
 from torch_tensorrt_dist.models.tokenizer import ByteTokenizer

@@ -33,10 +33,9 @@ class Output:
         print(self.ns.prompt[0], end="", flush=True)
 
         def step(new: list[list[int]]) -> None:
-            for token in new[0]:
-                piece = self.stream.push([token], self.stop_ids)[0]
-                if piece:
-                    print(piece, end="", flush=True)
+            piece = self.stream.push(new, self.stop_ids)[0]
+            if piece:
+                print(piece, end="", flush=True)
 
         return step
 

@@ -24,15 +24,15 @@ blocks and sample the same tokens, without communicating.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError
 from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for, next_key, prefix_keys
-from torch_tensorrt_dist.generation.sampling import SamplingConfig, make_generator, sample
-from torch_tensorrt_dist.generation.scheduler import StepPlan
+from torch_tensorrt_dist.generation.plan import Request, StepPlan
+from torch_tensorrt_dist.generation.sampling import make_generator, sample
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.generation.stops import StopText
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
@@ -45,20 +45,6 @@ StepFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 class CoreError(TensorRTDistError):
     """A plan this rank cannot apply as rank 0 planned it (the ranks' states differ: a bug)."""
-
-
-@dataclass(frozen=True)
-class Request:
-    """What every rank must know about a request to run it (rank 0 sends it on join)."""
-
-    rid: int
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    stop_ids: tuple[int, ...] = ()
-    """Token ids that end the request (shown in ``tokens``, never in ``text``)."""
-    stop: tuple[str, ...] = ()
-    """Stop strings, matched on the decoded text (needs a tokenizer on every rank)."""
 
 
 @dataclass

@@ -24,41 +24,17 @@ the same scheduler on every rank with the same requests: the plans agree without
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.kv_blocks import blocks_for, prefix_keys
+from torch_tensorrt_dist.generation.plan import StepPlan
 
 if TYPE_CHECKING:
-    from torch_tensorrt_dist.generation.core import GenerationCore, Request
+    from torch_tensorrt_dist.generation.core import GenerationCore
+    from torch_tensorrt_dist.generation.plan import Request
 
 __all__ = ["Scheduler", "StepPlan"]
-
-
-@dataclass
-class StepPlan:
-    """What one step does, in order: cancels, preemptions, admissions, then the rows.
-
-    The decode rows are implicit: every running sequence whose prompt is computed and that has
-    no chunk in ``chunks``."""
-
-    cancels: list[int] = field(default_factory=list)
-    preempts: list[int] = field(default_factory=list)
-    joins: list[Request] = field(default_factory=list)
-    """New requests, admitted this step (every rank needs their whole content)."""
-    resumes: list[int] = field(default_factory=list)
-    """Preempted requests admitted again."""
-    cached: dict[int, int] = field(default_factory=dict)
-    """Admitted request -> prefix blocks taken from the prefix cache (checked on every rank)."""
-    chunks: list[tuple[int, int]] = field(default_factory=list)
-    """(request, tokens) of this step's prefill rows, in order."""
-    stop: bool = False
-
-    @property
-    def steady(self) -> bool:
-        """Only decode rows: nothing to tell the other ranks but the step itself."""
-        return not (self.cancels or self.preempts or self.joins or self.resumes or self.chunks)
 
 
 class Scheduler:

@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 from torch_tensorrt_dist.errors import TensorRTDistError
 from torch_tensorrt_dist.generation.core import Request
+from torch_tensorrt_dist.generation.plan import StepPlan
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
-from torch_tensorrt_dist.generation.scheduler import StepPlan
 
 __all__ = [
     "ControlChannel",

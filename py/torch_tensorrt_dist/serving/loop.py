@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.core import Emitted, GenerationCore, Request
-from torch_tensorrt_dist.generation.scheduler import Scheduler, StepPlan
+from torch_tensorrt_dist.generation.plan import StepPlan
+from torch_tensorrt_dist.generation.scheduler import Scheduler
 from torch_tensorrt_dist.serving.bridge import (
     Cancel,
     Failed,
