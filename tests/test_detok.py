@@ -202,13 +202,14 @@ def _scripted(tok: Tokenizer, vocab: int, script: list[int], req: Request) -> li
     """``req`` run by a core whose model generates ``script`` after a one-token prompt,
     whatever the prompt is; what the core emitted."""
 
-    def step(tokens: torch.Tensor, start: torch.Tensor, last: torch.Tensor, table: torch.Tensor):
+    def step(*inputs: torch.Tensor) -> torch.Tensor:
+        start, last = inputs[1], inputs[2]
         pos = (start + last).tolist()  # the row's last token's position: 0 is the prompt
         return torch.nn.functional.one_hot(
             torch.tensor([script[min(p, len(script) - 1)] for p in pos]), vocab
         ).float()
 
-    limits = StepLimits(rows=1, tokens=8, blocks=16)
+    limits = StepLimits(rows=1, tokens=8, blocks=16, block_size=4)
     core = GenerationCore(
         step, pool=BlockPool(17, 4), max_seq_len=64, limits=limits, tokenizer=tok, text=True
     )

@@ -47,7 +47,7 @@ def test_paged_steps_give_transformers_logits(name: str, tmp_path: Path) -> None
     ids = tokens[0].tolist()
     blocks = [17, 3, 29, 8, 12, 35]  # 24 tokens in 6 blocks of 4, in no order
     other = ([5, 6, 7, 8, 9, 1, 2], 0, [30, 31])  # a second row in the prefill calls
-    limits = StepLimits(rows=2, tokens=16, blocks=6)
+    limits = StepLimits(rows=2, tokens=16, blocks=6, block_size=4)
     with torch.no_grad():
         ref = hf(tokens).logits[0]  # [24, V]
         got, start = [], 0

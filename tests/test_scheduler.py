@@ -15,7 +15,7 @@ from torch_tensorrt_dist.generation.step_inputs import StepLimits
 VOCAB = 16
 
 
-def _step(tokens: Tensor, start: Tensor, last: Tensor, table: Tensor) -> Tensor:
+def _step(tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor) -> Tensor:
     """Logits whose argmax is (position of the row's last token + 1) % VOCAB."""
     nxt = (start + last + 1) % VOCAB
     return torch.nn.functional.one_hot(nxt, VOCAB).float()
@@ -23,7 +23,7 @@ def _step(tokens: Tensor, start: Tensor, last: Tensor, table: Tensor) -> Tensor:
 
 def _core(blocks: int = 64, block_size: int = 4, max_len: int = 128) -> GenerationCore:
     pool = BlockPool(blocks, block_size)
-    limits = StepLimits(rows=16, tokens=128, blocks=max_len // block_size)
+    limits = StepLimits(rows=16, tokens=128, blocks=max_len // block_size, block_size=block_size)
     return GenerationCore(_step, pool=pool, max_seq_len=max_len, limits=limits)
 
 

@@ -112,6 +112,7 @@ def _timed(
 
 
 CPU = torch.device("cpu")
+BLOCK = 16  # setup_example's block size
 
 
 def _setup(model: Any, tokens: int) -> None:
@@ -156,7 +157,7 @@ def _our_decode(model: Any, form: str) -> Callable[[], dict[str, Any]]:
     decode = compile_step(paged_step(model), "inductor")
     n = PREFILL[0]
     blocks = list(range(1, _pool_blocks(model) + 1))  # the pool of one sequence (_setup)
-    limits = StepLimits(1, n, len(blocks))
+    limits = StepLimits(1, n, len(blocks), BLOCK)
 
     def run() -> dict[str, Any]:
         for moe in model.sparse_blocks:
@@ -181,7 +182,9 @@ def _our_prefill(model: Any, form: str, n: int) -> tuple[Callable[[], Any], floa
     step = compile_step(paged_step(model), "inductor")
     # the serving prefill: the prompt into its blocks, logits of its last token
     blocks = list(range(1, _pool_blocks(model) + 1))
-    inputs = step_inputs([(_prompt(n)[0].tolist(), 0, blocks)], StepLimits(1, n, len(blocks)), CPU)
+    inputs = step_inputs(
+        [(_prompt(n)[0].tolist(), 0, blocks)], StepLimits(1, n, len(blocks), BLOCK), CPU
+    )
 
     def run() -> Any:
         for moe in model.sparse_blocks:

@@ -13,8 +13,9 @@ tokens have their K/V in those blocks (``computed``). A step (a :class:`StepPlan
 running sequence some tokens to compute: one for a sequence that is decoding (its last token),
 a chunk of its prompt for one being prefilled. Rows of one token run in one call of the step
 graph, rows of more in a second call (both ``step_fn(tokens [R, S], start [R], last [R],
-table [R, NB]) -> logits [R, V]``, ``Transformer.paged_step``: R, S and NB are the step's own,
-so a step costs what is live). A row that reaches the end of its tokens samples the next one.
+past [R, NBp], dest [R, S]) -> logits [R, V]``, ``Transformer.paged_step``: R, S and NBp are
+the step's own, so a step costs what is live). A row that reaches the end of its tokens samples
+the next one.
 
 Everything here is a function of the plans and the logits, with a generator per request seeded
 from its :class:`SamplingConfig`: ranks that apply the same plans hold the same sequences and
@@ -39,8 +40,8 @@ from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
 __all__ = ["CoreError", "Emitted", "GenerationCore", "Request", "Sequence", "StepFn"]
 
-#: ``(tokens [R, S], start [R], last [R], table [R, NB]) -> logits [R, V]``
-StepFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+#: ``(tokens [R, S], start [R], last [R], past [R, NBp], dest [R, S]) -> logits [R, V]``
+StepFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 class CoreError(TensorRTDistError):

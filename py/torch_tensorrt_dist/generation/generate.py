@@ -4,9 +4,9 @@
     result = gen.generate([[1, 5, 7], [1, 9]], max_new_tokens=32, stop_ids=(2,))
 
 One step function per rank, ``Transformer.paged_step(tokens [R, S], start [R], last [R],
-table [R, NB])``, compiled with R, S and NB dynamic (``step_inputs.py``): at most four graphs
-(decode or prefill, one row or several), whatever the rows, prompt lengths and cache size, and
-each call costs the rows and tokens it holds. ``generate`` is the generation core
+past [R, NBp], dest [R, S])``, compiled with R, S and NBp dynamic (``step_inputs.py``): at most
+four graphs (decode or prefill, one row or several), whatever the rows, prompt lengths and
+cache size, and each call costs the rows and tokens it holds. ``generate`` is the generation core
 (``core.py``) with every prompt queued at once in its scheduler (``scheduler.py``); the server
 (``serving/``) feeds the same scheduler from HTTP. Every rank runs the same plans on the same
 logits with the same seeded generators: the ranks agree on every token without a broadcast.
@@ -59,11 +59,11 @@ F = TypeVar("F", bound=Callable[..., Tensor])
 
 
 def paged_step(model: Transformer) -> StepFn:
-    """``(tokens [R, S], start [R], last [R], table [R, NB]) -> logits [R, V]``: rows of a step
-    over the paged cache (``Transformer.paged_step``)."""
+    """``(tokens [R, S], start [R], last [R], past [R, NBp], dest [R, S]) -> logits [R, V]``:
+    rows of a step over the paged cache (``Transformer.paged_step``)."""
 
-    def step(tokens: Tensor, start: Tensor, last: Tensor, table: Tensor) -> Tensor:
-        return model.paged_step(tokens, start, last, table)
+    def step(tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor) -> Tensor:
+        return model.paged_step(tokens, start, last, past, dest)
 
     return step
 
@@ -81,23 +81,25 @@ def decode_example(
     *,
     position: int | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Inputs of a decode step of ``rows`` rows, each at ``position`` (default: half of
     ``tokens``) with its own ``tokens`` tokens of blocks (a cache of :func:`setup_example`)."""
     blocks = blocks_for(tokens, block_size)
     pos = tokens // 2 if position is None else position
     table = [list(range(1 + i * blocks, 1 + (i + 1) * blocks)) for i in range(rows)]
     spans = [([0], pos, t) for t in table]
-    return step_inputs(spans, StepLimits(rows, 1, max(blocks, 2)), torch.device("cpu"))
+    return step_inputs(spans, StepLimits(rows, 1, max(blocks, 2), block_size), torch.device("cpu"))
 
 
 def prefill_example(
     length: int, *, block_size: int = DEFAULT_BLOCK_SIZE
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Inputs of the prefill of one ``length``-token prompt into the first blocks."""
     blocks = blocks_for(length, block_size)
     spans = [([0] * length, 0, list(range(1, blocks + 1)))]
-    return step_inputs(spans, StepLimits(1, length, max(blocks, 2)), torch.device("cpu"))
+    return step_inputs(
+        spans, StepLimits(1, length, max(blocks, 2), block_size), torch.device("cpu")
+    )
 
 
 def compile_step(fn: F, engine: str, *, verify: bool | None = None) -> F:
@@ -191,6 +193,7 @@ class Generator:
             rows=max_batch_size,
             tokens=max(2, min(max_prefill_tokens, self.cache_len)),
             blocks=blocks_for(self.cache_len, block_size),
+            block_size=block_size,
         )
         if engine != "none":  # a handful of graphs (shape classes): let Dynamo keep them all
             limit = torch._dynamo.config.recompile_limit

@@ -169,14 +169,15 @@ class Attention(nn.Module):
         return self._out(y)
 
     def _paged(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, slots: PagedSlots) -> Tensor:
-        # q: [R, Hq, S, D]; k, v: [R, Hkv, S, D]; mask: [R, 1, S, NB * bs] -> [R, Hq, S, D]
+        # q: [R, Hq, S, D]; k, v: [R, Hkv, S, D] (this step's); mask: [R, 1, S, NBp * bs + S]
+        # -> [R, Hq, S, D]. The step's own K/V join the gathered past; they are written to
+        # the pools after the last layer (Transformer.paged_step)
         if self.kv_pages is None:
             raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
-        r, _, s, _ = k.shape
-        flat_k = k.transpose(1, 2).reshape(r * s, self.n_kv_heads, self.head_dim)
-        flat_v = v.transpose(1, 2).reshape(r * s, self.n_kv_heads, self.head_dim)
-        self.kv_pages.write(slots.blocks, slots.offsets, flat_k, flat_v)
-        keys, values = self.kv_pages.gather(slots.table)  # [R, Hkv, NB * bs, D]
+        past_k, past_v = self.kv_pages.gather(slots.past)  # [R, Hkv, NBp * bs, D]
+        slots.computed.append((k, v))
+        keys = torch.cat([past_k, k], dim=2)  # [R, Hkv, NBp * bs + S, D]
+        values = torch.cat([past_v, v], dim=2)
         return paged_attention(q, keys, values, mask)
 
 
@@ -396,26 +397,38 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin.to(weight.device), persistent=False)
         self.block_size, self.max_seq_len = block_size, max_seq_len
 
-    def paged_step(self, tokens: Tensor, start: Tensor, last: Tensor, table: Tensor) -> Tensor:
+    def paged_step(
+        self, tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor
+    ) -> Tensor:
         """One step of R rows over the paged cache -> the logits of each row's last token [R, V].
 
         tokens: [R, S] (a decode row: its last token, S = 1; a prefill chunk: right-padded);
         start: [R] (the row's tokens already in its blocks: the position of tokens[:, 0]);
-        last: [R] (the index of the row's last real token); table: [R, NB] (the row's blocks,
-        padded with the null block). See ``models/paged.py``.
+        last: [R] (the index of the row's last real token); past: [R, NBp] (the blocks that hold
+        positions < start, padded with the null block); dest: [R, S] (each token's block, the
+        null block for padding). See ``models/paged.py``.
         """
         if self.block_size < 1:
             raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
-        r, s = tokens.shape
-        pos, slots = paged_slots(start, last, table, s, self.block_size)  # pos: [R, S]
-        mask = paged_mask(self.args, pos, table.shape[1] * self.block_size)  # [R, 1, S, L]
+        r = tokens.shape[0]
+        pos, slots = paged_slots(start, past, dest, self.block_size)  # pos: [R, S]
+        mask = paged_mask(self.args, start, pos, past.shape[1] * self.block_size)
         x = self.tok_embeddings(tokens)  # [R, S, dim]
         cos = self.rope_cos[pos].to(x.dtype)  # [R, S, D]
         sin = self.rope_sin[pos].to(x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, slots)
         x = x.gather(1, last[:, None, None].expand(r, 1, x.shape[-1]))  # [R, 1, dim]
-        return self._logits(x)[:, 0]
+        logits = self._logits(x)[:, 0]
+        # the step's K/V into the pools, last: nothing above reads them (one engine, then
+        # these writes in place)
+        for block, (k, v) in zip(self.blocks, slots.computed, strict=True):
+            pages = block.attention.kv_pages
+            assert pages is not None  # checked by every layer above
+            flat_k = k.transpose(1, 2).reshape(-1, k.shape[1], k.shape[3])  # [R * S, Hkv, D]
+            flat_v = v.transpose(1, 2).reshape(-1, v.shape[1], v.shape[3])
+            pages.write(slots.blocks, slots.offsets, flat_k, flat_v)
+        return logits
 
     def _check_caches(self) -> None:
         if self.max_seq_len < 0:

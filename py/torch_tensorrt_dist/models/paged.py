@@ -1,22 +1,33 @@
 """Paged KV cache and the attention that reads it: a step costs the rows and tokens it holds.
 
     model.setup_paged(num_blocks=256, block_size=16, max_seq_len=2048)
-    logits = model.paged_step(tokens, start, last, table)   # [R, S], [R], [R], [R, NB] -> [R, V]
+    logits = model.paged_step(tokens, start, last, past, dest)
+    # tokens [R, S], start [R], last [R], past [R, NBp], dest [R, S] -> logits [R, V]
 
 Each layer's cache is a pool of fixed-size blocks, ``k_pool``/``v_pool``: [N, bs, H_kv, D].
 A sequence owns a list of blocks (its block table); its token at position p lives in block
 ``table[p // bs]`` at offset ``p % bs``. Block 0 is the null block: no sequence owns it, the
-padding of a step writes there, and a table is padded with it (always masked).
+padding of a step writes there, and tables are padded with it (always masked).
 
 One step runs R rows of S tokens each: row r's tokens sit at positions ``start[r] + s``, the
 first ``last[r] + 1`` of them real (a decode row: S = 1; a prefill chunk: the chunk,
-right-padded to the longest of the step). The step writes each real token's K/V into its block
-(an ``index_put`` into the pool, in place), gathers each row's blocks (NB of them: the longest
-row of the step) and attends over them with a mask (key position <= query position, within the
-sliding window). Grouped-query attention folds the query heads of one KV head into the query
-length (``[R, H_kv, rep * S, D]``), so K/V are never repeated per query head. R, S and NB are
-dynamic dimensions: a step's cost follows the live rows and their lengths, not the reserved
-pool.
+right-padded to the longest of the step). Each row attends over two parts:
+
+* its past, the K/V of positions ``< start[r]``, gathered from its blocks ``past[r]`` (NBp of
+  them: the longest past of the step, at least 2, padded with the null block; masked beyond
+  ``start[r]``), and
+* its own chunk's K/V, computed in this step (causal within the chunk),
+
+with grouped-query heads folded into the query length (``[R, H_kv, rep * S, D]``), so K/V are
+never repeated per query head, and the sliding window applied to both parts. The chunk's K/V
+are written into the pools only after the last layer (``dest[r, s]``: the block of each token,
+the null block for padding; the offset is its position modulo the block size): every write is
+an ``index_put`` into a pool, in place, at the end of the step, so everything before it (every
+layer, the logits) is one piece of computation that never reads what it writes (one TensorRT
+engine; the writes are a tail that stays in PyTorch: ``conversion/layers/paged_kv.py``).
+
+R, S and NBp are dynamic dimensions: a step's cost follows the live rows and their lengths,
+never the reserved pool.
 """
 
 from __future__ import annotations
@@ -62,10 +73,6 @@ class PagedKVCache(nn.Module):
         self.register_buffer("k_pool", torch.zeros(shape, dtype=dtype, device=device), False)
         self.register_buffer("v_pool", torch.zeros(shape, dtype=dtype, device=device), False)
 
-    @property
-    def block_size(self) -> int:
-        return self.k_pool.shape[1]
-
     def write(self, blk: Tensor, off: Tensor, k: Tensor, v: Tensor) -> None:
         # blk, off: [T]; k, v: [T, H_kv, D]. Captured: index_put(<pool placeholder>, [blk, off],
         # k), done in place on the pool by every engine (lowering/input_writes.py).
@@ -82,41 +89,51 @@ class PagedKVCache(nn.Module):
 
 
 class PagedSlots(NamedTuple):
-    """Where a step's tokens go: block and offset of each token's K/V ([R * S] each), and the
-    rows' block tables [R, NB] that attention reads."""
+    """A step's KV bookkeeping: where each token's K/V goes (block and offset, [R * S] each),
+    the rows' past blocks [R, NBp], and the K/V each layer computed (appended by the layers,
+    written by ``Transformer.paged_step`` after the last one)."""
 
     blocks: Tensor
     offsets: Tensor
-    table: Tensor
+    past: Tensor
+    computed: list[tuple[Tensor, Tensor]]
 
 
 def paged_slots(
-    start: Tensor, last: Tensor, table: Tensor, s: int, block_size: int
+    start: Tensor, past: Tensor, dest: Tensor, block_size: int
 ) -> tuple[Tensor, PagedSlots]:
     """Positions and KV slots of a step's tokens.
 
-    start, last: [R]; table: [R, NB] -> positions [R, S] (RoPE and mask) and the slots; padding
-    tokens (s > last[r]) write into the null block.
+    start: [R]; past: [R, NBp]; dest: [R, S] (each token's block) -> positions [R, S] (RoPE
+    and mask) and the slots (offsets are positions modulo the block size).
     """
-    steps = torch.arange(s, device=start.device)  # [S]
-    pos = start[:, None] + steps[None, :]  # [R, S]
-    real = steps[None, :] <= last[:, None]  # [R, S]
-    col = torch.where(real, pos // block_size, 0).clamp(max=table.shape[1] - 1)
-    blk = torch.where(real, table.gather(1, col), NULL_BLOCK)
+    s = dest.shape[1]
+    pos = start[:, None] + torch.arange(s, device=start.device)[None, :]  # [R, S]
     off = pos % block_size
-    return pos, PagedSlots(blk.reshape(-1), off.reshape(-1), table)
+    return pos, PagedSlots(dest.reshape(-1), off.reshape(-1), past, [])
 
 
-def paged_mask(args: ModelArgs, pos: Tensor, keys: int) -> Tensor:
-    """pos: [R, S] query positions, ``keys`` = NB * bs -> mask [R, 1, S, keys] (bool): a query
-    sees the keys at positions up to its own (within the sliding window). Keys past a row's
-    length (later blocks of its table, the null block) are never seen."""
-    j = torch.arange(keys, device=pos.device)[None, None, :]  # [1, 1, L]
+def paged_mask(args: ModelArgs, start: Tensor, pos: Tensor, past_keys: int) -> Tensor:
+    """The mask over a row's past keys then its own chunk's: start [R], pos [R, S] (query
+    positions), ``past_keys`` = NBp * bs -> [R, 1, S, past_keys + S] (bool).
+
+    A past key at position j is seen when j < start (it is computed) and, with a sliding
+    window W, j > pos - W; the chunk's key s' when s' <= s (and s' > s - W). Padding queries
+    (s > last) see what their position allows: their outputs are never used.
+    """
+    s = pos.shape[1]
+    j = torch.arange(past_keys, device=pos.device)[None, None, :]  # [1, 1, P]
     q = pos[:, :, None]  # [R, S, 1]
-    mask = j <= q
+    past = j < start[:, None, None]  # [R, 1, P]
+    steps = torch.arange(s, device=pos.device)
+    own = steps[None, :] <= steps[:, None]  # [S, S]: key s' <= query s
     if args.sliding_window is not None:
-        mask = mask & (j > q - args.sliding_window)
-    return mask[:, None]
+        w = args.sliding_window
+        past = past & (j > q - w)  # [R, S, P]
+        own = own & (steps[None, :] > steps[:, None] - w)
+    r = pos.shape[0]
+    past = past.expand(r, s, past_keys)
+    return torch.cat([past, own[None].expand(r, s, s)], dim=-1)[:, None]
 
 
 def paged_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
