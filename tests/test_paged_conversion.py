@@ -205,3 +205,28 @@ def test_cuda_attention_variants_become_iattention_with_the_mask() -> None:
         _sdpa(aten.scaled_dot_product_attention.default, (3, 2, 5, 8), (3, 2, 32, 8), (3, 2, 16, 8))
     )
     assert mismatched is not None and not mismatched.in_engine
+
+
+def test_explain_says_what_stays_in_pytorch_and_how_many_engines() -> None:
+    import torch_tensorrt_dist
+    from torch_tensorrt_dist.generation.generate import paged_step
+
+    report = torch_tensorrt_dist.explain(paged_step(paged_model()), *prefill_inputs())
+    [graph] = report.graphs
+    assert [op.op for op in report.torch_ops] == ["index_put (KV block write)"] * (2 * L)
+    assert {op.reason for op in report.torch_ops} == {POOL_WRITE_REASON}
+    assert [op.module for op in report.torch_ops][::2] == [
+        f"layers.{i}.attention" for i in range(L)
+    ]
+    assert graph.engines == L + 1
+    text = str(report)
+    assert (
+        f"graph 0 paged KV under TensorRT: {2 * L} block write -> PyTorch, in place; "
+        f"{2 * L} block read -> IGatherLayer (axis 0); {L} attention -> IAttention"
+    ) in text
+    assert (
+        f"{2 * L} op(s) stay in PyTorch, so a TensorRT engine splits into {L + 1} engines" in text
+    )
+    assert "layers.0.attention, layers.1.attention: a KV block write has no in-place" in text
+    as_dict = report.as_dict()
+    assert len(as_dict["torch_ops"]) == 2 * L
