@@ -33,7 +33,7 @@ ARGS = ModelArgs(
     dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=64, intermediate_size=64
 )
 MOE = MoEArgs(n_experts=8, top_k=2, expert_size=32, sparse_layers=(0, 1))
-LIMITS = StepLimits(rows=4, tokens=32, blocks=16)
+LIMITS = StepLimits(rows=4, tokens=32, blocks=16, block_size=4)
 BLOCKS, BLOCK_SIZE = 16, 4
 POOL = (BLOCKS, BLOCK_SIZE, ARGS.n_kv_heads, ARGS.head_dim)
 

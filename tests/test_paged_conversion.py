@@ -2,7 +2,8 @@
 paged step (dense with grouped-query attention, and MoE), every block write is found and kept
 in PyTorch in place (the rewrite computes the same logits and pools, and returns the pools
 themselves), the block reads and attention go to the engine, and the engine splits around the
-writes only (L + 1 engines). The engines themselves are built by the ``tensorrt`` tests."""
+writes only, a tail after the computation (one engine). The engines themselves are built by
+the ``tensorrt`` tests."""
 
 from __future__ import annotations
 
@@ -142,18 +143,18 @@ def test_a_functional_index_put_that_is_not_the_pools_new_value_is_not_a_block_w
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_the_engine_splits_around_the_writes_only(moe: bool) -> None:
-    """L + 1 engines for the dense model (a layer's k and v writes are adjacent); the MoE
-    experts op, left to PyTorch without TensorRT, splits each sparse layer once more."""
+    """One engine for the dense model (the writes are a tail after the last layer); the MoE
+    experts op, left to PyTorch without TensorRT, splits the graph at each sparse layer."""
     from torch_tensorrt_dist.backend.report import torch_ops_in
 
     graph = captured(moe, "prefill")
     writes = {w.node for w in pool_writes(graph.gm, graph.outputs)}
-    assert engine_count(graph.gm, writes) == L + 1
+    assert engine_count(graph.gm, writes) == 1
     assert engine_count(graph.gm, set()) == 1
     if moe:
         experts = {op.node for op in torch_ops_in(graph.gm) if op.op == "moe_experts"}
         assert len(experts) == L
-        assert engine_count(graph.gm, writes | experts) == 2 * L + 1
+        assert engine_count(graph.gm, writes | experts) == L + 1
 
 
 @pytest.mark.parametrize(("moe", "step"), GRAPHS, ids=IDS)
@@ -161,7 +162,8 @@ def test_block_reads_and_attention_go_to_the_engine(moe: bool, step: str) -> Non
     graph = captured(moe, step)
     ops = paged_ops(graph.gm, graph.outputs)
     kinds = [op.kind for op in ops]
-    assert kinds == ["block write", "block write", "block read", "block read", "attention"] * L
+    # each layer reads its past blocks and attends; the writes come after every layer
+    assert kinds == ["block read", "block read", "attention"] * L + ["block write"] * (2 * L)
     forms = {(op.kind, op.form, op.in_engine) for op in ops}
     assert forms == {
         ("block write", "PyTorch, in place", False),
@@ -216,17 +218,15 @@ def test_explain_says_what_stays_in_pytorch_and_how_many_engines() -> None:
     assert [op.op for op in report.torch_ops] == ["index_put (KV block write)"] * (2 * L)
     assert {op.reason for op in report.torch_ops} == {POOL_WRITE_REASON}
     assert [op.module for op in report.torch_ops][::2] == [
-        f"layers.{i}.attention" for i in range(L)
+        f"layers.{i}.attention.kv_pages" for i in range(L)
     ]
-    assert graph.engines == L + 1
+    assert graph.engines == 1
     text = str(report)
     assert (
-        f"graph 0 paged KV under TensorRT: {2 * L} block write -> PyTorch, in place; "
-        f"{2 * L} block read -> IGatherLayer (axis 0); {L} attention -> IAttention"
+        f"graph 0 paged KV under TensorRT: {2 * L} block read -> IGatherLayer (axis 0); "
+        f"{L} attention -> IAttention; {2 * L} block write -> PyTorch, in place"
     ) in text
-    assert (
-        f"{2 * L} op(s) stay in PyTorch, so a TensorRT engine splits into {L + 1} engines" in text
-    )
-    assert "layers.0.attention, layers.1.attention: a KV block write has no in-place" in text
+    assert f"{2 * L} op(s) stay in PyTorch, with 1 TensorRT engine around them:" in text
+    assert "layers.0.attention.kv_pages, layers.1.attention.kv_pages: a KV block write" in text
     as_dict = report.as_dict()
     assert len(as_dict["torch_ops"]) == 2 * L

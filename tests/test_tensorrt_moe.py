@@ -35,12 +35,10 @@ def test_prefill_with_grouped_experts_on_tensorrt_equals_pytorch() -> None:
             block.compute = "grouped"
     # one 16-token prompt chunk into blocks 1..2 (S and NB dynamic, made on the GPU)
     prompt = [i % ARGS.vocab_size for i in range(1, 17)]
-    tokens, start, last, table = step_inputs(
-        [(prompt, 0, [1, 2])], StepLimits(1, 32, 4), torch.device("cuda")
-    )
+    inputs = step_inputs([(prompt, 0, [1, 2])], StepLimits(1, 32, 4, 16), torch.device("cuda"))
     with torch.no_grad(), recording() as graphs, detailed_layers():
-        got = compile_step(paged_step(engine_model), "tensorrt")(tokens, start, last, table)
-        want = paged_step(reference)(tokens, start, last, table)
+        got = compile_step(paged_step(engine_model), "tensorrt")(*inputs)
+        want = paged_step(reference)(*inputs)
     torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
     env = moe_layer_environment()
     split = [op.module for g in graphs for op in g.torch_ops if op.op == "moe_experts"]

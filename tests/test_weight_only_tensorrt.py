@@ -43,7 +43,7 @@ def _decode(scheme: str, engine: str, layers: list[Any] | None = None) -> torch.
     setup_example(model, 2, 32, block_size=16)
     # two rows decoding (R and NB dynamic, made on the GPU)
     rows = [([3], 9, [1, 2]), ([4], 17, [3, 4])]
-    inputs = step_inputs(rows, StepLimits(4, 1, 4), torch.device("cuda"))
+    inputs = step_inputs(rows, StepLimits(4, 1, 4, 16), torch.device("cuda"))
     torch._dynamo.reset()
     with torch.no_grad(), recording() as graphs, detailed_layers():
         step = compile_step(paged_step(model), engine, verify=engine == "tensorrt")

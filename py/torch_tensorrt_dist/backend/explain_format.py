@@ -125,11 +125,11 @@ def _split_lines(graphs: list[GraphReport]) -> list[str]:
         if not g.torch_ops:
             continue
         n = len(g.torch_ops)
-        split = f"{g.engines} engines" if g.engines is not None else f"up to {n + 1} engines"
-        lines.append(
-            f"  graph {g.index}: {n} op(s) stay in PyTorch, so a TensorRT engine splits into "
-            f"{split} around them:"
-        )
+        if g.engines is None:
+            split = f"up to {n + 1} TensorRT engines"
+        else:
+            split = f"{g.engines} TensorRT engine{'' if g.engines == 1 else 's'}"
+        lines.append(f"  graph {g.index}: {n} op(s) stay in PyTorch, with {split} around them:")
         by_reason: dict[str, list[TorchOpInfo]] = {}
         for op in g.torch_ops:
             by_reason.setdefault(op.reason, []).append(op)

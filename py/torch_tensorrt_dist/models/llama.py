@@ -411,7 +411,7 @@ class Transformer(nn.Module):
         if self.block_size < 1:
             raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
         r = tokens.shape[0]
-        pos, slots = paged_slots(start, past, dest, self.block_size)  # pos: [R, S]
+        pos, slots = paged_slots(start, last, past, dest, self.block_size)  # pos: [R, S]
         mask = paged_mask(self.args, start, pos, past.shape[1] * self.block_size)
         x = self.tok_embeddings(tokens)  # [R, S, dim]
         cos = self.rope_cos[pos].to(x.dtype)  # [R, S, D]
@@ -420,14 +420,16 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, mask, slots)
         x = x.gather(1, last[:, None, None].expand(r, 1, x.shape[-1]))  # [R, 1, dim]
         logits = self._logits(x)[:, 0]
-        # the step's K/V into the pools, last: nothing above reads them (one engine, then
-        # these writes in place)
-        for block, (k, v) in zip(self.blocks, slots.computed, strict=True):
+        # the step's K/V into the pools, last: nothing above reads them, and every write comes
+        # after every op that is not one (one TensorRT engine, then these writes in place)
+        flat = [
+            (k.transpose(1, 2).flatten(0, 1), v.transpose(1, 2).flatten(0, 1))  # [R * S, Hkv, D]
+            for k, v in slots.computed
+        ]
+        for block, (k, v) in zip(self.blocks, flat, strict=True):
             pages = block.attention.kv_pages
             assert pages is not None  # checked by every layer above
-            flat_k = k.transpose(1, 2).reshape(-1, k.shape[1], k.shape[3])  # [R * S, Hkv, D]
-            flat_v = v.transpose(1, 2).reshape(-1, v.shape[1], v.shape[3])
-            pages.write(slots.blocks, slots.offsets, flat_k, flat_v)
+            pages(slots.blocks, slots.offsets, k, v)
         return logits
 
     def _check_caches(self) -> None:

@@ -73,9 +73,10 @@ class PagedKVCache(nn.Module):
         self.register_buffer("k_pool", torch.zeros(shape, dtype=dtype, device=device), False)
         self.register_buffer("v_pool", torch.zeros(shape, dtype=dtype, device=device), False)
 
-    def write(self, blk: Tensor, off: Tensor, k: Tensor, v: Tensor) -> None:
-        # blk, off: [T]; k, v: [T, H_kv, D]. Captured: index_put(<pool placeholder>, [blk, off],
-        # k), done in place on the pool by every engine (lowering/input_writes.py).
+    def forward(self, blk: Tensor, off: Tensor, k: Tensor, v: Tensor) -> None:
+        """Write T tokens' K/V. blk, off: [T]; k, v: [T, H_kv, D]. Captured: index_put(<pool
+        placeholder>, [blk, off], k), done in place by every engine (lowering/input_writes.py,
+        conversion/layers/paged_kv.py)."""
         self.k_pool[blk, off] = k
         self.v_pool[blk, off] = v
 
@@ -100,17 +101,22 @@ class PagedSlots(NamedTuple):
 
 
 def paged_slots(
-    start: Tensor, past: Tensor, dest: Tensor, block_size: int
+    start: Tensor, last: Tensor, past: Tensor, dest: Tensor, block_size: int
 ) -> tuple[Tensor, PagedSlots]:
     """Positions and KV slots of a step's tokens.
 
-    start: [R]; past: [R, NBp]; dest: [R, S] (each token's block) -> positions [R, S] (RoPE
-    and mask) and the slots (offsets are positions modulo the block size).
+    start, last: [R]; past: [R, NBp]; dest: [R, S] (each token's block) -> positions [R, S]
+    (RoPE and mask) and the slots: padding tokens (s > last) write into the null block,
+    whatever ``dest`` says, and offsets are positions modulo the block size. (Combining
+    ``dest`` with ``last`` also tells the compiler that both have R rows: the block and offset
+    of a write are one length.)
     """
     s = dest.shape[1]
-    pos = start[:, None] + torch.arange(s, device=start.device)[None, :]  # [R, S]
+    steps = torch.arange(s, device=start.device)
+    pos = start[:, None] + steps[None, :]  # [R, S]
+    blk = torch.where(steps[None, :] <= last[:, None], dest, NULL_BLOCK)
     off = pos % block_size
-    return pos, PagedSlots(dest.reshape(-1), off.reshape(-1), past, [])
+    return pos, PagedSlots(blk.reshape(-1), off.reshape(-1), past, [])
 
 
 def paged_mask(args: ModelArgs, start: Tensor, pos: Tensor, past_keys: int) -> Tensor:

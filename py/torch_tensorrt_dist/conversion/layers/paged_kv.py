@@ -33,12 +33,13 @@ into the buffer after the call. What TensorRT can do with it (Torch-TensorRT 2.1
   unused). Not built.
 
 So the write stays in PyTorch, **in place**: :func:`keep_pool_writes_in_pytorch` rewrites each
-pool write that is the pool's new value, and the pool's only reader, into ``index_put_`` on the
-buffer (T tokens written, nothing copied; AOTAutograd's copy-back then copies the buffer onto
-itself, which ``copy_`` skips). Torch-TensorRT has no converter for ``index_put_``, so the
-partitioner leaves it to PyTorch and the engine splits around each layer's writes: L + 1
-engines per graph for L layers (their k and v writes are adjacent). The block reads and the
-attention stay in the engines (``paged_forms.py``).
+pool write that is the pool's new value, with no reader of the pool after it, into
+``index_put_`` on the buffer (T tokens written, nothing copied; AOTAutograd's copy-back then
+copies the buffer onto itself, which ``copy_`` skips). Torch-TensorRT has no converter for
+``index_put_``, so the partitioner leaves it to PyTorch. The model writes a step's K/V only
+after its last layer (``models/paged.py``: each layer attends over its past blocks and its own
+chunk's K/V), so the writes are one tail after all of the computation: **one engine** per graph,
+then the writes. The block reads and the attention stay in the engine (``paged_forms.py``).
 
 :func:`pool_write` and :func:`keep_pool_writes_in_pytorch` are pure FX (tested on CPU on
 graphs captured from the paged step); :func:`pool_write_pass` is the Torch-TensorRT lowering
@@ -78,8 +79,8 @@ POOL_WRITE_REASON = (
     "a KV block write has no in-place TensorRT form: IKVCacheUpdateLayer updates a linear "
     "cache [batch, heads, seq, dim] along dim 2, not a block pool [blocks, block_size, heads, "
     "dim] at (block, offset) pairs, and Torch-TensorRT's index_put converter scatters into a "
-    "new pool (a copy of the whole pool per call); it runs in PyTorch, in place, and the engine "
-    "splits around it"
+    "new pool (a copy of the whole pool per call); it runs in PyTorch, in place, after the "
+    "engine (the model writes a step's K/V after its last layer)"
 )
 
 
@@ -101,7 +102,7 @@ class PoolWrite:
     """Bytes of the whole pool: what a copy moves."""
     in_place: bool
     """True: PyTorch writes the T tokens into the buffer. False: another op reads the pool
-    before the write, so it is left to Torch-TensorRT's scatter (a copy of the pool)."""
+    after the write, so it is left to Torch-TensorRT's scatter (a copy of the pool)."""
     reason: str
 
 
@@ -181,7 +182,14 @@ def pool_write(node: fx.Node, mutation_outputs: Collection[fx.Node] = ()) -> Poo
     writeback = _copied_back(node)
     if node.target is _aten.index_put.default and not writeback and node not in mutation_outputs:
         return None
-    readers = [u for u in pool.users if u is not node and not _is_copy_into(u, pool, node)]
+    # a reader of the pool before the write (the step's gathers of past blocks) reads it as it
+    # was, in place or not; one after it would see the tokens written
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    readers = [
+        u
+        for u in pool.users
+        if u is not node and not _is_copy_into(u, pool, node) and order[u] > order[node]
+    ]
     item = pv.dtype.itemsize
     write_bytes, pool_bytes = numel_hint(vv) * item, numel_hint(pv) * item
     if readers:
@@ -235,8 +243,9 @@ def keep_pool_writes_in_pytorch(
     """Rewrite every functional block write that can run in place into ``index_put_`` on its
     pool (same arguments; it returns the pool, now holding the tokens). Returns those rewritten.
 
-    Exact: the write is the pool's only reader and its result the pool's new value, so every
-    later reader sees what it saw before, and the value returned for the pool is the pool.
+    Exact: no reader of the pool comes after the write (readers before it see the pool as it
+    was either way) and its result is the pool's new value, so the value returned for the pool
+    is the pool.
     """
     rewritten = []
     for write in pool_writes(gm, outputs):
