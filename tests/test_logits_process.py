@@ -16,6 +16,7 @@ from torch_tensorrt_dist.generation.logits_process import (
     RowLogits,
     gather_logprobs,
     log_probs,
+    process,
     process_rows_,
 )
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
@@ -29,12 +30,7 @@ def _logits(v: int, seed: int = 0, rows: int | None = None) -> torch.Tensor:
 def _processed(
     cfg: SamplingConfig, x: torch.Tensor, prompt: list[int], out: list[int], eos=(1,)
 ) -> torch.Tensor:
-    row = RowLogits(cfg, prompt, vocab_size=x.shape[-1], eos_ids=eos)
-    for t in out:
-        row.update(t)
-    y = x.clone()
-    row.apply_(y)
-    return y
+    return process(x, cfg, prompt=prompt, output=out, eos_ids=eos)
 
 
 def _vllm_dense(
@@ -225,15 +221,18 @@ SETTINGS = st.fixed_dictionaries(
 def test_incremental_state_equals_vllms_dense_definition(
     kwargs: dict, prompt: list[int], out: list[int], seed: int
 ) -> None:
-    """At every step, the state kept token by token gives vLLM's result over whole-vocabulary
-    bin counts of the prompt and output so far, bit for bit."""
+    """At every step, the state kept token by token (the core's RowLogits) and the one-call
+    definition (process) give vLLM's result over whole-vocabulary bin counts of the prompt and
+    output so far, bit for bit."""
     cfg = SamplingConfig(**kwargs)
     x = _logits(40, seed)
     row = RowLogits(cfg, prompt, vocab_size=40, eos_ids=(1,))
     for n in range(len(out) + 1):
         y = x.clone()
         row.apply_(y)
-        assert torch.equal(y, _vllm_dense(cfg, x, prompt, out[:n])), n
+        expected = _vllm_dense(cfg, x, prompt, out[:n])
+        assert torch.equal(y, expected), n
+        assert torch.equal(process(x, cfg, prompt=prompt, output=out[:n], eos_ids=(1,)), expected)
         if n < len(out):
             row.update(out[n])
 

@@ -30,6 +30,9 @@ everything this module does and before temperature, top-k and top-p. Without a g
 HF transformers' ``log_softmax`` of the same logits: what the model thinks of the token, not what
 the sampling settings made of it. OpenAI documents nothing more precise.
 
+:func:`process` is the same definition in one call (a new tensor from the prompt and output
+ids), for a one-off row and as the reference the incremental state is tested against.
+
 **Cost**: a row's state is the ids its penalties touch (the prompt's and output's distinct ids,
 the output's counts), kept incrementally: :meth:`RowLogits.update` is O(1) amortised and
 :meth:`RowLogits.apply_` touches only those ids, so a step costs O(distinct ids) per row, never
@@ -55,6 +58,7 @@ __all__ = [
     "TokenLogprobs",
     "gather_logprobs",
     "log_probs",
+    "process",
     "process_rows_",
 ]
 
@@ -177,6 +181,25 @@ class RowLogits:
         new._seen = self._seen.copy() if self._seen is not None else None
         new._out = self._out.copy() if self._out is not None else None
         return new
+
+
+def process(
+    logits: Tensor,
+    cfg: SamplingConfig,
+    *,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    eos_ids: Sequence[int] = (),
+) -> Tensor:
+    """The settings applied to one row of float32 ``logits`` [V] after ``output``, as a new
+    tensor: the whole definition in one call, O(length) (the core keeps a :class:`RowLogits`
+    instead, which gives the same bits at O(1) a token)."""
+    row = RowLogits(cfg, prompt, vocab_size=logits.shape[-1], eos_ids=eos_ids, device=logits.device)
+    for token in output:
+        row.update(token)
+    out = logits.float().clone()
+    row.apply_(out)
+    return out
 
 
 def process_rows_(logits: Tensor, rows: Sequence[RowLogits | None]) -> None:
