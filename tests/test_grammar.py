@@ -195,8 +195,9 @@ def test_grammar_errors_carry_the_engines_reason(vocabs: dict[str, Vocab]) -> No
         GrammarSpec.json_schema({"x": float("nan")})
     with pytest.raises(ConfigError, match="grammar kind must be one of json_object, json_schema"):
         GrammarSpec("lark", "start: x")
-    with pytest.raises(ConfigError, match="guided_choice must be a non-empty list of strings"):
-        GrammarSpec.choice([])
+    for bad in ([], "yes"):  # a string is not a list of one-letter choices
+        with pytest.raises(ConfigError, match="guided_choice must be a non-empty list of strings"):
+            GrammarSpec.choice(bad)
     with pytest.raises(ConfigError, match="guided_choice must hold strings only, got 3"):
         GrammarSpec("choice", ("a", 3))  # type: ignore[arg-type]
 

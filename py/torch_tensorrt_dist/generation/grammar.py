@@ -132,7 +132,7 @@ class GrammarSpec:
 
     @classmethod
     def choice(cls, choices: Sequence[str]) -> GrammarSpec:
-        return cls("choice", tuple(choices))
+        return cls("choice", choices if isinstance(choices, str) else tuple(choices))
 
     def to_json(self) -> dict[str, Any]:
         value = list(self.value) if isinstance(self.value, tuple) else self.value
@@ -314,7 +314,8 @@ class Grammars:
 
 
 class MaskFiller:
-    """Computes a step's masks in a worker thread, so the core can run its graph meanwhile."""
+    """Computes a step's masks in a worker thread, so the core can run its graph meanwhile.
+    No matcher of the step may be advanced (:meth:`Matcher.accept`) before ``.result()``."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
