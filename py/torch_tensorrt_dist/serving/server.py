@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
 from torch_tensorrt_dist.errors import StepTimeoutError
@@ -118,7 +119,7 @@ def serve_rank(
     slots.isolate = True  # one request's failure fails that request only (every rank alike)
     loop = StepLoop(slots, ControlChannel(control))
     if rank != 0:
-        gen.warmup_all()
+        gen.warmup_all(stop=lambda: _stop_agreed(control, signals))
         measure_latency(control)
         _rank_pids(control)
         beat = Heartbeat(
@@ -195,7 +196,7 @@ def _lead(
     )
     dog: Watchdog | None = None
     try:
-        warm = gen.warmup_all()
+        warm = gen.warmup_all(stop=lambda: _stop_agreed(control, signals))
         metrics.control_latency.set(measure_latency(control))
         state.pids = _rank_pids(control)
         dog = _watchdog(control, loop.progress, config, hang)
@@ -222,6 +223,15 @@ def _lead(
             dog.stop()
     http.stop()
     return ServeResult(0, loop.stats.summary(0, loop.channel.payload_steps), signals.first)
+
+
+def _stop_agreed(control: dist.ProcessGroup | None, signals: StopSignals) -> bool:
+    """Whether any rank got a stop signal (every rank gets the same answer: the warm-up ends
+    at the same graph on every rank)."""
+    flag = torch.tensor([int(signals.first is not None)])
+    if control is not None:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control)
+    return bool(flag.item())
 
 
 def _store() -> object:
