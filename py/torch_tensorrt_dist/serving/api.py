@@ -11,8 +11,8 @@ loop through the :class:`Inbox`; then it reads the request's pieces from its own
 as one JSON body or as server-sent events ending with ``data: [DONE]``. It never touches a
 tensor and never waits on the step loop. A client that goes away cancels its request, streamed
 or not (its row is freed at the next step). Every status, 404 / 405 / 413 / 500 included, has
-OpenAI's error body naming the field (``param``); 429 and 503 carry ``Retry-After``, 401
-``WWW-Authenticate``.
+OpenAI's error body naming the field (``param``), with the headers its status calls for
+(``responses.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +29,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
@@ -50,10 +48,9 @@ from torch_tensorrt_dist.serving.limits import RequestLimits, check_fit, check_p
 from torch_tensorrt_dist.serving.metrics import CONTENT_TYPE, Metrics
 from torch_tensorrt_dist.serving.protocol import Params, RequestError
 from torch_tensorrt_dist.serving.request_body import ClientGone, read_json
+from torch_tensorrt_dist.serving.responses import RETRY_AFTER, UnhandledErrors, error_response
 
-__all__ = ["CLIENT_GONE", "ServedModel", "create_app", "error_response"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["CLIENT_GONE", "ServedModel", "create_app"]
 
 
 @dataclass
@@ -72,29 +69,8 @@ class ServedModel:
 
 #: the status of a request whose client went away (nginx's "client closed request")
 CLIENT_GONE = 499
-#: seconds a client should wait before it retries, by status
-RETRY_AFTER = {429: "1", 503: "5"}
 #: how long a client may take to send its whole body
 BODY_TIMEOUT_S = 30.0
-
-
-class _ErrorJSON(JSONResponse):
-    """An error body in ASCII JSON: a message may quote what the client sent."""
-
-    def render(self, content: Any) -> bytes:
-        return json.dumps(content, separators=(",", ":")).encode()
-
-
-def error_response(err: RequestError) -> Response:
-    """OpenAI's error body with the headers its status calls for."""
-    headers = {}
-    if err.status == 401:
-        headers["WWW-Authenticate"] = "Bearer"
-    if err.status in RETRY_AFTER:
-        headers["Retry-After"] = RETRY_AFTER[err.status]
-    if err.status in (408, 413):  # the rest of the body is not read: the connection ends
-        headers["Connection"] = "close"
-    return _ErrorJSON(err.body(), status_code=err.status, headers=headers)
 
 
 def _sse(data: dict[str, Any]) -> str:
@@ -296,35 +272,6 @@ class _Handler:
             self.metrics.requests.labels(status).inc()
 
 
-class _Errors:
-    """Outside the routes: an exception no handler turned into a status is logged once (one
-    line with its traceback) and answered with a 500 in OpenAI's body. Starlette's own handler
-    would answer in text and raise it again, for uvicorn to log a second time."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracked)
-        except Exception as exc:
-            logger.error("%s %s failed", scope["method"], scope["path"], exc_info=exc)
-            self.metrics.requests.labels("500").inc()
-            if not started:  # else the response is cut short: the client sees the end
-                err = RequestError(500, f"internal error: {type(exc).__name__}: {exc}")
-                await error_response(err)(scope, receive, send)
-
-
 def create_app(
     model: ServedModel,
     inbox: Inbox,
@@ -341,7 +288,7 @@ def create_app(
         openapi_url=None,
         redirect_slashes=False,  # a 404 in OpenAI's body, not a 307 elsewhere
     )
-    app.add_middleware(_Errors, metrics=metrics)
+    app.add_middleware(UnhandledErrors, metrics=metrics)
     h = _Handler(model, inbox, state, metrics, api_key)
 
     @app.exception_handler(RequestError)

@@ -194,6 +194,7 @@ QUIET_LOGGERS = (
     "uvicorn.error",
     "asyncio",
     "torch_tensorrt_dist.serving.api",
+    "torch_tensorrt_dist.serving.responses",
     __name__,
 )
 
