@@ -64,6 +64,11 @@ def plan(ns: argparse.Namespace) -> ServePlan:
     # --quantize: the same checks as generate (scheme, group size vs each rank's slices/engine)
     check_quantize(ns, args, tp=ns.tp, expert_size=None if moe is None else moe[1].expert_size)
     ns.max_batch_size = ns.max_batch_size or DEFAULT_ROWS
+    if ns.max_seq_len is not None and ns.max_seq_len > args.max_seq_len:
+        raise ConfigError(
+            f"--max-seq-len {ns.max_seq_len} exceeds the model's {args.max_seq_len} positions "
+            f"(max_position_embeddings); use --max-seq-len <= {args.max_seq_len}"
+        )
     cache_len = min(args.max_seq_len, ns.max_seq_len or DEFAULT_MAX_SEQ)
     if cache_len < 2:
         raise ConfigError(f"--max-seq-len {ns.max_seq_len} leaves no room: give at least 2")
@@ -124,8 +129,13 @@ def _serve(ns: argparse.Namespace) -> ServeResult:
     from torch_tensorrt_dist.cli._failures import check_world
     from torch_tensorrt_dist.runtime import agreed, init_distributed
     from torch_tensorrt_dist.serving.chat import load_chat_template
+    from torch_tensorrt_dist.serving.http import bind_socket
     from torch_tensorrt_dist.serving.server import ServeConfig, serve_rank
+    from torch_tensorrt_dist.serving.signals import StopSignals
 
+    # first: a SIGTERM while loading or warming up is noted (and answered once warm), instead
+    # of ending this rank while its peers wait for it in a collective
+    signals = StopSignals()
     world = check_world({"ep": ns.ep, "tp": ns.tp})
     device: torch.device | str = "cuda" if torch.cuda.is_available() else "cpu"
     rank = 0
@@ -135,6 +145,7 @@ def _serve(ns: argparse.Namespace) -> ServeResult:
     # every rank plans and loads its own shard; none goes on to a collective until all have
     # (runtime.agree: one rank's error stops every rank, naming it)
     with agreed("loading the checkpoint" if not ns.artifacts else "loading the artifacts"):
+        sock = bind_socket(ns.host, ns.port) if rank == 0 else None  # a busy port fails first
         p = plan(ns)
         gen, tok, source = _load(ns, p, world, device)
     control: dist.ProcessGroup | None = None
@@ -153,6 +164,7 @@ def _serve(ns: argparse.Namespace) -> ServeResult:
         max_queue=ns.max_queue,
         drain_timeout_s=ns.drain_timeout,
         model_name=p.name,
+        step_timeout_s=ns.step_timeout,
     )
     result = serve_rank(
         gen,
@@ -162,6 +174,8 @@ def _serve(ns: argparse.Namespace) -> ServeResult:
         config=config,
         control=control,
         on_ready=lambda url, s: _ready(ns, p, gen.engine, url, s),
+        signals=signals,
+        sock=sock,
     )
     print(result.summary, file=sys.stderr, flush=True)
     if result.code == 0:

@@ -16,6 +16,7 @@ prefill to its last token, and every step decodes all running rows at once. Rank
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -27,11 +28,14 @@ from torch_tensorrt_dist.cli._quantize import add_quantize_args
 from torch_tensorrt_dist.cli._serve_rank import API_KEY_ENV
 from torch_tensorrt_dist.cli.generate import DTYPES, ENGINE_CHOICES
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError
+from torch_tensorrt_dist.runtime.timeouts import TIMEOUT_ENV
 
 __all__ = ["register", "run"]
 
 #: The launcher's agent kills ranks 30 s after forwarding SIGTERM: drains must end before.
 MAX_DRAIN_S = 25.0
+#: ``serving.server.DEFAULT_STEP_TIMEOUT_S`` (that module needs the serve extra)
+DEFAULT_STEP_TIMEOUT_S = 60.0
 
 
 def register(subparsers: Any) -> None:
@@ -92,6 +96,13 @@ def register(subparsers: Any) -> None:
         default=20.0,
         help=f"seconds SIGTERM lets running requests finish (<= {MAX_DRAIN_S:g})",
     )
+    p.add_argument(
+        "--step-timeout",
+        type=float,
+        default=DEFAULT_STEP_TIMEOUT_S,
+        help="seconds a step may run; a longer one fails the server, naming the rank that did "
+        f"not answer (default {DEFAULT_STEP_TIMEOUT_S:g}; below the collective timeout)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one)")
     p.add_argument(
@@ -144,6 +155,12 @@ def check_options(ns: argparse.Namespace) -> None:
         raise ConfigError(f"--port {ns.port} is not a TCP port (0-65535)")
     if ns.api_key is not None and not ns.api_key.strip():
         raise ConfigError("--api-key is empty; give a key or leave it unset")
+    if ns.api_key is not None and not all("!" <= c <= "~" for c in ns.api_key):
+        raise ConfigError(
+            "--api-key must be printable ASCII without spaces: clients send it in an HTTP "
+            "header, which carries nothing else"
+        )
+    check_step_timeout(ns.step_timeout, collective_timeout_s())
     if ns.verify and ns.engine == "none":
         raise ConfigError("--verify checks a compiled engine; --engine none compiles nothing")
     try:
@@ -154,6 +171,24 @@ def check_options(ns: argparse.Namespace) -> None:
         raise ConfigError(
             f"serve needs the 'serve' extra ({exc.name} is missing): pip install -e '.[serve]'"
         ) from exc
+
+
+def collective_timeout_s() -> float:
+    """The collective timeout the ranks will get (``TORCH_TENSORRT_DIST_TIMEOUT`` or 600 s)."""
+    from torch_tensorrt_dist.runtime.timeouts import resolve_timeout
+
+    return resolve_timeout(None, os.environ).total_seconds()
+
+
+def check_step_timeout(step_timeout: float, collective_s: float) -> None:
+    """--step-timeout must end a stuck step before the collective timeout does: then the
+    watchdog, which names the rank that did not answer, speaks first (pure)."""
+    if not (math.isfinite(step_timeout) and 0 < step_timeout < collective_s):
+        raise ConfigError(
+            f"--step-timeout {step_timeout:g} must be in (0, {collective_s:g}): below the "
+            f"collective timeout ({collective_s:g} s, {TIMEOUT_ENV}), so that a stuck step "
+            "names the rank that did not answer"
+        )
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -168,6 +203,10 @@ def run(ns: argparse.Namespace) -> int:
         with alike_on_every_rank():
             check_options(ns)
             _serve_rank.plan(ns)  # the model, layout and cache: bad input fails here
+            if not launched:  # a busy port is refused before any rank starts
+                from torch_tensorrt_dist.serving.http import bind_socket
+
+                bind_socket(ns.host, ns.port).close()
         if ns.engine == "tensorrt":
             from torch_tensorrt_dist.cli.generate import _check_engine
 

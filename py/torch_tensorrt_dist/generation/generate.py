@@ -250,11 +250,15 @@ class Generator:
         self._run(prompts, bucket, min(2, max_new_tokens), SamplingConfig(), (), None)
         return time.perf_counter() - start
 
-    def warmup_all(self) -> float:
-        """Compile every prefill bucket and the decode graph (a server's warm-up); return s."""
+    def warmup_all(self, *, stop: Callable[[], bool] | None = None) -> float:
+        """Compile every prefill bucket and the decode graph (a server's warm-up); return s.
+        ``stop()`` is asked before each graph: True ends the warm-up there (a server stopped
+        while warming up; every rank must get the same answer, as each graph's collectives
+        need every rank)."""
         start = time.perf_counter()
-        for bucket in self.buckets():
-            n = min(bucket, self.cache_len - 1)
-            self._run([[0] * n], self.bucket(n), 1, SamplingConfig(), (), None)
-        self._run([[0]], self.bucket(1), 2, SamplingConfig(), (), None)
+        runs = [(min(b, self.cache_len - 1), 1) for b in self.buckets()] + [(1, 2)]
+        for n, new in runs:
+            if stop is not None and stop():
+                break
+            self._run([[0] * n], self.bucket(n), new, SamplingConfig(), (), None)
         return time.perf_counter() - start

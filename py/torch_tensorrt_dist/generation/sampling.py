@@ -12,6 +12,7 @@ output in :mod:`.grammar`.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -26,6 +27,7 @@ __all__ = [
     "LOGPROBS_MAX",
     "TEMPERATURE_RANGE",
     "SamplingConfig",
+    "check_top_p",
     "make_generator",
     "sample",
     "sample_rows",
@@ -43,6 +45,22 @@ REPETITION_MAX = 100.0
 penalised logit far inside float32, so a row never loses every token to -inf."""
 BIAS_RANGE = (-100.0, 100.0)
 """OpenAI's range of a ``logit_bias`` value."""
+
+
+def _float32(x: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", x))[0])
+
+
+def check_top_p(value: float, *, name: str = "top_p") -> float:
+    """``value`` as a top_p in (0, 1] that stays above 0 in float32, the precision sampling
+    compares in (ConfigError otherwise): 1e-300 would be 0 there."""
+    p = check_float(value, name=name, low=0.0, high=1.0, low_open=True)
+    if _float32(p) == 0.0:
+        raise ConfigError(
+            f"{name} {p:g} is 0 in float32, the precision sampling runs in; give a value "
+            f">= {2.0**-149:.3g} (the smallest positive float32) or leave it unset"
+        )
+    return p
 
 
 @dataclass(frozen=True)
@@ -89,7 +107,7 @@ class SamplingConfig:
         if self.top_k is not None:
             check_int(self.top_k, name="top_k (0: all tokens)", low=0)
         if self.top_p is not None:
-            check_float(self.top_p, name="top_p", low=0.0, high=1.0, low_open=True)
+            check_top_p(self.top_p)
         check_seed(self.seed)
         low, high = PENALTY_RANGE
         for name in ("presence_penalty", "frequency_penalty"):
@@ -213,10 +231,15 @@ def make_generator(cfg: SamplingConfig) -> torch.Generator:
 
 
 def sample(logits: Tensor, cfg: SamplingConfig, generator: torch.Generator) -> Tensor:
-    """Next token per row. logits: [B, V] -> [B] int64 (on logits' device)."""
+    """Next token per row. logits: [B, V] -> [B] int64 (on logits' device).
+
+    Every accepted setting keeps at least one token: the row's maximum is subtracted before
+    dividing by the temperature (finite logits stay finite at any temperature), and top-p
+    always keeps the most likely token (a top_p below float32's resolution keeps only it)."""
     if cfg.greedy:
         return logits.argmax(dim=-1)
-    scores = logits.float().cpu() / cfg.temperature  # [B, V]
+    scores = logits.float().cpu()  # [B, V]
+    scores = (scores - scores.max(dim=-1, keepdim=True).values) / cfg.temperature
     if cfg.top_k:
         k = min(cfg.top_k, scores.shape[-1])
         kth = scores.topk(k, dim=-1).values[:, -1:]  # [B, 1]
@@ -225,6 +248,7 @@ def sample(logits: Tensor, cfg: SamplingConfig, generator: torch.Generator) -> T
         sorted_scores, order = scores.sort(dim=-1, descending=True)
         cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
         drop = cum - sorted_scores.softmax(dim=-1) >= cfg.top_p  # mass before this token >= p
+        drop[:, 0] = False  # the most likely token always stays
         sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
         scores = scores.scatter(-1, order, sorted_scores)
     probs = scores.softmax(dim=-1)

@@ -14,6 +14,13 @@ or ``max_new_tokens``, and its slot is free for the next join at once.
 Everything here is a function of the joins, cancels and logits only, with a generator per
 request seeded from its :class:`SamplingConfig`: ranks that apply the same joins and cancels in
 the same order hold the same rows and sample the same tokens, without communicating.
+
+Per-request isolation (``slots.isolate = True``, a server): an exception while sampling a row's
+token or producing the text that decides its finish (stop strings) fails that request only:
+its slot is freed and it emits ``finish="error"`` with a :class:`RowError`; the same inputs give
+the same exception on every rank, so every rank frees the same row. Text that only shows
+(``render``, rank 0 alone) marks its request failed without freeing the row: the caller must
+cancel it on every rank (the server's leader does, at the next step).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from torch_tensorrt_dist.generation.sampling import SamplingConfig, make_generat
 from torch_tensorrt_dist.generation.stops import StopText
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
-__all__ = ["DecodeFn", "Emitted", "PrefillFn", "Request", "Slots"]
+__all__ = ["DecodeFn", "Emitted", "PrefillFn", "Request", "RowError", "Slots"]
 
 #: ``(tokens [1, S], slot [1], last [1]) -> logits [1, V]`` (``Transformer.prefill_slot``)
 PrefillFn = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -51,6 +58,15 @@ class Request:
     """Stop strings, matched on the decoded text (needs a tokenizer on every rank)."""
 
 
+@dataclass(frozen=True)
+class RowError:
+    """Why one request failed (``Emitted.finish == "error"``): the stage, ``sampling`` or
+    ``text``, and the exception in one line."""
+
+    stage: str
+    message: str
+
+
 @dataclass
 class Emitted:
     """What one request produced in one call: new ids, new text, and how it ended."""
@@ -60,7 +76,9 @@ class Emitted:
     text: str = ""
     """New text (only where :class:`Slots` was built with ``text=True``)."""
     finish: str | None = None
-    """``stop`` (stop id or string), ``length``, ``cancelled``; None while it runs."""
+    """``stop`` (stop id or string), ``length``, ``cancelled``, ``error``; None while it runs."""
+    error: RowError | None = None
+    """Why it failed (``finish == "error"``, only with ``Slots.isolate``)."""
 
 
 class _Row:
@@ -97,6 +115,8 @@ class Slots:
         #: leave the text of requests without stop strings (which only shows it, and decides
         #: nothing) to :meth:`render`, so a server can announce its next step first
         self.defer_text = False
+        #: per-request isolation (see the module docstring): a server sets it on every rank
+        self.isolate = False
         self._unrendered: list[tuple[Emitted, StopText, int | None]] = []
         self._by_slot: list[_Row | None] = [None] * rows
         self._by_rid: dict[int, _Row] = {}
@@ -148,8 +168,7 @@ class Slots:
         needs_text = self.text or bool(req.stop)
         row = _Row(req, slot, StopText(self.tokenizer, req.stop) if needs_text else None)  # type: ignore[arg-type]
         self._by_slot[slot], self._by_rid[req.rid] = row, row
-        token = int(sample(logits, req.sampling, row.gen)[0])
-        return self._advance(row, token)
+        return self._next(row, logits, None)
 
     def cancel(self, rid: int) -> Emitted | None:
         """Free the slot of a running request (None when it is not running)."""
@@ -177,13 +196,28 @@ class Slots:
         emitted = []
         for row in running:
             row.pos += 1
-            cfg = row.req.sampling
-            if cfg.greedy:
-                token = greedy[row.slot]
-            else:
-                token = int(sample(logits[row.slot : row.slot + 1], cfg, row.gen)[0])
-            emitted.append(self._advance(row, token))
+            pick = greedy[row.slot] if row.req.sampling.greedy else None
+            emitted.append(self._next(row, logits[row.slot : row.slot + 1], pick))
         return emitted
+
+    def _next(self, row: _Row, logits: Tensor, greedy: int | None) -> Emitted:
+        """Sample the row's next token from ``logits`` [1, V] (``greedy``: it is known) and
+        advance the row; with ``isolate``, an exception fails this request only."""
+        stage = "sampling"
+        try:
+            token = (
+                greedy if greedy is not None else int(sample(logits, row.req.sampling, row.gen)[0])
+            )
+            stage = "text"
+            return self._advance(row, token)
+        except MemoryError:
+            raise  # not the request's doing: the rank fails
+        except Exception as exc:  # the same inputs raise the same on every rank
+            if not self.isolate:
+                raise
+            if self._by_rid.get(row.req.rid) is row:
+                self._free(row)
+            return Emitted(row.req.rid, [], "", "error", _row_error(stage, exc))
 
     def _advance(self, row: _Row, token: int) -> Emitted:
         row.out.append(token)
@@ -209,7 +243,7 @@ class Slots:
             if self.defer_text:
                 self._unrendered.append(job)
             else:
-                self._render(job)
+                self._render(job, self.isolate)
         if finish is not None:
             self._free(row)
         return emitted
@@ -217,17 +251,30 @@ class Slots:
     def render(self) -> None:
         """Fill in the text of what was emitted since the last call (``defer_text``)."""
         for job in self._unrendered:
-            self._render(job)
+            self._render(job, self.isolate)
         self._unrendered.clear()
 
     @staticmethod
-    def _render(job: tuple[Emitted, StopText, int | None]) -> None:
+    def _render(job: tuple[Emitted, StopText, int | None], isolate: bool) -> None:
         emitted, text, token = job
-        piece = text.push(token)[0] if token is not None else ""
-        if emitted.finish is not None:
-            piece += text.flush()[0]  # bytes that never completed a character, as decode shows
+        try:
+            piece = text.push(token)[0] if token is not None else ""
+            if emitted.finish is not None:
+                piece += text.flush()[0]  # bytes that never completed a character
+        except MemoryError:
+            raise
+        except Exception as exc:
+            if not isolate:
+                raise
+            # this rank alone shows text: the row stays, the caller cancels it everywhere
+            emitted.finish, emitted.error, piece = "error", _row_error("text", exc), ""
         emitted.text = piece
 
     def _free(self, row: _Row) -> None:
         self._by_slot[row.slot] = None
         del self._by_rid[row.req.rid]
+
+
+def _row_error(stage: str, exc: BaseException) -> RowError:
+    text = str(exc).strip().splitlines()
+    return RowError(stage, f"{type(exc).__name__}: {text[0] if text else ''}"[:300])

@@ -193,6 +193,19 @@ def _fail(exc: BaseException, code: int, when: float) -> None:
         traceback.print_exception(exc)
 
 
+def end_now(code: int, exc: BaseException | None) -> None:
+    """End this process at once, from any thread (its main thread may be stuck in a
+    collective that never returns): leave ``exc`` in the rank's record (or print it where no
+    launcher reads records), tell the exit watch, flush the streams, ``os._exit(code)``."""
+    if exc is not None and not write_record(code, exc):
+        print(f"error: {exc}", file=sys.stderr)
+    _say_exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 def _stopped() -> None:
     """End as Python does on an uncaught Ctrl-C: by SIGINT (the launcher's stop, not a cause)."""
     sys.stderr.flush()

@@ -33,6 +33,8 @@ from torch_tensorrt_dist.serving.bridge import (
     deliver,
 )
 from torch_tensorrt_dist.serving.control import ControlChannel, StepEvents
+from torch_tensorrt_dist.serving.isolation import row_failure
+from torch_tensorrt_dist.serving.watchdog import StepProgress
 
 __all__ = ["Leader", "StepLoop", "StepStats"]
 
@@ -72,6 +74,8 @@ class StepLoop:
     def __init__(self, slots: Slots, channel: ControlChannel) -> None:
         self.slots, self.channel = slots, channel
         self.stats = StepStats()
+        #: steps begun and ended, read by the heartbeat and the watchdog (``watchdog.py``)
+        self.progress = StepProgress()
         #: (step s, control s) of the last step when it decoded, else None
         self.last: tuple[float, float] | None = None
 
@@ -101,10 +105,12 @@ class StepLoop:
     def follow(self) -> None:
         """Ranks other than 0: run every step rank 0 announces, until it says stop."""
         while True:
+            self.progress.begin()
             start = time.perf_counter()
             events = self.channel.exchange()
             self.apply(events)
             self.decode(start)
+            self.progress.end()
             if events.stop:
                 return
 
@@ -135,6 +141,9 @@ class Leader:
         self._pending: list[tuple[Submission, Emitted]] = []
         self._deadline: float | None = None
         self._seeds = random.SystemRandom()
+        #: requests that failed alone (``Emitted.error``): cancelled on every rank at the next
+        #: step (a no-op where the core freed the row already)
+        self._dropped: list[int] = []
 
     def run(self) -> None:
         """Steps until a drain (``state`` draining) has finished; raises on a failed rank.
@@ -148,6 +157,7 @@ class Leader:
                 self._publish(self._pending)  # no step follows: tell them before waiting idle
                 self._pending = []
             events = self._plan()
+            self.loop.progress.begin()  # the watchdog times the step from here
             start = time.perf_counter()
             events = self.loop.channel.exchange(events)
             self._publish(self._pending)
@@ -159,6 +169,7 @@ class Leader:
             self._pending = self._collect(self.loop.decode(start))
             if self.on_step is not None:
                 self.on_step(self)
+            self.loop.progress.end()
             if events.stop:
                 self._publish(self._pending)
                 return
@@ -183,7 +194,8 @@ class Leader:
 
     def _plan(self) -> StepEvents:
         busy = self.loop.slots.active or self.waiting
-        events = StepEvents()
+        events = StepEvents(cancels=self._dropped)
+        self._dropped = []
         for item in self.inbox.take(0.0 if busy else self.idle_tick_s):
             if isinstance(item, Submission):
                 self.waiting.append(item)
@@ -265,6 +277,14 @@ class Leader:
         now = time.perf_counter()
         pieces: list[tuple[Sink, Piece | Failed]] = []
         for sub, e in items:
+            if e.error is not None:  # this request failed alone; the others go on
+                failure = row_failure(e.error, sampling=sub.sampling, stop=sub.stop)
+                pieces.append((sub.sink, failure))
+                self.inbox.finished(e.rid)
+                self._dropped.append(e.rid)
+                self.running.pop(e.rid, None)
+                self._last_token.pop(e.rid, None)
+                continue
             if self.on_token is not None:  # (request, now, the previous token's time or None)
                 self.on_token(sub, now, self._last_token.get(e.rid))
             if e.finish is None and e.rid in self.running:
@@ -272,4 +292,6 @@ class Leader:
             else:  # it finished, or it was cancelled after this step
                 self._last_token.pop(e.rid, None)
             pieces.append((sub.sink, Piece(e.text, len(e.tokens), e.finish)))
+            if e.finish is not None:
+                self.inbox.finished(e.rid)  # answered: nothing left to fail (``fail_live``)
         deliver([*pieces, *then])
