@@ -1,10 +1,16 @@
 """The torchrun launch is quiet: what torchrun sets with a banner is set silently, and its
-agent's loggers are silenced for the launch (restored after)."""
+agent's loggers are silenced for the launch (restored after); the caller's signal handlers are
+its own again when the launch returns."""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 
+import pytest
+
+from torch_tensorrt_dist.runtime import launch
 from torch_tensorrt_dist.runtime.launcher import LaunchOptions, _quiet_torchrun, torchrun_env
 
 
@@ -35,3 +41,24 @@ def test_debug_logging_keeps_the_agent_loggers() -> None:
             assert logging.getLogger("torch.distributed.run").isEnabledFor(logging.WARNING)
     finally:
         ours.setLevel(saved)
+
+
+def test_launch_leaves_the_callers_signal_handlers() -> None:
+    """torchelastic installs SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers that raise its
+    SignalException; after ``launch`` returns, the caller's are back (Ctrl-C is a
+    KeyboardInterrupt again)."""
+
+    def mine(signum: int, frame: object) -> None:
+        raise AssertionError("not called")
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGHUP)}
+    saved = signal.signal(signal.SIGTERM, mine)
+    try:
+        result = launch(os.getpid, 1)
+        assert result.ok and result.values[0] != os.getpid()  # it ran in a rank of its own
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert {sig: signal.getsignal(sig) for sig in before} == before
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, saved)

@@ -24,6 +24,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -352,6 +353,37 @@ def launch(
     )
     if callable(entry) and opts.launcher == "mpi":
         raise ConfigError("launcher='mpi' runs programs, not functions: pass a script or module")
+    with _caller_signal_handlers():
+        return _launch(opts, entry, args, module)
+
+
+#: The signals torchelastic's process context handles (it installs its handlers and leaves them)
+_AGENT_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+    if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def _caller_signal_handlers() -> Iterator[None]:
+    """The caller's handlers of SIGTERM, SIGINT, SIGHUP and SIGQUIT, as they were before the
+    launch, once it returns: torchelastic installs its own (which raise ``SignalException``)
+    and leaves them, so a Ctrl-C after the launch would not be a ``KeyboardInterrupt``. Only
+    the main thread sets handlers (elsewhere torchelastic installs none)."""
+    saved = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in saved.items():
+                if handler is not None:  # None: set outside Python, cannot be restored
+                    signal.signal(sig, handler)
+
+
+def _launch(
+    opts: LaunchOptions, entry: str | Callable[..., Any], args: Sequence[Any], module: bool
+) -> LaunchResult:
     failure_dir = tempfile.mkdtemp(prefix="torchtrt-dist-")
     start = time.monotonic()
     try:
