@@ -15,6 +15,7 @@ is accepted as 1000).
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -30,6 +31,7 @@ __all__ = [
     "check_bool",
     "check_float",
     "check_int",
+    "check_known_options",
     "check_output_file",
     "check_seed",
     "check_text",
@@ -136,6 +138,16 @@ def check_text(text: Any, *, name: str) -> str:
             "text (check the terminal's encoding, e.g. LANG=C.UTF-8)"
         ) from None
     return text
+
+
+def check_known_options(options: Mapping[str, Any], known: set[str], what: str) -> None:
+    """Raise :class:`ConfigError` naming the first key of ``options`` not in ``known``, with
+    the closest valid key and the full list (options are never dropped silently)."""
+    for key in options:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown {what} {key!r}{hint} (known: {', '.join(sorted(known))})")
 
 
 def check_output_file(path: str | os.PathLike[str], *, name: str) -> Path:

@@ -232,7 +232,7 @@ def _load(
     preset_seed: int,
 ) -> Transformer:
     """This rank's shard of the checkpoint, or of a preset with random weights."""
-    from torch_tensorrt_dist.models.loader import load_llama, random_llama
+    from torch_tensorrt_dist.parallel.llama_load import load_llama, random_llama
 
     if path is None:
         net = random_llama(
@@ -274,7 +274,7 @@ def compile_artifacts(
     scales are what ``weights.safetensors`` holds; the manifest records the scheme).
     ``wrapper_opt_level``: see :func:`inductor.compile_graph` (the tests use ``O0``).
     """
-    from torch_tensorrt_dist.models.loader import read_config
+    from torch_tensorrt_dist.models.llama_args import read_config
 
     start = time.perf_counter()
     if pp != 1:

@@ -50,7 +50,7 @@ def plan(ns: argparse.Namespace) -> ServePlan:
     from torch_tensorrt_dist.cli._quantize import check_quantize
     from torch_tensorrt_dist.cli.generate import _resolve_model
     from torch_tensorrt_dist.cli.generate_moe import plan_moe
-    from torch_tensorrt_dist.models.loader import read_config
+    from torch_tensorrt_dist.models.llama_args import read_config
     from torch_tensorrt_dist.parallel.llama import tp_layout
 
     ns.split = None  # plan_moe reads the pipeline options of generate
@@ -190,7 +190,7 @@ def _load(
         source = Path(ns.artifacts) / "tokenizer"
         source_dir = source if source.is_dir() else None
         return loaded, load_tokenizer(source_dir, vocab_size=loaded.args.vocab_size), source_dir
-    from torch_tensorrt_dist.models.loader import load_llama, random_llama
+    from torch_tensorrt_dist.parallel.llama_load import load_llama, random_llama
 
     dtype = DTYPES[ns.dtype]
     group = dist.group.WORLD if world > 1 else None

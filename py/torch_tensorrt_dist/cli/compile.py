@@ -118,7 +118,7 @@ def _check_quantize(ns: argparse.Namespace, path: Any, preset: str | None) -> No
     from torch_tensorrt_dist.artifacts.build import check_artifact_quantization
     from torch_tensorrt_dist.cli._quantize import check_quantize
     from torch_tensorrt_dist.models.llama import ModelArgs
-    from torch_tensorrt_dist.models.loader import read_config
+    from torch_tensorrt_dist.models.llama_args import read_config
 
     args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
     check_artifact_quantization(check_quantize(ns, args, tp=ns.tp))

@@ -98,7 +98,7 @@ def _plan(ns: argparse.Namespace) -> tuple[Path | None, Any]:
     from torch_tensorrt_dist.cli.generate_moe import plan_moe
     from torch_tensorrt_dist.generation.perplexity import windows
     from torch_tensorrt_dist.models.llama import ModelArgs
-    from torch_tensorrt_dist.models.loader import read_config
+    from torch_tensorrt_dist.models.llama_args import read_config
     from torch_tensorrt_dist.parallel.llama import tp_layout
 
     for option in ("tp", "ep", "stride"):
@@ -128,7 +128,7 @@ def _load(
     """This rank's shard (dense or MoE, checkpoint or preset), quantized when asked."""
     from torch_tensorrt_dist.cli.generate import DTYPES
     from torch_tensorrt_dist.cli.generate_moe import load_moe_rank, plan_moe
-    from torch_tensorrt_dist.models.loader import load_llama, random_llama
+    from torch_tensorrt_dist.parallel.llama_load import load_llama, random_llama
 
     dtype = DTYPES[ns.dtype]
     if path is not None and plan_moe(ns, path) is not None:

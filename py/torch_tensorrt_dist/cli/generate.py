@@ -190,7 +190,7 @@ def _resolve_model(model: str | None) -> tuple[Path | None, str | None]:
 def _plan(ns: argparse.Namespace) -> _Plan:
     from torch_tensorrt_dist.cli._generate_checks import check_options, check_request_fits
     from torch_tensorrt_dist.generation import check_lengths, prefill_bucket
-    from torch_tensorrt_dist.models.loader import read_config
+    from torch_tensorrt_dist.models.llama_args import read_config
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
     from torch_tensorrt_dist.models.weights_check import check_checkpoint
     from torch_tensorrt_dist.parallel.llama import tp_layout
@@ -246,8 +246,8 @@ def _rank_main(ns: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from torch_tensorrt_dist.generation import Generator, SamplingConfig
-    from torch_tensorrt_dist.models.loader import load_llama, random_llama
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+    from torch_tensorrt_dist.parallel.llama_load import load_llama, random_llama
     from torch_tensorrt_dist.runtime import agreed, init_distributed
 
     if getattr(ns, "artifacts", None):

@@ -20,7 +20,7 @@ __all__ = ["load_moe_rank", "plan_moe"]
 def plan_moe(ns: argparse.Namespace, path: Path | None) -> tuple[ModelArgs, MoEArgs] | None:
     """``(args, moe)`` when ``path`` is a MoE checkpoint (validated for ``--ep x --tp``), None
     for a dense model (where ``--ep`` must be 1)."""
-    from torch_tensorrt_dist.models.moe_loader import read_moe_config
+    from torch_tensorrt_dist.models.moe_args import read_moe_config
     from torch_tensorrt_dist.parallel.moe import moe_layout
 
     ep = getattr(ns, "ep", 1)
@@ -60,8 +60,8 @@ def load_moe_rank(
     max_seq_len: int,
 ) -> Any:
     """This rank's shard of the MoE checkpoint, on an ``(ep, tp)`` mesh when ``world > 1``."""
-    from torch_tensorrt_dist.models.moe_loader import load_moe
     from torch_tensorrt_dist.parallel.moe import make_moe_mesh, moe_groups
+    from torch_tensorrt_dist.parallel.moe_load import load_moe
 
     groups = moe_groups(make_moe_mesh(ns.ep, ns.tp)) if world > 1 else None
     return load_moe(
