@@ -144,10 +144,12 @@ def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def test_no_folder_imports_a_folder_that_imports_it_back(graph: dict[str, set[str]]) -> None:
-    """The folders stand in floors: ``models`` below ``parallel`` (the loaders live beside the
-    plans they apply), ``backend`` above ``conversion``, and no folder reaches back up."""
+    """The folders stand in floors: ``artifacts`` above ``families`` (a spec per model family),
+    ``families`` above ``parallel``, ``models`` below ``parallel`` (the loaders live beside
+    the plans they apply), ``backend`` above ``conversion``; no folder reaches back up."""
     folders = folder_graph(graph)
-    assert "parallel" in folders["artifacts"] and "models" in folders["parallel"]
+    assert "families" in folders["artifacts"] and "parallel" in folders["families"]
+    assert "models" in folders["parallel"] and "backend" in folders["generation"]
     assert cycles(folders) == []
     assert "parallel" not in folders["models"] and "backend" not in folders["conversion"]
 

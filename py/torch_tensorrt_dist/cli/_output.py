@@ -3,11 +3,12 @@ a status line (shared by generation from a checkpoint and from artifacts)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from torch_tensorrt_dist.config.jobs import GenerateJob
 
 __all__ = ["Output"]
 
@@ -15,22 +16,20 @@ __all__ = ["Output"]
 class Output:
     """Rank 0's output of one request; other ranks print nothing."""
 
-    def __init__(
-        self, ns: argparse.Namespace, tok: Any, n_prompts: int, stop_ids: Sequence[int], rank: int
-    ) -> None:
+    def __init__(self, job: GenerateJob, tok: Any, stop_ids: Sequence[int], rank: int) -> None:
         from torch_tensorrt_dist.generation import TextStream
 
-        self.ns, self.tok, self.stop_ids, self.rank = ns, tok, tuple(stop_ids), rank
-        self.stream = TextStream(tok, n_prompts)
+        self.job, self.tok, self.stop_ids, self.rank = job, tok, tuple(stop_ids), rank
+        self.stream = TextStream(tok, len(job.prompts))
         #: a single prompt without --json is streamed as it is generated
-        self.streaming = rank == 0 and not ns.json and n_prompts == 1
+        self.streaming = rank == 0 and not job.json and len(job.prompts) == 1
 
     def on_step(self) -> Callable[[list[int]], None] | None:
         """The generator's per-step callback (None when nothing is streamed); prints the
         prompt first."""
         if not self.streaming:
             return None
-        print(self.ns.prompt[0], end="", flush=True)
+        print(self.job.prompts[0], end="", flush=True)
 
         def step(step_ids: list[int]) -> None:
             piece = self.stream.push(step_ids, self.stop_ids)[0]
@@ -46,7 +45,7 @@ class Output:
             return
         stops = self.stop_ids
         texts = [self.tok.decode([i for i in ids if i not in stops]) for ids in result.tokens]
-        if self.ns.json:
+        if self.job.json:
             summary = {
                 "tokens": result.tokens,
                 "text": texts,
@@ -61,7 +60,7 @@ class Output:
         if self.streaming:
             print(flush=True)  # end the streamed line
         else:
-            for prompt, text in zip(self.ns.prompt, texts):
+            for prompt, text in zip(self.job.prompts, texts):
                 print(f"{prompt}{text}\n")
         print(
             f"{status} ttft {result.ttft_s * 1e3:.1f} ms, decode {result.tokens_per_s:.1f} tok/s",

@@ -1,0 +1,95 @@
+"""What each command's ranks do once the model is built: the command's own options.
+
+    GenerateJob(prompts=("Hello",), max_new_tokens=32, sampling=SamplingConfig(0.8, seed=1))
+    ServeJob(port=0)
+    EvalJob(text="demo", window=256, stride=128)
+    CompileJob(out="DIR", buckets=(16, 64))
+
+Each checks its values in ``__post_init__``, naming the flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.generation.sampling import SamplingConfig
+from torch_tensorrt_dist.validation import check_int, check_text
+
+__all__ = ["MAX_DRAIN_S", "CompileJob", "EvalJob", "GenerateJob", "Job", "ServeJob"]
+
+#: The launcher's agent kills ranks 30 s after forwarding SIGTERM: drains must end before.
+MAX_DRAIN_S = 25.0
+
+
+@dataclass(frozen=True)
+class GenerateJob:
+    """``generate``: complete the prompts, stream or print the text on rank 0."""
+
+    prompts: tuple[str, ...] = ("The return statement",)
+    max_new_tokens: int = 32
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    warmup: bool = True
+    """Compile before timing (else compilation lands in ``ttft_s``)."""
+    json: bool = False
+
+    def __post_init__(self) -> None:
+        for i, text in enumerate(self.prompts):
+            check_text(text, name="--prompt" if len(self.prompts) == 1 else f"--prompt #{i + 1}")
+        check_int(self.max_new_tokens, name="--max-new-tokens", low=1)
+
+
+@dataclass(frozen=True)
+class ServeJob:
+    """``serve``: OpenAI's HTTP API on rank 0 until SIGTERM."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_queue: int = 64
+    """Requests that may wait for a free row; more get 429."""
+    drain_timeout: float = 20.0
+    served_model_name: str | None = None
+    drain_dir: str | None = None
+    """Where each rank notes a clean drain (set by the launching process)."""
+
+    def __post_init__(self) -> None:
+        if self.max_queue < 1:
+            raise ConfigError(f"--max-queue must be >= 1, got {self.max_queue}")
+        if not 0 <= self.drain_timeout <= MAX_DRAIN_S:
+            raise ConfigError(
+                f"--drain-timeout {self.drain_timeout:g} must be in [0, {MAX_DRAIN_S:g}] "
+                "(the launcher stops ranks 30 s after SIGTERM)"
+            )
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port {self.port} is not a TCP port (0-65535)")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("--api-key is empty; give a key or leave it unset")
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """``eval --perplexity``: the perplexity of a text, in sliding windows."""
+
+    text: str
+    """A text file, or ``demo`` for the demo model's held-out text."""
+    window: int = 256
+    stride: int = 128
+    json: bool = False
+
+    def __post_init__(self) -> None:
+        check_int(self.stride, name="--stride", low=1)
+        check_int(self.window, name="--window", low=2)
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """``compile``: write each rank's compiled graphs and weight shard, and the manifest."""
+
+    out: str
+    buckets: tuple[int, ...] | None = None
+    """Prefill lengths (None: powers of two from 16 up to half the length)."""
+    json: bool = False
+
+
+Job = GenerateJob | ServeJob | EvalJob | CompileJob
