@@ -139,8 +139,8 @@ def test_other_commands_check_their_options_first(
 
 
 def test_token_ids_beyond_the_vocabulary_are_refused_before_loading() -> None:
-    from torch_tensorrt_dist.cli._generate_job import check_prompt_ids
     from torch_tensorrt_dist.errors import ConfigError
+    from torch_tensorrt_dist.families.spec import check_prompt_ids
 
     check_prompt_ids([[0, 1023]], vocab_size=1024)
     with pytest.raises(ConfigError, match=r"prompt #2 encodes to token id 1024, outside the mod"):

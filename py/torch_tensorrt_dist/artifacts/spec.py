@@ -5,6 +5,7 @@ checkpoint, and compiles nothing."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from torch_tensorrt_dist.artifacts.load import load_generator, model_args
 from torch_tensorrt_dist.artifacts.manifest import (
     check_layout,
     check_quantization,
+    pick_bucket,
     read_manifest,
     verify_files,
 )
@@ -67,8 +69,23 @@ class ArtifactsSpec(ModelSpec):
             name=self.root.resolve().name,
             path=self.root,
             tokenizer_dir=tokenizer if tokenizer.is_dir() else None,
+            dtype=manifest.dtype,
+            quantize=manifest.quantization,
             manifest=manifest,
         )
+
+    def request_len(
+        self,
+        config: RunConfig,
+        plan: ModelPlan,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+    ) -> int:
+        """The compiled length, once a compiled bucket holds the request."""
+        if any(not p for p in prompts):
+            raise ConfigError("a prompt is empty; give at least one token of text")
+        pick_bucket(plan.manifest, [len(p) for p in prompts], max_new_tokens)
+        return int(plan.manifest.cache_len)
 
     def load(self, rank: Rank, *, progress: bool = False) -> Transformer:
         raise ConfigError("the artifacts hold compiled steps: run them through their generator")

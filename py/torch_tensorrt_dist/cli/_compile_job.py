@@ -7,27 +7,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 from torch_tensorrt_dist.config.jobs import CompileJob
 from torch_tensorrt_dist.config.run import RunConfig
-from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.families import ModelPlan, Rank
+from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank
 
 __all__ = ["build", "check", "run"]
 
 
-def _job(config: RunConfig) -> CompileJob:
-    if not isinstance(config.job, CompileJob):
-        raise ConfigError(f"{config.command} does not compile")
-    return config.job
-
-
-def check(config: RunConfig, plan: ModelPlan) -> None:
+def check(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
     from torch_tensorrt_dist.artifacts.build import check_compile, check_output_dir
 
     check_compile(config, plan)  # engine, quantization, lengths, buckets
-    check_output_dir(_job(config).out)
+    check_output_dir(cast(CompileJob, config.job).out)
 
 
 def build(rank: Rank) -> tuple[Any, float]:
@@ -43,7 +36,7 @@ def build(rank: Rank) -> tuple[Any, float]:
 def run(rank: Rank, built: tuple[Any, float]) -> int:
     from torch_tensorrt_dist.artifacts.build import write_artifacts
 
-    job = _job(rank.config)
+    job = cast(CompileJob, rank.config.job)
     result = write_artifacts(rank, built[0], started=built[1])
     if rank.index == 0:
         tp = rank.plan.parallel.tp

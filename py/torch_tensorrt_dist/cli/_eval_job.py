@@ -4,48 +4,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from torch_tensorrt_dist.config.jobs import EvalJob
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.families import ModelPlan, Rank
+from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank
 
-__all__ = ["build", "check", "read_text", "run"]
-
-
-def _job(config: RunConfig) -> EvalJob:
-    if not isinstance(config.job, EvalJob):
-        raise ConfigError(f"{config.command} does not evaluate")
-    return config.job
+__all__ = ["build", "check", "run"]
 
 
-def read_text(value: str) -> str:
-    """The text of ``--perplexity``: a UTF-8 file, or ``demo`` (the demo model's held-out
-    text)."""
-    if value == "demo":
-        from torch_tensorrt_dist.models.demo_heldout import heldout_path
-
-        path = heldout_path()
-    else:
-        path = Path(value)
-        if not path.is_file():
-            raise ConfigError(f"--perplexity {value}: no such file; give a text file, or 'demo'")
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"--perplexity {value}: cannot read it as UTF-8 text ({exc}); give a text file"
-        ) from None
-
-
-def check(config: RunConfig, plan: ModelPlan) -> None:
-    from torch_tensorrt_dist.generation.perplexity import windows
-
-    job = _job(config)
-    read_text(job.text)
-    windows(2, job.window, job.stride)  # stride <= window
+def check(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
+    job = cast(EvalJob, config.job)
     if job.window > plan.args.max_seq_len:
         raise ConfigError(
             f"--window {job.window} exceeds the model's {plan.args.max_seq_len} positions; use "
@@ -60,8 +30,8 @@ def build(rank: Rank) -> Any:
 def run(rank: Rank, model: Any) -> int:
     from torch_tensorrt_dist.generation.perplexity import document_ids, perplexity
 
-    config, job = rank.config, _job(rank.config)
-    ids = document_ids(read_text(job.text), rank.tokenizer())
+    config, job = rank.config, cast(EvalJob, rank.config.job)
+    ids = document_ids(job.read(), rank.tokenizer())
     result = perplexity(model, ids, window=job.window, stride=job.stride, engine=config.engine)
     if rank.index != 0:
         return 0

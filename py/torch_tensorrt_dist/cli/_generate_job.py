@@ -1,68 +1,33 @@
 """``generate``'s job in a rank: the prompts as token ids (checked against the model before it
-is loaded), a generator over this rank's shard, the text streamed or printed on rank 0."""
+is loaded), a generator over this rank's shard (from a checkpoint or from artifacts), and on
+rank 0 the streamed text, then a JSON object or a status line."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from torch_tensorrt_dist.cli._output import Output
 from torch_tensorrt_dist.config.jobs import GenerateJob
 from torch_tensorrt_dist.config.run import RunConfig
-from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.families import ModelPlan, Rank
+from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank
 from torch_tensorrt_dist.models.tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["build", "check", "check_prompt_ids", "request", "run"]
+__all__ = ["Output", "build", "check", "request", "run"]
 
 
-def _job(config: RunConfig) -> GenerateJob:
-    if not isinstance(config.job, GenerateJob):
-        raise ConfigError(f"{config.command} does not generate")
-    return config.job
-
-
-def check_prompt_ids(prompts: Sequence[Sequence[int]], *, vocab_size: int) -> None:
-    """Token ids within the vocabulary, checked on the tokenized prompts before the model is
-    loaded or a prompt echoed."""
-    for i, ids in enumerate(prompts):
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise ConfigError(
-                f"prompt #{i + 1} encodes to token id {bad[0]}, outside the model's vocabulary "
-                f"[0, {vocab_size}) (config.json vocab_size): the tokenizer is not this model's"
-            )
-
-
-def request(config: RunConfig, plan: ModelPlan) -> tuple[list[list[int]], int]:
-    """The prompts' token ids and the KV-cache length they need (the compiled one for
-    artifacts; else ``--max-seq-len``, or what the prompts and new tokens need, rounded up to
-    64), every length checked."""
-    from torch_tensorrt_dist.generation import check_lengths, prefill_bucket
-
-    job = _job(config)
+def request(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> tuple[list[list[int]], int]:
+    """The prompts' token ids and the KV-cache length they need (checked by the family)."""
+    job = cast(GenerateJob, config.job)
     tok = load_tokenizer(plan.tokenizer_dir, vocab_size=plan.args.vocab_size)
     prompts = [tok.encode(text) for text in job.prompts]
-    if plan.manifest is not None:
-        from torch_tensorrt_dist.artifacts.manifest import pick_bucket
-
-        if any(not p for p in prompts):
-            raise ConfigError("a prompt is empty; give at least one token of text")
-        pick_bucket(plan.manifest, [len(p) for p in prompts], job.max_new_tokens)
-        return prompts, int(plan.manifest.cache_len)
-    check_prompt_ids(prompts, vocab_size=plan.args.vocab_size)
-    limit = min(plan.args.max_seq_len, config.cache.max_seq_len or plan.args.max_seq_len)
-    for ids in prompts:
-        check_lengths(len(ids), job.max_new_tokens, limit)
-    if config.cache.max_seq_len is not None:
-        return prompts, config.cache.max_seq_len
-    need = max(prefill_bucket(len(p), job.max_new_tokens, limit) for p in prompts)
-    return prompts, min(limit, -(-(need + job.max_new_tokens) // 64) * 64)
+    return prompts, spec.request_len(config, plan, prompts, job.max_new_tokens)
 
 
-def check(config: RunConfig, plan: ModelPlan) -> None:
-    request(config, plan)
+def check(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
+    request(config, spec, plan)
 
 
 @dataclass
@@ -73,13 +38,13 @@ class Built:
 
 
 def build(rank: Rank) -> Built:
-    prompts, cache_len = request(rank.config, rank.plan)
+    prompts, cache_len = request(rank.config, rank.spec, rank.plan)
     gen = rank.generator(rows=len(prompts), cache_len=cache_len, progress=True)
     return Built(gen, rank.tokenizer(), prompts)
 
 
 def run(rank: Rank, built: Built) -> int:
-    config, plan, job = rank.config, rank.plan, _job(rank.config)
+    config, plan, job = rank.config, rank.plan, cast(GenerateJob, rank.config.job)
     gen, tok, prompts = built.generator, built.tokenizer, built.prompts
     stop_ids = tok.eos_ids or plan.args.eos_token_ids
     out = Output(job, tok, stop_ids, rank.index)
@@ -95,32 +60,70 @@ def run(rank: Rank, built: Built) -> int:
         on_step=on_step,
     )
     p = plan.parallel
+    fields = {"tp": p.tp, "pp": p.pp, "ep": p.ep, "engine": gen.engine, "dtype": plan.dtype}
+    fields |= {"model": plan.source, "quantize": plan.quantize, "threads": rank.threads}
     if plan.manifest is not None:
-        fields = {
-            "tp": p.tp,
-            "pp": p.pp,
-            "engine": gen.engine,
-            "load_s": gen.load_s,
-            "dtype": plan.manifest.dtype,
-            "model": plan.source,
-            "quantize": plan.manifest.quantization,
-            "threads": rank.threads,
-        }
-        out.result(result, fields, f"[tp={p.tp} {gen.engine}] load {gen.load_s:.2f} s,")
-        return 0
-    quant = config.quantize
-    fields = {
-        "tp": p.tp,
-        "pp": p.pp,
-        "ep": p.ep,
-        "engine": config.engine,
-        "compile_s": compile_s,
-        "dtype": config.model.dtype,
-        "model": plan.source,
-        "quantize": None if quant is None else quant.to_dict(),
-        "threads": rank.threads,
-    }
-    q = "" if quant is None else f" {quant.describe()}"
-    status = f"[pp={p.pp} tp={p.tp} engine={config.engine}{q}]"
-    out.result(result, fields, status + (f" compile {compile_s:.1f} s," if compile_s else ""))
+        fields["load_s"] = gen.load_s
+        status = f"[tp={p.tp} {gen.engine}] load {gen.load_s:.2f} s,"
+    else:
+        fields["compile_s"] = compile_s
+        q = "" if config.quantize is None else f" {config.quantize.describe()}"
+        status = f"[pp={p.pp} tp={p.tp} engine={gen.engine}{q}]"
+        status += f" compile {compile_s:.1f} s," if compile_s else ""
+    out.result(result, fields, status)
     return 0
+
+
+class Output:
+    """Rank 0's output of one request; other ranks print nothing."""
+
+    def __init__(self, job: GenerateJob, tok: Any, stop_ids: Sequence[int], rank: int) -> None:
+        from torch_tensorrt_dist.generation import TextStream
+
+        self.job, self.tok, self.stop_ids, self.rank = job, tok, tuple(stop_ids), rank
+        self.stream = TextStream(tok, len(job.prompts))
+        #: a single prompt without --json is streamed as it is generated
+        self.streaming = rank == 0 and not job.json and len(job.prompts) == 1
+
+    def on_step(self) -> Callable[[list[int]], None] | None:
+        """The generator's per-step callback (None when nothing is streamed); prints the
+        prompt first."""
+        if not self.streaming:
+            return None
+        print(self.job.prompts[0], end="", flush=True)
+
+        def step(step_ids: list[int]) -> None:
+            piece = self.stream.push(step_ids, self.stop_ids)[0]
+            if piece:
+                print(piece, end="", flush=True)
+
+        return step
+
+    def result(self, result: Any, fields: dict[str, Any], status: str) -> None:
+        """The texts, then one JSON object (``--json``: the result and ``fields``) or the
+        ``status`` line with ttft and decode speed on stderr."""
+        if self.rank != 0:
+            return
+        stops = self.stop_ids
+        texts = [self.tok.decode([i for i in ids if i not in stops]) for ids in result.tokens]
+        if self.job.json:
+            summary = {
+                "tokens": result.tokens,
+                "text": texts,
+                "ttft_s": result.ttft_s,
+                "tokens_per_s": result.tokens_per_s,
+                "prefill_len": result.prefill_len,
+                "decode_steps": result.decode_steps,
+                **fields,
+            }
+            print(json.dumps(summary), flush=True)
+            return
+        if self.streaming:
+            print(flush=True)  # end the streamed line
+        else:
+            for prompt, text in zip(self.job.prompts, texts):
+                print(f"{prompt}{text}\n")
+        print(
+            f"{status} ttft {result.ttft_s * 1e3:.1f} ms, decode {result.tokens_per_s:.1f} tok/s",
+            file=sys.stderr,
+        )

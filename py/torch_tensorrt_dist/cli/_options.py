@@ -22,8 +22,8 @@ from torch_tensorrt_dist.config.run import (
     ModelOptions,
     Parallel,
     RunConfig,
+    parse_split,
 )
-from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.dtypes import DTYPES
 from torch_tensorrt_dist.quantization.scheme import quant_config
 from torch_tensorrt_dist.validation import parse_size
@@ -235,15 +235,6 @@ def add_threads(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _split(text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--split {text!r} is not a comma-separated list of integers") from None
-
-
 def _tp(ns: argparse.Namespace) -> int | None:
     """``--tp``, else the launcher's ranks / (pp x ep), else 1 (``--artifacts``: the
     manifest's, read later)."""
@@ -260,7 +251,7 @@ def _tp(ns: argparse.Namespace) -> int | None:
 def run_config(ns: argparse.Namespace, job: Job) -> RunConfig:
     """The run configuration of a parsed command line (every value checked)."""
     model = ModelOptions(ns.model, ns.artifacts, ns.dtype, ns.lm_head, ns.embedding)
-    parallel = Parallel(_tp(ns), ns.pp, ns.ep, _split(ns.split), ns.microbatches)
+    parallel = Parallel(_tp(ns), ns.pp, ns.ep, parse_split(ns.split), ns.microbatches)
     memory = ns.kv_cache_memory
     cache = CacheOptions(
         max_batch_size=ns.max_batch_size,

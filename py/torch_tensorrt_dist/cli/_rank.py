@@ -17,7 +17,6 @@ import argparse
 import os
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
 
 from torch_tensorrt_dist.cli import _compile_job, _eval_job, _generate_job, _serve_job
 from torch_tensorrt_dist.cli._failures import (
@@ -30,12 +29,12 @@ from torch_tensorrt_dist.cli._failures import (
 from torch_tensorrt_dist.cli._options import run_config
 from torch_tensorrt_dist.config.jobs import CompileJob, EvalJob, GenerateJob, Job, ServeJob
 from torch_tensorrt_dist.config.run import RunConfig
-from torch_tensorrt_dist.errors import EngineUnavailableError, TensorRTDistError, VerificationError
+from torch_tensorrt_dist.errors import TensorRTDistError, VerificationError
 from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank, checkpoint_spec
 
 __all__ = ["plan_run", "rank_main", "spec_for", "start"]
 
-#: what each kind of job runs once the model is planned: ``check(config, plan)`` (also in the
+#: what each kind of job runs once the model is planned: ``check(config, spec, plan)`` (also in the
 #: launching process), ``build(rank)`` (with the model, inside the loading verdict),
 #: ``run(rank, built) -> exit code``
 JOBS: dict[type, ModuleType] = {
@@ -60,21 +59,8 @@ def plan_run(config: RunConfig) -> tuple[RunConfig, ModelSpec, ModelPlan]:
     spec = spec_for(config)
     plan = spec.plan(config)
     config = config.with_(parallel=plan.parallel)
-    JOBS[type(config.job)].check(config, plan)
+    JOBS[type(config.job)].check(config, spec, plan)
     return config, spec, plan
-
-
-def _join(world: int) -> tuple[int, Any, Any]:
-    """(rank, device, the world's group): this process joins the world when it has peers."""
-    import torch
-    import torch.distributed as dist
-
-    from torch_tensorrt_dist.runtime import init_distributed
-
-    if world == 1:
-        return 0, "cuda" if torch.cuda.is_available() else "cpu", None
-    info = init_distributed()
-    return info.rank, info.device, dist.group.WORLD
 
 
 def rank_main(config: RunConfig) -> int:
@@ -82,13 +68,14 @@ def rank_main(config: RunConfig) -> int:
     import torch.distributed as dist
 
     from torch_tensorrt_dist.runtime import agreed
+    from torch_tensorrt_dist.runtime.distributed import join_world
     from torch_tensorrt_dist.runtime.threads import rank_thread_count, use_threads
 
     with alike_on_every_rank():
         threads = rank_thread_count(config.threads)
     with use_threads(threads):
         world = check_world(config.parallel.sizes(), note=f"{config.command} uses every rank: ")
-        index, device, group = _join(world)
+        index, device, group = join_world(world)
         job = JOBS[type(config.job)]
         # every rank plans and loads its own shard; no rank goes on (echoes a prompt, compiles,
         # runs a collective) until all have (runtime.agree: one rank's error stops every rank)
@@ -101,19 +88,6 @@ def rank_main(config: RunConfig) -> int:
     if code == 0 and world > 1 and dist.is_initialized():
         dist.destroy_process_group()  # a normal end; after an error the launcher stops the ranks
     return code
-
-
-def _check_engine(engine: str, *, isolated: bool) -> None:
-    """``--engine tensorrt`` where TensorRT cannot run: one line saying what to install, before
-    any rank starts (``isolated``: the import is tried in a child, so the launcher stays free of
-    CUDA state)."""
-    if engine != "tensorrt":
-        return
-    from torch_tensorrt_dist.conversion.availability import tensorrt_engine_missing
-
-    problem = tensorrt_engine_missing(isolated=isolated)
-    if problem is not None:
-        raise EngineUnavailableError(problem)
 
 
 def start(
@@ -135,7 +109,10 @@ def start(
             rank_thread_count(config.threads)  # a bad OMP_NUM_THREADS too
             config = plan_run(config)[0]
         single = config.parallel.world == 1 or launched
-        _check_engine(config.engine, isolated=not single)
+        if config.engine == "tensorrt":  # what to install, before any rank starts
+            from torch_tensorrt_dist.conversion.availability import require_tensorrt_engine
+
+            require_tensorrt_engine(isolated=not single)  # the launcher stays free of CUDA
         if single:
             return rank_main(config)
     except VerificationError as exc:  # a wrong engine, not bad input

@@ -4,18 +4,16 @@ the control channel, then the server until SIGTERM (rank 0 also serves HTTP)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from torch_tensorrt_dist.cli._failures import reported_by_launcher
 from torch_tensorrt_dist.config.jobs import ServeJob
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.families import ModelPlan, Rank
+from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
 __all__ = ["API_KEY_ENV", "DEFAULT_MAX_SEQ", "DEFAULT_ROWS", "build", "check", "run"]
@@ -24,12 +22,6 @@ DEFAULT_MAX_SEQ = 2048
 DEFAULT_ROWS = 8
 #: the environment variable --api-key defaults to (and the printed curl line reads)
 API_KEY_ENV = "TORCHTRT_API_KEY"
-
-
-def _job(config: RunConfig) -> ServeJob:
-    if not isinstance(config.job, ServeJob):
-        raise ConfigError(f"{config.command} does not serve")
-    return config.job
 
 
 def shape(config: RunConfig, plan: ModelPlan) -> tuple[int, int]:
@@ -44,7 +36,7 @@ def shape(config: RunConfig, plan: ModelPlan) -> tuple[int, int]:
     return rows, cache_len
 
 
-def check(config: RunConfig, plan: ModelPlan) -> None:
+def check(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
     shape(config, plan)
 
 
@@ -63,7 +55,7 @@ def build(rank: Rank) -> Built:
 
 
 def _ready(rank: Rank, built: Built, name: str, url: str, warm_s: float) -> None:
-    job, p = _job(rank.config), rank.plan.parallel
+    job, p = cast(ServeJob, rank.config.job), rank.plan.parallel
     body = json.dumps({"model": name, "prompt": "The return statement", "max_tokens": 32})
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if job.api_key else ""
     print(
@@ -86,7 +78,7 @@ def run(rank: Rank, built: Built) -> int:
     from torch_tensorrt_dist.serving.chat import load_chat_template
     from torch_tensorrt_dist.serving.server import ServeConfig, serve_rank
 
-    job = _job(rank.config)
+    job = cast(ServeJob, rank.config.job)
     control: dist.ProcessGroup | None = None
     if rank.world > 1:
         # the control channel's own gloo group, on every rank in the same order, after the
@@ -121,13 +113,11 @@ def run(rank: Rank, built: Built) -> int:
     if job.drain_dir:
         Path(job.drain_dir, f"rank-{rank.index}.drained").touch()
     if launched_by_us and result.signal is not None:
-        # The launcher forwarded a SIGTERM (or SIGINT) and now waits for this process to end:
-        # the drain has finished, so end by that signal, as asked (returning would leave the
-        # process waiting for a launcher that no longer reads its result).
+        # the launcher forwarded a SIGTERM (or SIGINT) and now waits for this process to end:
+        # the drain has finished, so end by that signal, as asked
+        from torch_tensorrt_dist.runtime._rank_entry import end_by_signal
+
         if dist.is_initialized():
             dist.destroy_process_group()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        signal.signal(result.signal, signal.SIG_DFL)
-        os.kill(os.getpid(), result.signal)
+        end_by_signal(result.signal)
     return 0

@@ -11,6 +11,7 @@ Each checks its values in ``__post_init__``, naming the flag.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
@@ -78,8 +79,31 @@ class EvalJob:
     json: bool = False
 
     def __post_init__(self) -> None:
+        from torch_tensorrt_dist.generation.perplexity import windows
+
         check_int(self.stride, name="--stride", low=1)
         check_int(self.window, name="--window", low=2)
+        windows(2, self.window, self.stride)  # stride <= window
+        self.read()
+
+    def read(self) -> str:
+        """The text to score: the file, or the demo model's held-out text."""
+        if self.text == "demo":
+            from torch_tensorrt_dist.models.demo_heldout import heldout_path
+
+            path = heldout_path()
+        else:
+            path = Path(self.text)
+            if not path.is_file():
+                raise ConfigError(
+                    f"--perplexity {self.text}: no such file; give a text file, or 'demo'"
+                )
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"--perplexity {self.text}: cannot read it as UTF-8 text ({exc}); give a text file"
+            ) from None
 
 
 @dataclass(frozen=True)

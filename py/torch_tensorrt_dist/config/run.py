@@ -36,6 +36,7 @@ __all__ = [
     "ModelOptions",
     "Parallel",
     "RunConfig",
+    "parse_split",
 ]
 
 #: what runs the model: Torch-TensorRT, Inductor, the lowered graph as is, or plain PyTorch
@@ -109,6 +110,16 @@ class Parallel:
         """The flags whose product is the world (``{"pp": 1, "tp": 2}``), for messages."""
         tp = self.world // (self.pp * self.ep)
         return {"ep": self.ep, "tp": tp} if self.ep > 1 else {"pp": self.pp, "tp": tp}
+
+
+def parse_split(text: str | None) -> tuple[int, ...] | None:
+    """``--split 3,5``: layers per pipeline stage (None or empty: even)."""
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--split {text!r} is not a comma-separated list of integers") from None
 
 
 @dataclass(frozen=True)

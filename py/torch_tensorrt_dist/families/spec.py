@@ -14,6 +14,7 @@ place a rank's :class:`Generator` is made from a loaded model.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,6 +36,7 @@ __all__ = [
     "Rank",
     "build_generator",
     "check_max_seq_len",
+    "check_prompt_ids",
     "quantize_shard",
     "resolve_model",
 ]
@@ -61,6 +63,17 @@ def resolve_model(model: str | Path | None) -> tuple[Path | None, str | None]:
         f"--model {str(model)!r} is neither a checkpoint directory nor a preset "
         f"({', '.join(sorted(PRESETS))})"
     )
+
+
+def check_prompt_ids(prompts: Sequence[Sequence[int]], *, vocab_size: int) -> None:
+    """Token ids within the vocabulary (a tokenizer that is not the model's)."""
+    for i, ids in enumerate(prompts):
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ConfigError(
+                f"prompt #{i + 1} encodes to token id {bad[0]}, outside the model's vocabulary "
+                f"[0, {vocab_size}) (config.json vocab_size): the tokenizer is not this model's"
+            )
 
 
 def check_max_seq_len(requested: int | None, model_max: int) -> None:
@@ -91,13 +104,12 @@ class ModelPlan:
     moe: MoEArgs | None = None
     tokenizer_dir: Path | None = None
     """Where ``tokenizer.json`` (and the chat template) are; None: byte-level tokens."""
+    dtype: str = "fp32"
+    """The weights' dtype (``--dtype``, or the compiled one)."""
+    quantize: dict[str, Any] | None = None
+    """The weights' quantization (``--quantize``, or the compiled one), as a dict."""
     manifest: Any = None
     """The artifacts' manifest (``--artifacts`` only)."""
-
-    @property
-    def dtype(self) -> str:
-        """The weights' dtype name (``--dtype``, or the compiled one)."""
-        return self.manifest.dtype if self.manifest is not None else "fp32"
 
 
 @dataclass(frozen=True)
@@ -148,18 +160,42 @@ class ModelSpec:
     def generator(self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False) -> Any:
         return build_generator(rank.model(progress=progress), rank.config, rows, cache_len)
 
+    def request_len(
+        self,
+        config: RunConfig,
+        plan: ModelPlan,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+    ) -> int:
+        """The KV-cache length a batch of token-id prompts needs, every length and id checked
+        before the model is loaded: ``--max-seq-len``, else what the prompts and new tokens
+        need, rounded up to 64."""
+        from torch_tensorrt_dist.generation import check_lengths, prefill_bucket
+
+        check_prompt_ids(prompts, vocab_size=plan.args.vocab_size)
+        limit = min(plan.args.max_seq_len, config.cache.max_seq_len or plan.args.max_seq_len)
+        for ids in prompts:
+            check_lengths(len(ids), max_new_tokens, limit)
+        if config.cache.max_seq_len is not None:
+            return config.cache.max_seq_len
+        need = max(prefill_bucket(len(p), max_new_tokens, limit) for p in prompts)
+        return min(limit, -(-(need + max_new_tokens) // 64) * 64)
+
     def check_command(self, config: RunConfig) -> None:
         """Refuse a command this family cannot run yet."""
         message = self.refused.get(config.command)
         if message is not None:
             raise ConfigError(message.format(config=config))
 
-    def checkpoint_plan(self, config: RunConfig, args: ModelArgs, **extra: Any) -> ModelPlan:
-        """The plan of a checkpoint or preset model whose ``args`` passed the family's checks:
-        the lengths and the quantization are checked here, alike for every family."""
+    def checkpoint_plan(
+        self, config: RunConfig, args: ModelArgs, moe: MoEArgs | None = None
+    ) -> ModelPlan:
+        """The plan of a checkpoint or preset model whose ``args`` (and ``moe``) passed the
+        family's checks: the lengths and the quantization are checked here, alike for every
+        family."""
         check_max_seq_len(config.cache.max_seq_len, args.max_seq_len)
         tp = config.parallel.tp or 1
-        expert_size = extra["moe"].expert_size if extra.get("moe") is not None else None
+        expert_size = None if moe is None else moe.expert_size
         check_engine_group(config.quantize, config.engine)
         check_group_slices(
             args, tp=tp, config=config.quantize, expert_size=expert_size, engine=config.engine
@@ -174,7 +210,9 @@ class ModelSpec:
             path=path,
             preset=preset,
             tokenizer_dir=path,
-            **extra,
+            dtype=config.model.dtype,
+            quantize=None if config.quantize is None else config.quantize.to_dict(),
+            moe=moe,
         )
 
 
