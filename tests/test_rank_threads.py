@@ -3,6 +3,8 @@ cores it is given (``runtime/threads.py``); and what a command's rank reports.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -61,3 +63,20 @@ def test_a_rank_takes_its_share_of_the_cores_and_restores_the_threads() -> None:
     with use_threads(3) as n:
         assert n == 3 and torch.get_num_threads() == 3
     assert torch.get_num_threads() == before
+
+
+def test_generate_reports_the_threads_it_set(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch_tensorrt_dist.cli import main
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    base = ["generate", "--engine", "none", "--max-new-tokens", "2", "--json", "--prompt", "a"]
+    assert main([*base, "--threads", "1"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["threads"] == 1
+    assert main(base) == 0  # one process: every core it is given
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert out["threads"] == threads_for(cores_given(), 1, None, None)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as torchrun sets it
+    assert main(base) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["threads"] == 1
