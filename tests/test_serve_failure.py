@@ -17,8 +17,8 @@ import pytest
 
 from torch_tensorrt_dist.cli import main
 from torch_tensorrt_dist.generation import Generator
-from torch_tensorrt_dist.models.moe_loader import load_moe
 from torch_tensorrt_dist.models.tokenizer import ByteTokenizer
+from torch_tensorrt_dist.parallel.moe_load import load_moe
 
 from . import _moe_ckpt
 from ._serve import start_server
