@@ -16,6 +16,7 @@ SERVE = [
     "uvicorn>=0.29",
     "prometheus-client>=0.20",
     "jinja2>=3.1.6",
+    "llguidance>=1.9,<2",  # structured output (generation/grammar.py): one wheel, no dependencies
 ]
 
 DEV = [
@@ -25,6 +26,7 @@ DEV = [
     "pytest>=8",
     "pytest-timeout>=2.3",
     "hypothesis>=6.100",
+    "jsonschema>=4.20",  # structured output tests validate what was generated
     "ruff>=0.6",
     "mypy>=1.10",
     "transformers>=4.45",

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch_tensorrt_dist.artifacts import compile_artifacts, load_generator
 from torch_tensorrt_dist.artifacts.manifest import manifest_digest
 from torch_tensorrt_dist.generation import Generator
-from torch_tensorrt_dist.models.loader import load_llama
+from torch_tensorrt_dist.parallel.llama_load import load_llama
 
 from ._core_fns import Job, run_schedule
 

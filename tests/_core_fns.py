@@ -106,13 +106,13 @@ def rank_schedules(rank: int, world: int, spec: list[dict[str, Any]]) -> list[di
     """On each gloo rank: load each checkpoint sharded over the world, run its schedule."""
     import torch.distributed as dist
 
-    from torch_tensorrt_dist.models.loader import load_llama
+    from torch_tensorrt_dist.parallel.llama_load import load_llama
 
     results = []
     for case in spec:
         if case.get("ep"):  # a MoE checkpoint on an (ep, tp) mesh of the world
-            from torch_tensorrt_dist.models.moe_loader import load_moe
             from torch_tensorrt_dist.parallel.moe import make_moe_mesh, moe_groups
+            from torch_tensorrt_dist.parallel.moe_load import load_moe
 
             groups = moe_groups(make_moe_mesh(case["ep"], world // case["ep"]))
             model = load_moe(case["path"], groups=groups, progress=False)

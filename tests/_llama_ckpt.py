@@ -89,7 +89,7 @@ def rank_suite(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
 
     from torch_tensorrt_dist.backend import recording
     from torch_tensorrt_dist.generation import Generator, SamplingConfig
-    from torch_tensorrt_dist.models.loader import load_llama
+    from torch_tensorrt_dist.parallel.llama_load import load_llama
 
     group = dist.group.WORLD
     out: dict[str, Any] = {"logits": [], "generate": []}

@@ -77,8 +77,8 @@ def moe_suite(rank: int, world: int, spec: dict[str, Any]) -> list[dict[str, Any
     collectives (op, group ranks, module)."""
     from torch_tensorrt_dist.backend import recording
     from torch_tensorrt_dist.generation import Generator
-    from torch_tensorrt_dist.models.moe_loader import load_moe
     from torch_tensorrt_dist.parallel.moe import make_moe_mesh, moe_groups
+    from torch_tensorrt_dist.parallel.moe_load import load_moe
 
     out = []
     for job in spec["jobs"]:

@@ -10,8 +10,8 @@ import torch.distributed as dist
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.generation.perplexity import document_ids, perplexity
 from torch_tensorrt_dist.models.demo import demo_checkpoint_path
-from torch_tensorrt_dist.models.loader import load_llama
 from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+from torch_tensorrt_dist.parallel.llama_load import load_llama
 from torch_tensorrt_dist.quantization import QuantConfig, quantize_model, weight_bytes
 
 PROMPT = "The return statement"

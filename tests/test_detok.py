@@ -4,13 +4,12 @@ stop strings split across tokens are found on it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests._tokenizers import sentencepiece
 from torch_tensorrt_dist.generation.core import Emitted, GenerationCore, Request
 from torch_tensorrt_dist.generation.detok import INCOMPLETE, Detokenizer
 from torch_tensorrt_dist.generation.kv_blocks import BlockPool
@@ -26,40 +25,6 @@ TEXTS = [
     "日本語 text mixes scripts — and dashes",
     "  leading spaces,\nnew lines\n\nand   runs of spaces ",
 ]
-
-
-def _sentencepiece(path: Path) -> Path:
-    """A Llama-style tokenizer.json: Metaspace pieces, byte fallback, a decoder that strips
-    the sequence's leading space."""
-    import json
-
-    from tokenizers import Tokenizer as HF
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    specials = ["<unk>", "<s>", "</s>"]
-    base = HF(models.BPE(unk_token="<unk>"))
-    base.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    base.train_from_iterator(
-        TEXTS[:2] * 5,
-        trainers.BpeTrainer(vocab_size=120, special_tokens=specials, show_progress=False),
-    )
-    model = json.loads(base.to_str())["model"]
-    vocab, merges = model["vocab"], [tuple(m) for m in model["merges"]]
-    for b in range(256):
-        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
-    tok = HF(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
-    tok.add_special_tokens(specials)
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.decoder = decoders.Sequence(
-        [
-            decoders.Replace("▁", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(" ", 1, 0),
-        ]
-    )
-    tok.save(str(path))
-    return path
 
 
 class Counting:
@@ -80,7 +45,7 @@ class Counting:
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Tokenizer, int]]:
     """name -> (tokenizer, vocabulary size); the HF ones have special tokens 0..2 / 0..1."""
-    sp = _sentencepiece(tmp_path_factory.mktemp("sp") / "tokenizer.json")
+    sp = sentencepiece(TEXTS[:2] * 5, tmp_path_factory.mktemp("sp") / "tokenizer.json")
     return {
         "byte": (ByteTokenizer(300), 300),  # ids >= 256 decode to nothing, as specials do
         "bytelevel-bpe": (HFTokenizer(demo_checkpoint_path() / "tokenizer.json"), 1024),

@@ -106,6 +106,10 @@ def test_tp2_starts_its_own_ranks(ckpt: tuple[Path, list[int]]) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = _json(proc.stdout)
     assert out["tokens"] == [expected] and out["tp"] == 2
+    # rank 0's threads: its share of the cores (two ranks here), or what OMP_NUM_THREADS says
+    from torch_tensorrt_dist.runtime.threads import cores_given, threads_for
+
+    assert out["threads"] == threads_for(cores_given(), 2, None, env.get("OMP_NUM_THREADS"))
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import torch
 
 from torch_tensorrt_dist.backend import recording
 from torch_tensorrt_dist.generation import Generator, SamplingConfig
-from torch_tensorrt_dist.models.loader import load_llama
+from torch_tensorrt_dist.parallel.llama_load import load_llama
 from torch_tensorrt_dist.testing import run_on_ranks
 
 from . import _llama_ckpt

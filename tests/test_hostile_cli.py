@@ -139,12 +139,12 @@ def test_other_commands_check_their_options_first(
 
 
 def test_token_ids_beyond_the_vocabulary_are_refused_before_loading() -> None:
-    from torch_tensorrt_dist.cli._generate_checks import check_request_fits
     from torch_tensorrt_dist.errors import ConfigError
+    from torch_tensorrt_dist.families.spec import check_prompt_ids
 
-    check_request_fits([[0, 1023]], vocab_size=1024, max_seq_len=None, model_max=256)
+    check_prompt_ids([[0, 1023]], vocab_size=1024)
     with pytest.raises(ConfigError, match=r"prompt #2 encodes to token id 1024, outside the mod"):
-        check_request_fits([[5], [0, 1024]], vocab_size=1024, max_seq_len=None, model_max=256)
+        check_prompt_ids([[5], [0, 1024]], vocab_size=1024)
 
 
 def _start(argv: list[str]) -> subprocess.Popen[str]:

@@ -16,12 +16,12 @@ from tests import _moe_ckpt
 from tests._hostile import copy_demo, edit_config, edit_header
 from torch_tensorrt_dist.errors import CheckpointError, ConfigError
 from torch_tensorrt_dist.models.llama import Transformer
-from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.models.loader import hf_name, load_llama, read_config
+from torch_tensorrt_dist.models.llama_args import ModelArgs, read_config
 from torch_tensorrt_dist.models.moe import MoETransformer
 from torch_tensorrt_dist.models.moe_args import moe_args_from_hf_config
-from torch_tensorrt_dist.models.moe_loader import expert_key, moe_hf_name
 from torch_tensorrt_dist.models.weights_check import check_checkpoint, llama_tensors, moe_tensors
+from torch_tensorrt_dist.parallel.llama_load import hf_name, load_llama
+from torch_tensorrt_dist.parallel.moe_load import expert_key, moe_hf_name
 
 # (id, config.json changes, message regex) on a copy of the demo checkpoint
 MISMATCH_CASES = [
@@ -250,7 +250,7 @@ def test_moe_checkpoint_shapes_name_the_field(tmp_path: Path) -> None:
     config field that disagrees with the weights is named."""
     from safetensors.torch import save_file
 
-    from torch_tensorrt_dist.models.moe_loader import read_moe_config
+    from torch_tensorrt_dist.models.moe_args import read_moe_config
 
     cfg = _moe_config("qwen2_moe")
     args, moe = moe_args_from_hf_config(cfg)

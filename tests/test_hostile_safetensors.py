@@ -17,7 +17,7 @@ import torch
 from tests._hostile import DEMO, WEIGHTS, copy_demo, demo_header, join, shard, split
 from torch_tensorrt_dist.errors import CheckpointError
 from torch_tensorrt_dist.models.checkpoint_files import checkpoint_tensors
-from torch_tensorrt_dist.models.loader import read_config
+from torch_tensorrt_dist.models.llama_args import read_config
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
 from torch_tensorrt_dist.models.weights_check import check_checkpoint, llama_tensors
 

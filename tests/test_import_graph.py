@@ -119,6 +119,41 @@ def test_no_import_circle_in_the_package(graph: dict[str, set[str]]) -> None:
     assert cycles(graph) == []
 
 
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The same graph between the package's folders (``models``, ``parallel``...; a module at
+    the top is a folder of its own, the package's ``__init__`` is left out): an edge where
+    some module of one imports some module of the other."""
+    top = PACKAGE.name
+
+    def folder(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else None
+
+    out: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        here = folder(name)
+        if here is None:
+            continue
+        out.setdefault(here, set())
+        for target in targets:
+            there = folder(target)
+            if there is not None and there != here and target.startswith(f"{top}."):
+                out[here].add(there)
+                out.setdefault(there, set())
+    return out
+
+
+def test_no_folder_imports_a_folder_that_imports_it_back(graph: dict[str, set[str]]) -> None:
+    """The folders stand in floors: ``artifacts`` above ``families`` (a spec per model family),
+    ``families`` above ``parallel``, ``models`` below ``parallel`` (the loaders live beside
+    the plans they apply), ``backend`` above ``conversion``; no folder reaches back up."""
+    folders = folder_graph(graph)
+    assert "families" in folders["artifacts"] and "parallel" in folders["families"]
+    assert "models" in folders["parallel"] and "backend" in folders["generation"]
+    assert cycles(folders) == []
+    assert "parallel" not in folders["models"] and "backend" not in folders["conversion"]
+
+
 def wrong_edges(graph: dict[str, set[str]]) -> list[str]:
     """A core module reaches the implementations only through the registry; an
     implementation imports the core and its own folder, never another folder or the registry

@@ -11,7 +11,7 @@ import torch
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer, rope_inv_freq
-from torch_tensorrt_dist.models.loader import load_llama, random_llama
+from torch_tensorrt_dist.parallel.llama_load import load_llama, random_llama
 
 from . import _llama_ckpt
 

@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.llama import ModelArgs
-from torch_tensorrt_dist.models.loader import random_llama
 from torch_tensorrt_dist.parallel.llama import ShardSlice, shard_slice, tp_layout
+from torch_tensorrt_dist.parallel.llama_load import random_llama
 
 
 def test_layout_errors_name_the_fix() -> None:

@@ -11,10 +11,11 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from torch_tensorrt_dist.errors import CheckpointError, ConfigError
-from torch_tensorrt_dist.models import loader
-from torch_tensorrt_dist.models.loader import load_llama
+from torch_tensorrt_dist.models.llama_args import read_config
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
+from torch_tensorrt_dist.parallel import llama_load as loader
 from torch_tensorrt_dist.parallel.llama import shard_slice, tp_layout
+from torch_tensorrt_dist.parallel.llama_load import load_llama
 
 from . import _llama_ckpt
 
@@ -59,7 +60,7 @@ def test_each_rank_reads_only_its_slices(
     _llama_ckpt.save_checkpoint("llama_gqa", tmp_path, shard_kb=60)  # 4 heads, 2 KV, vocab 160
     full = {k: v for f in tmp_path.glob("*.safetensors") for k, v in load_file(f).items()}
     total = sum(t.numel() * t.element_size() for t in full.values())
-    args = loader.read_config(tmp_path)
+    args = read_config(tmp_path)
     per_rank_bytes = []
     sharded_read: dict[str, int] = {}
     for rank in range(world):

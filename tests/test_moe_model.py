@@ -13,8 +13,8 @@ from torch_tensorrt_dist.cli import main
 from torch_tensorrt_dist.errors import CheckpointError, ConfigError
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs, moe_args_from_hf_config
-from torch_tensorrt_dist.models.moe_loader import load_moe
 from torch_tensorrt_dist.parallel.moe import MoEGroups, moe_layout
+from torch_tensorrt_dist.parallel.moe_load import load_moe
 
 from . import _moe_ckpt
 
@@ -216,9 +216,9 @@ def test_experts_fused_on_disk_load_like_per_expert(mixtral: Path, tmp_path: Pat
     bytes: only this rank's experts' blocks."""
     from safetensors.torch import save_file
 
-    from torch_tensorrt_dist.models.moe_loader import _fused_slice
     from torch_tensorrt_dist.parallel.llama import ShardSlice
     from torch_tensorrt_dist.parallel.moe import MoELayout
+    from torch_tensorrt_dist.parallel.moe_load import _fused_slice
 
     hf = _moe_ckpt.hf_model("mixtral")
     (tmp_path / "config.json").write_text((mixtral / "config.json").read_text())

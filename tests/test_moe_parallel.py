@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from torch_tensorrt_dist.models.moe_loader import load_moe
+from torch_tensorrt_dist.parallel.moe_load import load_moe
 from torch_tensorrt_dist.testing import run_on_ranks
 
 from . import _llama_ckpt, _moe_ckpt
@@ -123,7 +123,7 @@ def test_decode_graph_at_ep2_tp2_has_collectives_on_two_groups(ckpts: dict[str, 
     for rank 3 of a fake world of 4: one graph; attention, embedding and LM head on TP group
     [2, 3]; the one MoE all-reduce of the sparse layer on [0, 1, 2, 3]."""
     from torch_tensorrt_dist.generation.moe_explain import explain_moe
-    from torch_tensorrt_dist.models.moe_loader import read_moe_config
+    from torch_tensorrt_dist.models.moe_args import read_moe_config
 
     args, moe = read_moe_config(ckpts["qwen2_moe"]["path"])
     report = explain_moe(args, moe, ep=2, tp=2, rank=3)

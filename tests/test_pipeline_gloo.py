@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from torch_tensorrt_dist.generation import Generator, SamplingConfig
-from torch_tensorrt_dist.models.loader import load_llama
+from torch_tensorrt_dist.parallel.llama_load import load_llama
 from torch_tensorrt_dist.testing import run_on_ranks
 
 from . import _llama_ckpt, _pipeline_fns

@@ -14,7 +14,7 @@ from torch_tensorrt_dist.generation.pipeline_explain import (
     explain_stages,
 )
 from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.models.loader import load_llama
+from torch_tensorrt_dist.parallel.llama_load import load_llama
 from torch_tensorrt_dist.parallel.pipeline_load import load_stage
 
 from . import _llama_ckpt

@@ -11,7 +11,7 @@ from torch import nn
 from torch_tensorrt_dist.models.llama import ModelArgs
 from torch_tensorrt_dist.models.moe import SparseMoE
 from torch_tensorrt_dist.models.moe_args import MoEArgs
-from torch_tensorrt_dist.models.moe_loader import random_moe
+from torch_tensorrt_dist.parallel.moe_load import random_moe
 from torch_tensorrt_dist.quantization import QuantConfig, quantize_model
 from torch_tensorrt_dist.quantization.experts import QuantizedQKNormLinear, QuantizedSparseMoE
 from torch_tensorrt_dist.quantization.tensors import (

@@ -93,3 +93,24 @@ def test_gloo_rank_past_the_timeout_is_named_and_both_fail() -> None:
 def test_gloo_ranks_that_agree_run_normally() -> None:
     results = run_on_ranks(_schedule_fns.mismatched, 2, "same", 20.0, timeout=180)
     assert [r["error"] for r in results] == [None, None]
+
+
+def test_store_exchange_counts_rounds_per_name_and_rank_and_names_missing_peers() -> None:
+    """The one exchange under agree, the schedule check and verify: ``prefix/name/round/rank``
+    keys, the n-th round of a name on every rank under the same key, missing peers named."""
+    from datetime import timedelta
+
+    from torch_tensorrt_dist.runtime.store_exchange import PeersMissing, StoreExchange
+
+    store = _DictStore()
+    first = StoreExchange.next_round(store, "test/x", (2, 3), rank=2)
+    again = StoreExchange.next_round(store, "test/x", (2, 3), rank=2)
+    peer = StoreExchange.next_round(store, "test/x", (2, 3), rank=3)
+    assert (first.base, again.base, peer.base) == ("test/x/2-3/0", "test/x/2-3/1", "test/x/2-3/0")
+    first.publish({"v": 1})
+    peer.publish([3])
+    assert store.data["test/x/2-3/0/2"] == b'{"v": 1}'
+    assert first.gather([2, 3], timedelta(seconds=1)) == {2: {"v": 1}, 3: [3]}
+    with pytest.raises(PeersMissing) as missing:
+        again.gather([2, 3], timedelta(seconds=1))
+    assert missing.value.missing == [2, 3] and isinstance(missing.value.__cause__, RuntimeError)

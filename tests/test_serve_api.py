@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from torch_tensorrt_dist.generation import Generator
-from torch_tensorrt_dist.models.loader import load_llama
 from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+from torch_tensorrt_dist.parallel.llama_load import load_llama
 
 from ._core_fns import one_thread
 from ._serve import Server, demo_with_chat_template, start_server

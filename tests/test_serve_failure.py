@@ -8,6 +8,7 @@ import concurrent.futures as cf
 import os
 import re
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -16,8 +17,8 @@ import pytest
 
 from torch_tensorrt_dist.cli import main
 from torch_tensorrt_dist.generation import Generator
-from torch_tensorrt_dist.models.moe_loader import load_moe
 from torch_tensorrt_dist.models.tokenizer import ByteTokenizer
+from torch_tensorrt_dist.parallel.moe_load import load_moe
 
 from . import _moe_ckpt
 from ._core_fns import one_thread
@@ -116,6 +117,11 @@ def test_a_killed_rank_ends_the_server_with_503s(moe: Any) -> None:
         (["--engine", "none", "--verify"], "compiles nothing"),
         (["--model", "/no/such/dir"], "neither a checkpoint directory nor a preset"),
         (["--artifacts", "/no/such/dir", "--model", "tiny"], "--artifacts replaces --model"),
+        (["--max-seq-len", "100000"], r"--max-seq-len 100000 exceeds the model's 256 positions"),
+        (["--step-timeout", "0"], r"--step-timeout 0 must be in \(0, 600\)"),
+        (["--step-timeout", "nan"], r"--step-timeout nan must be in"),
+        (["--step-timeout", "900"], "below the collective timeout"),
+        (["--api-key", "clé"], "--api-key must be printable ASCII"),
     ],
 )
 def test_bad_options_are_refused_before_any_rank_starts(
@@ -123,3 +129,17 @@ def test_bad_options_are_refused_before_any_rank_starts(
 ) -> None:
     assert main(["serve", *args]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("tp", ["1", "2"])
+def test_a_busy_port_is_refused_before_the_model_loads(
+    capsys: pytest.CaptureFixture[str], tp: str
+) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        start = time.monotonic()
+        assert main(["serve", "--tp", tp, "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port} (Address already in use)" in capsys.readouterr().err
+    assert time.monotonic() - start < 10  # no rank started, nothing loaded

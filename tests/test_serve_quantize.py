@@ -5,13 +5,19 @@ one-line refusals before any rank starts. In process, on the demo checkpoint, no
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
 
-from torch_tensorrt_dist.cli import _serve_rank, build_parser, main
+from torch_tensorrt_dist.cli import _serve_job, build_parser, main
+from torch_tensorrt_dist.cli._options import run_config
+from torch_tensorrt_dist.cli._rank import plan_run
+from torch_tensorrt_dist.config import ServeJob
+from torch_tensorrt_dist.families import Rank
 from torch_tensorrt_dist.generation.core import Request
 from torch_tensorrt_dist.quantization.modules import WeightOnlyLinear
+from torch_tensorrt_dist.quantization.scheme import QuantConfig
 
 PROMPT = "The return statement"
 
@@ -26,9 +32,17 @@ def test_serving_core_on_a_quantized_shard_gives_generates_tokens(
     assert len(want) >= 4  # greedy ids of the quantized model (it stops at </s> or 12)
 
     ns = build_parser().parse_args(["serve", *args, "--max-batch-size", "2"])
-    ns.tp = 1  # what `serve` sets outside a launcher
-    plan = _serve_rank.plan(ns)
-    gen, tok, _ = _serve_rank._load(ns, plan, 1, "cpu")
+    config, spec, plan = plan_run(run_config(ns, ServeJob(port=0)))  # as every rank plans
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:  # one rank of one: its shard, quantized (and its stop signals and socket: undone)
+        built = _serve_job.build(Rank(config, spec, plan))
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(-1)
+    built.sock.close()
+    gen, tok = built.generator, built.tokenizer
+    assert (built.rows, config.quantize) == (2, QuantConfig("int8"))
     quantized = [m for m in gen.model.modules() if isinstance(m, WeightOnlyLinear)]
     assert len(quantized) == 7 * plan.args.n_layers  # q, k, v, o, w1, w2, w3 of every block
     stop = tuple(tok.eos_ids or plan.args.eos_token_ids)
@@ -51,15 +65,21 @@ def test_serving_core_on_a_quantized_shard_gives_generates_tokens(
             "groups of 64 or 128",
         ),
         (["--group-size", "64"], "--group-size needs --quantize int8 or --quantize int4"),
-        (
+        (  # generate --artifacts and serve --artifacts take what the artifacts hold
             ["--quantize", "int8", "--artifacts", "ARTIFACTS"],
-            "--quantize int8 with --artifacts: the artifacts hold their weights as compiled",
+            "--quantize int8: the artifacts were compiled without --quantize (their weights are "
+            "fp32); drop --quantize, or recompile",
         ),
     ],
 )
 def test_serve_refuses_bad_quantize_options_in_one_line(
     extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from torch_tensorrt_dist.artifacts.manifest import write_manifest
+
+    from .test_quantization_artifacts import _manifest
+
+    write_manifest(tmp_path, _manifest(None))  # artifacts compiled without --quantize
     extra = [str(tmp_path) if a == "ARTIFACTS" else a for a in extra]
     assert main(["serve", "--port", "0", *extra]) == 2
     err = capsys.readouterr().err.strip()

@@ -17,8 +17,8 @@ from torch_tensorrt_dist.generation.core import Request
 from torch_tensorrt_dist.generation.detok import Detokenizer
 from torch_tensorrt_dist.generation.plan import StepPlan
 from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.models.loader import random_llama
 from torch_tensorrt_dist.models.tokenizer import ByteTokenizer
+from torch_tensorrt_dist.parallel.llama_load import random_llama
 
 pytest.importorskip("fastapi")
 

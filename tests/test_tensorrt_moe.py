@@ -15,8 +15,8 @@ from torch_tensorrt_dist.generation.generate import compile_step, paged_step, se
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs
-from torch_tensorrt_dist.models.moe_loader import random_moe
 from torch_tensorrt_dist.ops.experts import EXPERTS_OP
+from torch_tensorrt_dist.parallel.moe_load import random_moe
 
 from ._trt_checks import detailed_layers, torch_ops_left
 

@@ -27,9 +27,9 @@ from torch_tensorrt_dist.generation import Generator, SamplingConfig, TextStream
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe import MoETransformer
 from torch_tensorrt_dist.models.moe_args import MoEArgs
-from torch_tensorrt_dist.models.moe_loader import load_moe, random_moe
 from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 from torch_tensorrt_dist.parallel.moe import MoEGroups, make_moe_mesh, moe_groups
+from torch_tensorrt_dist.parallel.moe_load import load_moe, random_moe
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: the model without --model: 2 layers, 8 experts of which each token uses 2

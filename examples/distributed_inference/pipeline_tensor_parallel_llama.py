@@ -29,9 +29,9 @@ import torch.distributed as dist
 import torch_tensorrt_dist
 from torch_tensorrt_dist.generation import Generator, SamplingConfig, TextStream
 from torch_tensorrt_dist.generation.pipeline import PipelineGenerator
-from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.models.loader import load_llama, random_llama, read_config
+from torch_tensorrt_dist.models.llama_args import ModelArgs, read_config
 from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+from torch_tensorrt_dist.parallel.llama_load import load_llama, random_llama
 from torch_tensorrt_dist.parallel.pipeline import (
     PipelineStage,
     check_mesh,

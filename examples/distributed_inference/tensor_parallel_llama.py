@@ -25,9 +25,9 @@ import torch
 import torch_tensorrt_dist
 from torch_tensorrt_dist.generation import Generator, SamplingConfig, TextStream
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
-from torch_tensorrt_dist.models.loader import load_llama, random_llama
 from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 from torch_tensorrt_dist.parallel import make_mesh
+from torch_tensorrt_dist.parallel.llama_load import load_llama, random_llama
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -50,3 +50,12 @@ class RankFailedError(TensorRTDistError):
     def __init__(self, message: str, *, failed_rank: int) -> None:
         super().__init__(message)
         self.failed_rank = failed_rank
+
+
+class StepTimeoutError(TensorRTDistError):
+    """A server's step made no progress within ``--step-timeout``: a rank did not answer.
+    ``failed_rank`` is that rank (None: rank 0 itself), the cause launchers report."""
+
+    def __init__(self, message: str, *, failed_rank: int | None) -> None:
+        super().__init__(message)
+        self.failed_rank = failed_rank

@@ -15,10 +15,13 @@ is accepted as 1000).
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +33,14 @@ __all__ = [
     "check_bool",
     "check_float",
     "check_int",
+    "check_known_options",
     "check_output_file",
     "check_seed",
     "check_text",
     "config_bool",
     "config_float",
     "config_int",
+    "parse_size",
 ]
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -138,6 +143,16 @@ def check_text(text: Any, *, name: str) -> str:
     return text
 
 
+def check_known_options(options: Mapping[str, Any], known: set[str], what: str) -> None:
+    """Raise :class:`ConfigError` naming the first key of ``options`` not in ``known``, with
+    the closest valid key and the full list (options are never dropped silently)."""
+    for key in options:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown {what} {key!r}{hint} (known: {', '.join(sorted(known))})")
+
+
 def check_output_file(path: str | os.PathLike[str], *, name: str) -> Path:
     """A file path that can be written: not a directory, in an existing, writable directory.
     Checked before long work whose result goes there."""
@@ -150,6 +165,41 @@ def check_output_file(path: str | os.PathLike[str], *, name: str) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise ConfigError(f"{name} {out} is not writable; choose another path")
     return out
+
+
+#: the units :func:`parse_size` takes (lower case): IEC binary and SI decimal multiples of a byte
+SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_SIZE = re.compile(r"\s*([+-]?)(\d{1,20}(?:\.\d{1,20})?)\s*([A-Za-z]*)\s*")
+_SIZE_FORMS = (
+    "give bytes as an integer (1073741824) or a number with a unit: KiB, MiB, GiB, TiB (powers "
+    "of 1024) or KB, MB, GB, TB (powers of 1000), in any case, e.g. 4GiB or 1.5gb"
+)
+
+
+def parse_size(text: str, *, name: str) -> int:
+    """Bytes from a size as users write it: ``1073741824``, ``4GiB``, ``512 MiB``, ``1.5GB``,
+    ``2gib`` (IEC units are powers of 1024, SI units powers of 1000, as Kubernetes reads
+    them; a fraction is rounded down to whole bytes). ConfigError naming ``name`` and the
+    accepted forms for anything else; a size of 0 bytes or less is refused."""
+    match = _SIZE.fullmatch(text)
+    unit = match.group(3).lower() if match else None
+    if match is None or unit not in SIZE_UNITS:
+        raise ConfigError(f"{name} {text!r} is not a size: {_SIZE_FORMS}")
+    size = int(Decimal(match.group(2)) * SIZE_UNITS[unit])
+    if match.group(1) == "-" or size < 1:
+        raise ConfigError(f"{name} {text!r} is not above 0 bytes: give a positive size, e.g. 4GiB")
+    return size
 
 
 def _config_value(cfg: Mapping[str, Any], key: str, default: Any, what: str, file: str) -> Any:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.models.loader import random_llama
+from torch_tensorrt_dist.parallel.llama_load import random_llama
 from torch_tensorrt_dist.runtime import init_distributed
 
 

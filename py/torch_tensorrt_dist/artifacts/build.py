@@ -4,13 +4,14 @@
     # or, on every rank of an initialised world:
     compile_artifacts("PATH", "DIR", max_seq_len=256, buckets=[16, 64])
 
-Order of writes: rank 0 first checks the output directory and removes an old
-``manifest.json``; every rank loads its shard, then writes its files (each through a temporary
-name and a rename) and ``rank-R/rank.json`` (its entry); only when every rank has succeeded
-does rank 0 write the manifest (listing ``rank.json`` too, sealed with its digest). Each of
-these steps ends in a verdict of all ranks (``runtime.agree``): a rank that fails stops every
-rank with its error instead of leaving them in a barrier. A compile that crashes midway leaves
-no manifest, and loading refuses the directory.
+Order of writes: every rank loads its shard (as ``torchtrt-dist compile``: the family's spec,
+``families/``); rank 0 checks the output directory and removes an old ``manifest.json``; every
+rank writes its files (each through a temporary name and a rename) and ``rank-R/rank.json``
+(its entry); only when every rank has succeeded does rank 0 write the manifest (listing
+``rank.json`` too, sealed with its digest). Each of these steps ends in a verdict of all ranks
+(``runtime.agree``): a rank that fails stops every rank with its error instead of leaving them
+in a barrier. A compile that crashes midway leaves no manifest, and loading refuses the
+directory.
 """
 
 from __future__ import annotations
@@ -40,19 +41,24 @@ from torch_tensorrt_dist.artifacts.manifest import (
     sha256_file,
     write_manifest,
 )
+from torch_tensorrt_dist.config.jobs import CompileJob
+from torch_tensorrt_dist.config.run import CacheOptions, Layout, ModelOptions, Parallel, RunConfig
 from torch_tensorrt_dist.errors import ArtifactError, ConfigError
+from torch_tensorrt_dist.families.spec import ModelPlan, Rank
 from torch_tensorrt_dist.generation.buckets import MIN_BUCKET
-from torch_tensorrt_dist.models.llama import PRESETS, ModelArgs, Transformer
-from torch_tensorrt_dist.parallel.llama import Embedding, LMHead
-from torch_tensorrt_dist.quantization import QuantConfig, check_group_slices, quantize_model
+from torch_tensorrt_dist.models.dtypes import DTYPES, dtype_name
+from torch_tensorrt_dist.models.llama import Transformer
+from torch_tensorrt_dist.quantization import QuantConfig
 from torch_tensorrt_dist.runtime.agree import agreed
 
 __all__ = [
     "CompileResult",
     "check_artifact_quantization",
+    "check_compile",
     "check_output_dir",
     "compile_artifacts",
     "default_buckets",
+    "write_artifacts",
 ]
 
 logger = logging.getLogger(__name__)
@@ -65,7 +71,6 @@ TOKENIZER_FILES = (
     "generation_config.json",
     "chat_template.jinja",  # the chat template, where transformers saved it apart
 )
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclass
@@ -82,26 +87,6 @@ def default_buckets(cache_len: int) -> list[int]:
         out.append(b)
         b *= 2
     return out or [min(MIN_BUCKET, cache_len - 1)]
-
-
-def resolve_model(model: str | Path | None) -> tuple[Path | None, str | None]:
-    """(checkpoint directory, None) or (None, preset name); None means the demo checkpoint,
-    or the ``tiny`` preset where the demo is not installed."""
-    if model is None:
-        try:
-            from torch_tensorrt_dist.models.demo import demo_checkpoint_path
-
-            return demo_checkpoint_path(), None
-        except (ImportError, ConfigError):
-            return None, "tiny"
-    if Path(model).is_dir():
-        return Path(model), None
-    if str(model) in PRESETS:
-        return None, str(model)
-    raise ConfigError(
-        f"model {str(model)!r} is neither a checkpoint directory nor a preset "
-        f"({', '.join(sorted(PRESETS))})"
-    )
 
 
 def check_artifact_quantization(quantize: QuantConfig | None) -> None:
@@ -220,34 +205,91 @@ def _read_rank(root: Path, rank: int) -> RankEntry:
     )
 
 
-def _load(
-    path: Path | None,
-    preset: str | None,
-    args: ModelArgs,
-    group: dist.ProcessGroup | None,
-    dtype: torch.dtype,
-    device: torch.device,
-    lm_head: LMHead,
-    embedding: Embedding,
-    preset_seed: int,
-) -> Transformer:
-    """This rank's shard of the checkpoint, or of a preset with random weights."""
-    from torch_tensorrt_dist.models.loader import load_llama, random_llama
-
-    if path is None:
-        net = random_llama(
-            args, seed=preset_seed, group=group, dtype=dtype, lm_head=lm_head, embedding=embedding
+def check_compile(config: RunConfig, plan: ModelPlan) -> tuple[int, list[int]]:
+    """What a compile refuses before any weight is read (the launching process and every rank
+    check it); returns the cache length (default 256, at most the model's positions) and the
+    prefill buckets."""
+    if config.engine != "inductor":
+        raise ConfigError(
+            f"--engine {config.engine}: TensorRT artifacts are not built yet (a TensorRT engine "
+            "freezes the KV-cache buffers; they must become engine inputs first); use --engine "
+            "inductor"
         )
-        return net.to(device)
-    return load_llama(
-        path,
-        group=group,
-        dtype=dtype,
-        device=device,
-        lm_head=lm_head,
-        embedding=embedding,
-        max_seq_len=args.max_seq_len,
-        progress=False,
+    check_artifact_quantization(config.quantize)
+    cache_len = config.cache.max_seq_len or min(plan.args.max_seq_len, 256)
+    job = config.job
+    asked = job.buckets if isinstance(job, CompileJob) else None
+    buckets = sorted(set(asked or default_buckets(cache_len)))
+    bad = [b for b in buckets if not 0 < b < cache_len]
+    if bad:
+        raise ConfigError(
+            f"buckets {bad} do not fit the sequence length {cache_len}: each must be in "
+            f"[1, {cache_len - 1}]"
+        )
+    return cache_len, buckets
+
+
+def write_artifacts(
+    rank: Rank,
+    net: Transformer,
+    *,
+    wrapper_opt_level: str = "O1",
+    started: float | None = None,
+) -> CompileResult:
+    """Compile this rank's loaded (and quantized) shard ``net`` into the job's ``out``: call on
+    every rank (TP over the whole world); rank 0 writes the manifest last."""
+    start = time.perf_counter() if started is None else started
+    config, plan = rank.config, rank.plan
+    cache_len, buckets = check_compile(config, plan)
+    job = config.job
+    if not isinstance(job, CompileJob):
+        raise ConfigError(f"{config.command} does not write artifacts")
+    root, rows = Path(job.out), config.cache.max_batch_size or 1
+    # every step a rank does alone ends in a verdict of all ranks (runtime.agree): a rank that
+    # fails stops every rank with its error, and no rank waits for it in a collective
+    with agreed("creating the output directory"):
+        if rank.index == 0:
+            check_output_dir(root)
+            root.mkdir(parents=True, exist_ok=True)
+            (root / MANIFEST_NAME).unlink(missing_ok=True)  # the old set is no longer complete
+    # each rank writes its files and rank.json; rank 0 reads every entry back from disk
+    with agreed("writing the artifacts"):  # every rank's files and rank.json are in place
+        net.setup_caches(rows, cache_len)
+        _build_rank(net, root, rank.index, buckets, rows, wrapper_opt_level)
+    manifest_path = root / MANIFEST_NAME
+    with agreed("writing the manifest"):  # nobody returns before the manifest exists
+        if rank.index == 0:
+            write_manifest(root, _manifest(rank, root, buckets, rows, cache_len))
+            logger.info("wrote %s", manifest_path)
+    if not manifest_path.is_file():
+        raise ArtifactError(f"rank 0 did not write {manifest_path}")
+    return CompileResult(manifest_path, time.perf_counter() - start)
+
+
+def _manifest(rank: Rank, root: Path, buckets: list[int], rows: int, cache_len: int) -> Manifest:
+    config, plan, world, group = rank.config, rank.plan, rank.world, rank.group
+    path, args = plan.path, plan.args
+    return Manifest(
+        engine=config.engine,
+        world_size=world,
+        tp=world,
+        pp=1,
+        groups=[GroupEntry(group.group_name, list(range(world)), "tp")] if group else [],
+        ranks=[_read_rank(root, r) for r in range(world)],
+        dtype=config.model.dtype,
+        buckets=list(buckets),
+        max_batch_size=rows,
+        cache_len=cache_len,
+        model_args=asdict(args),
+        checkpoint={
+            "source": str(path.resolve()) if path is not None else f"preset:{plan.preset}",
+            "sha256": checkpoint_hash(path) if path is not None else args_hash(args, 0),
+        },
+        options={"lm_head": config.model.lm_head, "embedding": config.model.embedding},
+        tokenizer=_copy_tokenizer(path, root),
+        versions=running_versions(),
+        device=torch.device(rank.device).type,
+        quantization=None if config.quantize is None else config.quantize.to_dict(),
     )
 
 
@@ -260,98 +302,51 @@ def compile_artifacts(
     max_seq_len: int | None = None,
     max_batch_size: int = 1,
     buckets: Sequence[int] | None = None,
-    lm_head: LMHead = "vocab_parallel",
-    embedding: Embedding = "vocab_parallel",
+    lm_head: Layout = "vocab_parallel",
+    embedding: Layout = "vocab_parallel",
     pp: int = 1,
-    preset_seed: int = 0,
     wrapper_opt_level: str = "O1",
     quantize: QuantConfig | None = None,
 ) -> CompileResult:
     """Compile this rank's graphs into ``out``; call on every rank (TP over the whole world).
 
-    ``model``: a checkpoint directory or a preset name (random weights from ``preset_seed``).
+    ``model``: a checkpoint directory or a preset name (random weights, seed 0), read and
+    loaded as ``torchtrt-dist compile`` does (the dense family's spec).
     ``quantize``: weight-only quantization of this rank's shard before export (the codes and
     scales are what ``weights.safetensors`` holds; the manifest records the scheme).
     ``wrapper_opt_level``: see :func:`inductor.compile_graph` (the tests use ``O0``).
     """
-    from torch_tensorrt_dist.models.loader import read_config
+    from torch_tensorrt_dist.families import checkpoint_spec
 
     start = time.perf_counter()
-    if pp != 1:
-        raise ConfigError(
-            f"compile --pp {pp}: pipeline artifacts are not supported yet; compile with --tp "
-            "only (tensor parallel over every rank)"
-        )
-    if engine != "inductor":
-        raise ConfigError(
-            f"compile --engine {engine!r}: only inductor artifacts are built so far. TensorRT "
-            "artifacts need the KV caches passed to the engines as inputs (a TensorRT engine "
-            "freezes buffers), which the model does not do yet; use --engine inductor"
-        )
-    check_artifact_quantization(quantize)
-    if dtype not in DTYPE_NAMES:
-        raise ConfigError(f"dtype {dtype} is not one of {', '.join(DTYPE_NAMES.values())}")
-    root = Path(out)
+    name = dtype_name(dtype)
+    if name is None:
+        raise ConfigError(f"dtype {dtype} is not one of {', '.join(DTYPES)}")
     world = dist.get_world_size() if dist.is_initialized() else 1
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    group = dist.group.WORLD if world > 1 else None
-    path, preset = resolve_model(model)
-    args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
-    check_group_slices(args, tp=world, config=quantize)
-    cache_len = min(args.max_seq_len, max_seq_len or min(args.max_seq_len, 256))
-    buckets = sorted(set(buckets or default_buckets(cache_len)))
-    bad = [b for b in buckets if not 0 < b < cache_len]
-    if bad:
-        raise ConfigError(
-            f"buckets {bad} do not fit the sequence length {cache_len}: each must be in "
-            f"[1, {cache_len - 1}]"
-        )
-    # every step a rank does alone ends in a verdict of all ranks (runtime.agree): a rank that
-    # fails stops every rank with its error, and no rank waits for it in a collective
-    with agreed("creating the output directory"):
-        if rank == 0:
-            check_output_dir(root)
-            root.mkdir(parents=True, exist_ok=True)
-            (root / MANIFEST_NAME).unlink(missing_ok=True)  # the old set is no longer complete
+    config = RunConfig(
+        "compile",
+        ModelOptions(
+            None if model is None else str(model), dtype=name, lm_head=lm_head, embedding=embedding
+        ),
+        Parallel(tp=world, pp=pp),
+        CompileJob(str(out), None if buckets is None else tuple(buckets)),
+        engine=engine,
+        quantize=quantize,
+        cache=CacheOptions(max_batch_size=max_batch_size, max_seq_len=max_seq_len),
+    )
+    spec = checkpoint_spec(config)
+    plan = spec.plan(config)
+    check_compile(config, plan)
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    rank = Rank(
+        config,
+        spec,
+        plan,
+        index=dist.get_rank() if dist.is_initialized() else 0,
+        world=world,
+        device=torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"),
+        group=dist.group.WORLD if world > 1 else None,
+    )
     with agreed("loading the checkpoint"):
-        net = _load(path, preset, args, group, dtype, device, lm_head, embedding, preset_seed)
-        if quantize is not None:
-            quantize_model(net, quantize, engine="inductor")
-        net.setup_caches(max_batch_size, cache_len)
-    # each rank writes its files and rank.json; rank 0 reads every entry back from disk
-    with agreed("writing the artifacts"):  # every rank's files and rank.json are in place
-        _build_rank(net, root, rank, buckets, max_batch_size, wrapper_opt_level)
-    manifest_path = root / MANIFEST_NAME
-    with agreed("writing the manifest"):  # nobody returns before the manifest exists
-        if rank == 0:
-            manifest = Manifest(
-                engine=engine,
-                world_size=world,
-                tp=world,
-                pp=1,
-                groups=[GroupEntry(group.group_name, list(range(world)), "tp")] if group else [],
-                ranks=[_read_rank(root, r) for r in range(world)],
-                dtype=DTYPE_NAMES[dtype],
-                buckets=list(buckets),
-                max_batch_size=max_batch_size,
-                cache_len=cache_len,
-                model_args=asdict(args),
-                checkpoint={
-                    "source": str(path.resolve()) if path is not None else f"preset:{preset}",
-                    "sha256": checkpoint_hash(path)
-                    if path is not None
-                    else args_hash(args, preset_seed),
-                },
-                options={"lm_head": lm_head, "embedding": embedding},
-                tokenizer=_copy_tokenizer(path, root),
-                versions=running_versions(),
-                device=device.type,
-                quantization=None if quantize is None else quantize.to_dict(),
-            )
-            write_manifest(root, manifest)
-            logger.info("wrote %s", manifest_path)
-    if not manifest_path.is_file():
-        raise ArtifactError(f"rank 0 did not write {manifest_path}")
-    return CompileResult(manifest_path, time.perf_counter() - start)
+        net = rank.model()
+    return write_artifacts(rank, net, wrapper_opt_level=wrapper_opt_level, started=start)

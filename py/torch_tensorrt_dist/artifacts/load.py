@@ -39,6 +39,7 @@ from torch_tensorrt_dist.artifacts.manifest import (
 from torch_tensorrt_dist.errors import ArtifactError, ConfigError
 from torch_tensorrt_dist.generation.buckets import check_request
 from torch_tensorrt_dist.generation.generate import Generator, StepFn
+from torch_tensorrt_dist.models.dtypes import DTYPES
 from torch_tensorrt_dist.models.llama_args import ModelArgs, RopeScaling
 from torch_tensorrt_dist.ops.groups import check_group_ranks
 from torch_tensorrt_dist.runtime.agree import agreed
@@ -53,8 +54,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def model_args(manifest: Manifest) -> ModelArgs:
@@ -216,7 +215,7 @@ def _load_generator(
     )
     check_device(manifest, dev.type)
     constants = read_weights(opened.root / entry.files["weights"].path, dev)
-    dtype = _DTYPES[manifest.dtype]
+    dtype = DTYPES[manifest.dtype]
     for name, shape in entry.state.items():
         constants[name] = torch.zeros(shape, dtype=dtype, device=dev)
     roles = [r for r in entry.files if r == "decode" or r.startswith("prefill-")]

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import threading
-from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -29,6 +27,7 @@ import torch.distributed as dist
 
 from torch_tensorrt_dist.backend.report import CollectiveInfo
 from torch_tensorrt_dist.errors import ScheduleMismatchError
+from torch_tensorrt_dist.runtime.store_exchange import PeersMissing, StoreExchange
 
 __all__ = ["Schedule", "check_schedule", "first_difference", "schedule_of", "with_schedule_check"]
 
@@ -38,8 +37,6 @@ logger = logging.getLogger(__name__)
 Schedule = dict[tuple[int, ...], list[str]]
 
 _KEY_PREFIX = "torch_tensorrt_dist/schedule"
-_lock = threading.Lock()
-_rounds: Counter[tuple[int, ...]] = Counter()  # checks made per group in this process
 
 
 def _signature(c: CollectiveInfo) -> str:
@@ -74,59 +71,48 @@ def check_schedule(
     """Compare this rank's schedule with every peer's, group by group (raises on a mismatch)."""
     if not schedule:
         return
-    store = store if store is not None else dist.distributed_c10d._get_default_store()
-    rank = dist.get_rank() if rank is None else rank
     for ranks in sorted(schedule):
-        with _lock:
-            round_ = _rounds[ranks]
-            _rounds[ranks] += 1
-        base = f"{_KEY_PREFIX}/{'-'.join(map(str, ranks))}/{round_}"
+        exchange = StoreExchange.next_round(store, _KEY_PREFIX, ranks, rank=rank)
         try:
-            store.set(f"{base}/{rank}", json.dumps(schedule[ranks]))
-            _compare(store, base, ranks, rank, schedule[ranks], round_, timeout_s)
+            exchange.publish(schedule[ranks])
+            _compare(exchange, ranks, schedule[ranks], timeout_s)
         except ScheduleMismatchError as exc:
-            message = f"rank {rank}: {exc}"
+            message = f"rank {exchange.rank}: {exc}"
             with contextlib.suppress(Exception):
-                store.set(f"{base}/error", message)  # peers that arrive later fail too
+                exchange.store.set(f"{exchange.base}/error", message)  # later peers fail too
             raise ScheduleMismatchError(message) from exc.__cause__
         except (RuntimeError, OSError) as exc:  # DistNetworkError, DistStoreError...
             raise ScheduleMismatchError(
-                f"rank {rank}: could not reach the c10d store for the collective-schedule check "
-                f"of group {list(ranks)} ({type(exc).__name__}: {exc}); the rank that hosts it "
-                "(usually rank 0) has probably failed or exited: look at its log"
+                f"rank {exchange.rank}: could not reach the c10d store for the "
+                f"collective-schedule check of group {list(ranks)} ({type(exc).__name__}: "
+                f"{exc}); the rank that hosts it (usually rank 0) has probably failed or exited: "
+                "look at its log"
             ) from exc
     logger.debug("collective schedule agreed with peers for %d group(s)", len(schedule))
 
 
 def _compare(
-    store: Any,
-    base: str,
-    ranks: tuple[int, ...],
-    rank: int,
-    mine: list[str],
-    round_: int,
-    timeout_s: float,
+    exchange: StoreExchange, ranks: tuple[int, ...], mine: list[str], timeout_s: float
 ) -> None:
-    peers = [r for r in ranks if r != rank]
-    keys = [f"{base}/{r}" for r in peers]
+    rank, store = exchange.rank, exchange.store
+    round_ = exchange.base.rsplit("/", 1)[1]
     try:
-        store.wait(keys, timedelta(seconds=timeout_s))
-    except Exception as exc:  # the store raises a RuntimeError/DistStoreError on timeout
-        missing = [r for r, k in zip(peers, keys) if not store.check([k])]
+        peers = exchange.gather([r for r in ranks if r != rank], timedelta(seconds=timeout_s))
+    except PeersMissing as exc:
+        cause = exc.__cause__
         raise ScheduleMismatchError(
-            f"ranks {missing or peers} of group {list(ranks)} did not reach the "
+            f"ranks {exc.missing} of group {list(ranks)} did not reach the "
             f"collective-schedule check #{round_} within {timeout_s:g} s: they compiled a "
             "different graph (different code path, inputs or recompilation), are much "
             "slower, or died. Look at their logs; raise schedule_timeout_s if they are only "
-            f"slow ({type(exc).__name__}: {exc})"
-        ) from exc
-    if store.check([f"{base}/error"]):
+            f"slow ({type(cause).__name__}: {cause})"
+        ) from cause
+    if store.check([f"{exchange.base}/error"]):
         raise ScheduleMismatchError(
             f"a peer gave up on the collective-schedule check #{round_} of group "
-            f"{list(ranks)}: {store.get(f'{base}/error').decode()}"
+            f"{list(ranks)}: {store.get(f'{exchange.base}/error').decode()}"
         )
-    for peer, key in zip(peers, keys):
-        theirs = json.loads(store.get(key))
+    for peer, theirs in peers.items():
         diff = first_difference(mine, theirs)
         if diff is not None:
             i, a, b = diff

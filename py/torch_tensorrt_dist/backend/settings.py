@@ -2,31 +2,20 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.validation import check_known_options
 
 __all__ = [
     "COLLECTIVE_IMPLS",
     "ENGINES",
     "ENV_COLLECTIVE_IMPL",
     "CompileSettings",
-    "check_known_options",
 ]
-
-
-def check_known_options(options: Mapping[str, Any], known: set[str], what: str) -> None:
-    """Raise :class:`ConfigError` naming the first key of ``options`` not in ``known``, with
-    the closest valid key and the full list (options are never dropped silently)."""
-    for key in options:
-        if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown {what} {key!r}{hint} (known: {', '.join(sorted(known))})")
 
 
 ENGINES = ("tensorrt", "inductor", "eager")

@@ -29,10 +29,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import logging
-import threading
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -46,6 +43,7 @@ from torch.utils._pytree import tree_flatten
 
 from torch_tensorrt_dist.backend.report import CollectiveInfo
 from torch_tensorrt_dist.errors import VerificationError
+from torch_tensorrt_dist.runtime.store_exchange import PeersMissing, StoreExchange
 
 __all__ = [
     "DEFAULT_TOLERANCES",
@@ -71,8 +69,6 @@ DEFAULT_TOLERANCES: dict[torch.dtype, float] = {
 OTHER_FLOAT_TOLERANCE = 1e-1
 
 _KEY_PREFIX = "torch_tensorrt_dist/verify"
-_lock = threading.Lock()
-_rounds: Counter[tuple[int, ...]] = Counter()  # verdict exchanges per group in this process
 _graph_ids = itertools.count()  # compiled graphs verified by this process, in compile order
 
 
@@ -269,34 +265,31 @@ def exchange_verdicts(
     """
     if not groups:
         return []
-    store = store if store is not None else dist.distributed_c10d._get_default_store()
     rank = dist.get_rank() if rank is None else rank
     failures: dict[int, str] = {}
-    keys: dict[tuple[int, ...], str] = {}
     try:
-        for ranks in sorted(groups):
-            with _lock:
-                round_ = _rounds[ranks]
-                _rounds[ranks] += 1
-            keys[ranks] = f"{_KEY_PREFIX}/{'-'.join(map(str, ranks))}/{round_}"
-            store.set(f"{keys[ranks]}/{rank}", json.dumps({"failure": verdict}))
-        for ranks in sorted(groups):
-            peers = [r for r in ranks if r != rank]
-            peer_keys = [f"{keys[ranks]}/{r}" for r in peers]
+        rounds = {
+            ranks: StoreExchange.next_round(store, _KEY_PREFIX, ranks, rank=rank)
+            for ranks in sorted(groups)
+        }
+        for exchange in rounds.values():
+            exchange.publish({"failure": verdict})
+        for ranks, exchange in rounds.items():
             try:
-                store.wait(peer_keys, timedelta(seconds=timeout_s))
-            except Exception as exc:  # a RuntimeError/DistStoreError on timeout
-                missing = [r for r, k in zip(peers, peer_keys) if not store.check([k])]
+                peers = exchange.gather(
+                    [r for r in ranks if r != rank], timedelta(seconds=timeout_s)
+                )
+            except PeersMissing as exc:
+                cause = exc.__cause__
                 raise VerificationError(
-                    f"rank {rank}: ranks {missing or peers} of group {list(ranks)} did not "
+                    f"rank {rank}: ranks {exc.missing} of group {list(ranks)} did not "
                     f"report their verification verdict within {timeout_s:g} s: they failed, "
                     "are much slower, or compiled a different graph; look at their logs "
-                    f"({type(exc).__name__}: {exc})"
-                ) from exc
-            for peer, key in zip(peers, peer_keys):
-                failure = json.loads(store.get(key))["failure"]
-                if failure is not None:
-                    failures.setdefault(peer, failure)
+                    f"({type(cause).__name__}: {cause})"
+                ) from cause
+            for peer, value in peers.items():
+                if value["failure"] is not None:
+                    failures.setdefault(peer, value["failure"])
     except (RuntimeError, OSError) as exc:
         if isinstance(exc, VerificationError):
             raise

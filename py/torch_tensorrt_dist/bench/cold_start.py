@@ -39,7 +39,7 @@ def _rank(rank: int, world: int, model: str, out: str) -> dict[str, Any]:
     from torch_tensorrt_dist.artifacts import compile_artifacts, load_generator
     from torch_tensorrt_dist.generation import Generator
     from torch_tensorrt_dist.models.llama import ModelArgs
-    from torch_tensorrt_dist.models.loader import load_llama, random_llama
+    from torch_tensorrt_dist.parallel.llama_load import load_llama, random_llama
 
     group = dist.group.WORLD
     dist.barrier()

@@ -16,7 +16,7 @@ from torch_tensorrt_dist.backend import recording
 from torch_tensorrt_dist.backend.fake_world import fake_world
 from torch_tensorrt_dist.bench.common import Figure, bench_args
 from torch_tensorrt_dist.generation.generate import decode_example, paged_step, setup_example
-from torch_tensorrt_dist.models.loader import random_llama
+from torch_tensorrt_dist.parallel.llama_load import random_llama
 
 __all__ = ["compile_overhead"]
 

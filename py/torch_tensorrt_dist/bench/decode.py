@@ -66,7 +66,7 @@ def decode_rank(rank: int, world: int, n_layers: int, tokens: int) -> dict[str, 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from torch_tensorrt_dist.models.loader import random_llama
+    from torch_tensorrt_dist.parallel.llama_load import random_llama
 
     torch.manual_seed(0)
     args = bench_args(n_layers)

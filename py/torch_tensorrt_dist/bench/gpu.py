@@ -45,7 +45,7 @@ def gpu() -> list[Figure]:
         return [Figure("GPU", "TensorRT vs Inductor decode", "skipped", note=reason)]
     from torch_tensorrt_dist.bench.common import bench_args
     from torch_tensorrt_dist.bench.decode import _time_decode
-    from torch_tensorrt_dist.models.loader import random_llama
+    from torch_tensorrt_dist.parallel.llama_load import random_llama
 
     name = torch.cuda.get_device_name()
     args = bench_args(8, dim=1024, vocab=32000)

@@ -38,7 +38,7 @@ def write_checkpoint(path: Path, args: ModelArgs = ARGS) -> int:
     from safetensors.torch import save_file
 
     from torch_tensorrt_dist.models.llama import Transformer
-    from torch_tensorrt_dist.models.loader import hf_name
+    from torch_tensorrt_dist.parallel.llama_load import hf_name
 
     gen = torch.Generator().manual_seed(0)
     with torch.device("meta"):
@@ -80,7 +80,7 @@ def load_rank(rank: int, world: int, path: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     from torch_tensorrt_dist.models.llama import Transformer
-    from torch_tensorrt_dist.models.loader import load_llama
+    from torch_tensorrt_dist.parallel.llama_load import load_llama
 
     # The first model built on the meta device imports torch._refs, sympy and Dynamo (~200 MiB,
     # once per process, whatever the checkpoint's size; compiling needs them anyway): pay that

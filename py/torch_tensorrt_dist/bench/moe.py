@@ -120,7 +120,7 @@ def write_moe(path: Path, args: ModelArgs = ARGS, moe: MoEArgs = MOE) -> tuple[i
     from safetensors.torch import save_file
 
     from torch_tensorrt_dist.models.moe import MoETransformer
-    from torch_tensorrt_dist.models.moe_loader import expert_key, moe_hf_name
+    from torch_tensorrt_dist.parallel.moe_load import expert_key, moe_hf_name
 
     gen = torch.Generator().manual_seed(0)
     with torch.device("meta"):
@@ -161,8 +161,8 @@ def write_moe(path: Path, args: ModelArgs = ARGS, moe: MoEArgs = MOE) -> tuple[i
 def load_rank(rank: int, world: int, path: str, ep: int) -> dict[str, Any]:
     from torch_tensorrt_dist.bench.memory import _hwm_bytes
     from torch_tensorrt_dist.models.moe import MoETransformer
-    from torch_tensorrt_dist.models.moe_loader import load_moe
     from torch_tensorrt_dist.parallel.moe import make_moe_mesh, moe_groups
+    from torch_tensorrt_dist.parallel.moe_load import load_moe
 
     groups = moe_groups(make_moe_mesh(ep, world // ep))
     with torch.device("meta"):  # pay the one-time imports of meta tensors before the window

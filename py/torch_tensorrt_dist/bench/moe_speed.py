@@ -243,8 +243,8 @@ def measure(
 
 def speed_rank(rank: int, world: int, path: str) -> dict[str, Any]:
     """One rank of the EP run (``run_on_ranks(speed_rank, 2, path)``): ours only."""
-    from torch_tensorrt_dist.models.moe_loader import load_moe
     from torch_tensorrt_dist.parallel.moe import make_moe_mesh, moe_groups
+    from torch_tensorrt_dist.parallel.moe_load import load_moe
 
     model = load_moe(path, groups=moe_groups(make_moe_mesh(world, 1)), progress=False)
     _, out = measure(None, model, forms=("auto",))
@@ -376,7 +376,7 @@ def _ep_result(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def moe_speed() -> list[Figure]:
-    from torch_tensorrt_dist.models.moe_loader import load_moe
+    from torch_tensorrt_dist.parallel.moe_load import load_moe
     from torch_tensorrt_dist.testing import run_on_ranks
 
     threads = torch.get_num_threads()

@@ -85,7 +85,7 @@ def quantize_rank(
     import torch.distributed as dist
 
     from torch_tensorrt_dist.models.llama import Transformer
-    from torch_tensorrt_dist.models.loader import load_llama
+    from torch_tensorrt_dist.parallel.llama_load import load_llama
     from torch_tensorrt_dist.quantization import QuantConfig, quantize_model, weight_bytes
 
     # the first model built on the meta device imports torch._refs, sympy and Dynamo (~200

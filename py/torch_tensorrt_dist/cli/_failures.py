@@ -122,7 +122,7 @@ def prints_refusal(exc: BaseException, env: Mapping[str, str], *, joined: bool) 
         return True
     try:
         # only the ranks are read: a missing rendezvous address is refused (alike) elsewhere
-        plan = plan_from_env({"MASTER_ADDR": "-", "MASTER_PORT": "1", **env})
+        plan = plan_from_env(env, rendezvous=False)
     except TensorRTDistError:  # variables that do not fit: say it everywhere
         return True
     failed = getattr(exc, "failed_rank", None)

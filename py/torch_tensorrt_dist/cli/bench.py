@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any
 
+from torch_tensorrt_dist.cli._options import add_threads
+
 __all__ = ["register"]
 
 
@@ -34,6 +36,7 @@ def register(sub: Any) -> None:
         help="run only these sections (repeatable; default: all)",
     )
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
+    add_threads(p)
     p.set_defaults(func=run)
 
 
@@ -41,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from torch_tensorrt_dist.bench import SECTIONS, format_figures, run_sections
+    from torch_tensorrt_dist.runtime.threads import cores_given, rank_thread_count, use_threads
 
     if args.json:  # before the sections run: a wrong path would lose their figures
         from torch_tensorrt_dist.validation import check_output_file
@@ -52,12 +56,15 @@ def run(args: argparse.Namespace) -> int:
     def progress(name: str) -> None:
         print(f"[bench] {name} ({time.monotonic() - start:.0f} s)", file=sys.stderr, flush=True)
 
-    figures = run_sections(names, progress)
+    threads = rank_thread_count(args.threads)
+    with use_threads(threads):  # a section that runs its own ranks sets their threads itself
+        figures = run_sections(names, progress)
     machine = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
-        "cores": torch.get_num_threads(),
+        "cores": cores_given(),
+        "threads": threads,
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
     print(format_figures(figures))

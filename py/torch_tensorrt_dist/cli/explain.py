@@ -94,7 +94,7 @@ def _llama_args(args: argparse.Namespace) -> Any:
     from torch_tensorrt_dist.models.llama_args import ModelArgs
 
     if args.checkpoint:
-        from torch_tensorrt_dist.models.loader import read_config
+        from torch_tensorrt_dist.models.llama_args import read_config
         from torch_tensorrt_dist.models.weights_check import llama_tensors
 
         margs = read_config(args.checkpoint)
@@ -116,7 +116,7 @@ def _llama(mesh: Any, args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
     64-token cache) of the Llama TP plan, or with ``--graph prefill`` the prefill of one
     ``--seq``-token chunk."""
     from torch_tensorrt_dist.generation import generate
-    from torch_tensorrt_dist.models.loader import random_llama
+    from torch_tensorrt_dist.parallel.llama_load import random_llama
 
     model = random_llama(
         _llama_args(args), group=mesh.get_group(), lm_head=args.lm_head, embedding=args.embedding
@@ -308,7 +308,7 @@ def _run_moe(args: argparse.Namespace) -> int:
             f"--ep {ep} x --tp {tp} = {ep * tp} ranks does not match --world-size {args.world_size}"
         )
     if args.checkpoint:
-        from torch_tensorrt_dist.models.moe_loader import read_moe_config
+        from torch_tensorrt_dist.models.moe_args import read_moe_config
         from torch_tensorrt_dist.models.weights_check import moe_tensors
 
         margs, moe = read_moe_config(args.checkpoint)

@@ -20,18 +20,25 @@ import os
 import shutil
 import signal
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from torch_tensorrt_dist.cli._quantize import add_quantize_args
-from torch_tensorrt_dist.cli._serve_rank import API_KEY_ENV
-from torch_tensorrt_dist.cli.generate import DTYPES, ENGINE_CHOICES
-from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError
+from torch_tensorrt_dist.cli._options import (
+    add_engine,
+    add_kv_cache,
+    add_layout,
+    add_model,
+    add_quantize,
+    add_threads,
+)
+from torch_tensorrt_dist.cli._rank import start
+from torch_tensorrt_dist.cli._serve_job import API_KEY_ENV
+from torch_tensorrt_dist.config.jobs import DEFAULT_STEP_TIMEOUT_S, MAX_DRAIN_S, ServeJob
+from torch_tensorrt_dist.config.run import RunConfig
+from torch_tensorrt_dist.errors import ConfigError
 
 __all__ = ["register", "run"]
-
-#: The launcher's agent kills ranks 30 s after forwarding SIGTERM: drains must end before.
-MAX_DRAIN_S = 25.0
 
 
 def register(subparsers: Any) -> None:
@@ -41,44 +48,15 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--model",
-        default=None,
-        help="HF checkpoint directory or preset name (default: the demo checkpoint)",
-    )
-    p.add_argument(
-        "--tp",
-        type=int,
-        default=None,
-        help="tensor-parallel ranks (default: WORLD_SIZE / ep under a launcher, else 1)",
-    )
-    p.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (MoE checkpoints)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages: only 1 is served yet")
-    p.add_argument(
-        "--engine",
-        choices=ENGINE_CHOICES,
-        default="eager",
-        help="tensorrt | inductor | eager (default) | none (plain PyTorch)",
-    )
-    p.add_argument(
-        "--verify",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="check each graph's first call against eager (default: tensorrt only)",
-    )
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
-    p.add_argument(
-        "--max-batch-size",
-        type=int,
-        default=None,
-        help="KV-cache rows: requests decoded together (default 8, or the artifacts')",
-    )
-    p.add_argument(
-        "--max-seq-len",
-        type=int,
-        default=None,
-        help="KV-cache length per row: prompt + generated tokens (default: the "
-        "model's, at most 2048)",
+    add_model(p, artifacts="serve `torchtrt-dist compile` artifacts (no checkpoint, no compile)")
+    add_layout(p, pp="pipeline stages: only 1 is served yet", ep=True)
+    add_engine(p)
+    add_kv_cache(
+        p,
+        max_batch_size="rows decoded together: requests running at once (default 8, or the "
+        "artifacts')",
+        max_seq_len="the longest request: prompt + generated tokens (default: the model's "
+        "positions, at most 2048; more than the model's positions is refused)",
     )
     p.add_argument(
         "--max-queue",
@@ -92,6 +70,13 @@ def register(subparsers: Any) -> None:
         default=20.0,
         help=f"seconds SIGTERM lets running requests finish (<= {MAX_DRAIN_S:g})",
     )
+    p.add_argument(
+        "--step-timeout",
+        type=float,
+        default=DEFAULT_STEP_TIMEOUT_S,
+        help="seconds a step may run; a longer one fails the server, naming the rank that did "
+        f"not answer (default {DEFAULT_STEP_TIMEOUT_S:g}; below the collective timeout)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one)")
     p.add_argument(
@@ -104,48 +89,22 @@ def register(subparsers: Any) -> None:
         default=None,
         help="the model name clients send (default: the checkpoint folder's name)",
     )
-    p.add_argument(
-        "--artifacts",
-        default=None,
-        metavar="DIR",
-        help="serve `torchtrt-dist compile` artifacts (no checkpoint, no compile)",
-    )
-    for part in ("lm-head", "embedding"):
-        p.add_argument(
-            f"--{part}",
-            choices=("vocab_parallel", "replicated"),
-            default="vocab_parallel",
-            help=f"TP sharding of the {part}",
-        )
-    add_quantize_args(p)
+    add_quantize(p)
+    add_threads(p)
     p.set_defaults(func=run)
 
 
-def check_options(ns: argparse.Namespace) -> None:
-    """Refuse bad options before any rank starts (ConfigError, with the fix)."""
-    if ns.pp != 1:
-        raise ConfigError(
-            f"serve --pp {ns.pp}: pipeline parallel serving is not supported yet; "
-            "serve with --tp (and --ep for MoE)"
-        )
-    if (ns.tp is not None and ns.tp < 1) or ns.ep < 1:
-        raise ConfigError(f"--tp and --ep must be >= 1, got tp={ns.tp} ep={ns.ep}")
-    if (ns.max_batch_size is not None and ns.max_batch_size < 1) or ns.max_queue < 1:
-        raise ConfigError(
-            f"--max-batch-size and --max-queue must be >= 1, got "
-            f"{ns.max_batch_size} and {ns.max_queue}"
-        )
-    if not 0 <= ns.drain_timeout <= MAX_DRAIN_S:
-        raise ConfigError(
-            f"--drain-timeout {ns.drain_timeout:g} must be in [0, {MAX_DRAIN_S:g}] "
-            "(the launcher stops ranks 30 s after SIGTERM)"
-        )
-    if not 0 <= ns.port <= 65535:
-        raise ConfigError(f"--port {ns.port} is not a TCP port (0-65535)")
-    if ns.api_key is not None and not ns.api_key.strip():
-        raise ConfigError("--api-key is empty; give a key or leave it unset")
-    if ns.verify and ns.engine == "none":
-        raise ConfigError("--verify checks a compiled engine; --engine none compiles nothing")
+def _job(ns: argparse.Namespace) -> ServeJob:
+    """The server's options (ConfigError, with the fix); the ``serve`` extra must be there."""
+    job = ServeJob(
+        ns.host,
+        ns.port,
+        ns.api_key,
+        ns.max_queue,
+        ns.drain_timeout,
+        ns.served_model_name,
+        step_timeout=ns.step_timeout,
+    )
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -154,44 +113,44 @@ def check_options(ns: argparse.Namespace) -> None:
         raise ConfigError(
             f"serve needs the 'serve' extra ({exc.name} is missing): pip install -e '.[serve]'"
         ) from exc
+    from torch_tensorrt_dist.runtime import is_launched
+
+    if not is_launched(os.environ):  # a busy port is refused before any rank starts
+        from torch_tensorrt_dist.serving.http import bind_socket
+
+        bind_socket(job.host, job.port).close()
+    return job
 
 
 def run(ns: argparse.Namespace) -> int:
-    from torch_tensorrt_dist.cli import _serve_rank
-    from torch_tensorrt_dist.cli._failures import alike_on_every_rank, print_launch_failure, refuse
-    from torch_tensorrt_dist.runtime import is_launched, launch
+    return start(ns, _job, launch_ranks=lambda config: _launch(config, ns.verbose))
 
-    launched = is_launched(os.environ)
-    if ns.tp is None and not ns.artifacts:  # artifacts: the manifest's
-        ns.tp = max(1, int(os.environ.get("WORLD_SIZE", "1")) // ns.ep) if launched else 1
-    try:
-        with alike_on_every_rank():
-            check_options(ns)
-            _serve_rank.plan(ns)  # the model, layout and cache: bad input fails here
-        if ns.engine == "tensorrt":
-            from torch_tensorrt_dist.cli.generate import _check_engine
 
-            _check_engine(ns.engine, isolated=not launched)
-        if ns.tp * ns.ep == 1 or launched:
-            return _serve_rank.rank_main(ns)
-    except TensorRTDistError as exc:
-        return refuse(exc, 2)
-    world = ns.tp * ns.ep
-    ns.func = None  # the ranks get a plain, picklable namespace
-    ns.drain_dir = tempfile.mkdtemp(prefix="torchtrt-serve-")
-    # drained ranks end by the signal the launcher forwarded (rank_entry); the launcher's
-    # multiprocessing resource tracker would then warn about the queues' semaphores they held
+def _launch(config: RunConfig, verbose: int) -> int:
+    """The server's ranks: a drained rank ends by the signal the launcher forwarded
+    (``_serve_job``), which is a clean end here, not a failure."""
+    from torch_tensorrt_dist.cli._failures import print_launch_failure, rank_entry
+    from torch_tensorrt_dist.cli._rank import rank_main
+    from torch_tensorrt_dist.runtime import launch
+
+    world = config.parallel.world
+    drain_dir = tempfile.mkdtemp(prefix="torchtrt-serve-")
+    job = config.job
+    if isinstance(job, ServeJob):
+        config = config.with_(job=replace(job, drain_dir=drain_dir))
+    # the launcher's multiprocessing resource tracker would warn about the queues' semaphores
+    # that drained ranks, ended by a signal, held
     warnings = os.environ.get("PYTHONWARNINGS")
     os.environ["PYTHONWARNINGS"] = ",".join(
         filter(None, [warnings, "ignore:resource_tracker:UserWarning"])
     )
     try:
-        result = launch(_serve_rank.rank_entry, world, [ns])
-        drained = all((Path(ns.drain_dir) / f"rank-{r}.drained").is_file() for r in range(world))
+        result = launch(rank_entry, world, [rank_main, config])
+        drained = all((Path(drain_dir) / f"rank-{r}.drained").is_file() for r in range(world))
     finally:
-        shutil.rmtree(ns.drain_dir, ignore_errors=True)
+        shutil.rmtree(drain_dir, ignore_errors=True)
     stopped = result.failure is None or result.failure.signal in (signal.SIGTERM, signal.SIGINT)
     if result.ok or (drained and stopped):
         return 0  # a signal to the launcher, forwarded to the ranks, drained them cleanly
-    print_launch_failure(result, verbose=getattr(ns, "verbose", 0))
+    print_launch_failure(result, verbose=verbose)
     return int(result.returncode)

@@ -75,9 +75,10 @@ def tensorrt_engine_missing(*, isolated: bool = False) -> str | None:
     return None
 
 
-def require_tensorrt_engine() -> None:
+def require_tensorrt_engine(*, isolated: bool = False) -> None:
     """Raise :class:`EngineUnavailableError` (one line, what to install) unless
-    ``engine="tensorrt"`` can run here."""
-    problem = tensorrt_engine_missing()
+    ``engine="tensorrt"`` can run here (``isolated``: see :func:`tensorrt_engine_missing`; the
+    commands check so before any rank starts)."""
+    problem = tensorrt_engine_missing(isolated=isolated)
     if problem is not None:
         raise EngineUnavailableError(problem)

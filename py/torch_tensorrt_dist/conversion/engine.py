@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import fx
 
-from torch_tensorrt_dist.backend.settings import check_known_options
 from torch_tensorrt_dist.conversion.availability import require_tensorrt_engine
 from torch_tensorrt_dist.conversion.choice import current_impl
 from torch_tensorrt_dist.conversion.engine_binding import (
@@ -34,6 +33,7 @@ from torch_tensorrt_dist.conversion.nccl_library import preload_torch_nccl
 from torch_tensorrt_dist.conversion.node_args import CollectiveCall, collective_calls
 from torch_tensorrt_dist.conversion.settings import collective_settings
 from torch_tensorrt_dist.errors import DistributedSetupError, EngineUnavailableError
+from torch_tensorrt_dist.validation import check_known_options
 
 __all__ = ["compile_tensorrt", "decompositions", "engine_group"]
 

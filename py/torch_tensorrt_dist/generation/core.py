@@ -20,6 +20,13 @@ the next one.
 Everything here is a function of the plans and the logits, with a generator per request seeded
 from its :class:`SamplingConfig`: ranks that apply the same plans hold the same sequences and
 blocks and sample the same tokens, without communicating.
+
+Per-request isolation (``core.isolate = True``, a server): an exception while sampling a
+request's token or producing the text that decides its finish (stop strings) fails that request
+only: its blocks are released and it emits ``finish="error"`` with a :class:`RowError`; the same
+inputs give the same exception on every rank, so every rank drops the same request. Text that
+only shows (``render``, rank 0 alone) marks its request failed without dropping it: the caller
+must cancel it on every rank (the server's leader does, at the next step).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.generation.stops import StopText
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
-__all__ = ["CoreError", "Emitted", "GenerationCore", "Request", "Sequence", "StepFn"]
+__all__ = ["CoreError", "Emitted", "GenerationCore", "Request", "RowError", "Sequence", "StepFn"]
 
 #: ``(tokens [R, S], start [R], last [R], past [R, NBp], dest [R, S]) -> logits [R, V]``
 StepFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -46,6 +53,15 @@ StepFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 class CoreError(TensorRTDistError):
     """A plan this rank cannot apply as rank 0 planned it (the ranks' states differ: a bug)."""
+
+
+@dataclass(frozen=True)
+class RowError:
+    """Why one request failed (``Emitted.finish == "error"``): the stage, ``sampling`` or
+    ``text``, and the exception in one line."""
+
+    stage: str
+    message: str
 
 
 @dataclass
@@ -57,9 +73,11 @@ class Emitted:
     text: str = ""
     """New text (only where the core was built with ``text=True``)."""
     finish: str | None = None
-    """``stop`` (stop id or string), ``length``, ``cancelled``; None while it runs."""
+    """``stop`` (stop id or string), ``length``, ``cancelled``, ``error``; None while it runs."""
     cached: int = 0
     """Prompt tokens taken from the prefix cache (on a request's first emission)."""
+    error: RowError | None = None
+    """Why it failed (``finish == "error"``, only with ``GenerationCore.isolate``)."""
 
 
 class Sequence:
@@ -119,6 +137,8 @@ class GenerationCore:
         #: leave the text of requests without stop strings (which only shows it, and decides
         #: nothing) to :meth:`render`, so a server can announce its next step first
         self.defer_text = False
+        #: per-request isolation (see the module docstring): a server sets it on every rank
+        self.isolate = False
         self._unrendered: list[tuple[Emitted, StopText, int | None]] = []
         self.sequences: dict[int, Sequence] = {}
         self.running: list[Sequence] = []
@@ -243,10 +263,28 @@ class GenerationCore:
         greedy = logits.argmax(dim=-1).tolist()  # one device sync for the whole step
         emitted = []
         for i, (seq, _) in enumerate(done):
-            cfg = seq.req.sampling
-            token = greedy[i] if cfg.greedy else int(sample(logits[i : i + 1], cfg, seq.gen)[0])
-            emitted.append(self._advance(seq, token))
+            pick = greedy[i] if seq.req.sampling.greedy else None
+            emitted.append(self._next(seq, logits[i : i + 1], pick))
         return emitted
+
+    def _next(self, seq: Sequence, logits: Tensor, greedy: int | None) -> Emitted:
+        """Sample the request's next token from ``logits`` [1, V] (``greedy``: it is known)
+        and advance it; with ``isolate``, an exception fails this request only."""
+        stage = "sampling"
+        try:
+            token = (
+                greedy if greedy is not None else int(sample(logits, seq.req.sampling, seq.gen)[0])
+            )
+            stage = "text"
+            return self._advance(seq, token)
+        except MemoryError:
+            raise  # not the request's doing: the rank fails
+        except Exception as exc:  # the same inputs raise the same on every rank
+            if not self.isolate:
+                raise
+            if self.sequences.get(seq.rid) is seq:
+                self._finish(seq)
+            return Emitted(seq.rid, [], "", "error", error=_row_error(stage, exc))
 
     def _advance(self, seq: Sequence, token: int) -> Emitted:
         first = not seq.out
@@ -274,7 +312,7 @@ class GenerationCore:
             if self.defer_text:
                 self._unrendered.append(job)
             else:
-                self._render(job)
+                self._render(job, self.isolate)
         if finish is not None:
             self._finish(seq)
         return emitted
@@ -282,15 +320,23 @@ class GenerationCore:
     def render(self) -> None:
         """Fill in the text of what was emitted since the last call (``defer_text``)."""
         for job in self._unrendered:
-            self._render(job)
+            self._render(job, self.isolate)
         self._unrendered.clear()
 
     @staticmethod
-    def _render(job: tuple[Emitted, StopText, int | None]) -> None:
+    def _render(job: tuple[Emitted, StopText, int | None], isolate: bool) -> None:
         emitted, text, token = job
-        piece = text.push(token)[0] if token is not None else ""
-        if emitted.finish is not None:
-            piece += text.flush()[0]  # bytes that never completed a character, as decode shows
+        try:
+            piece = text.push(token)[0] if token is not None else ""
+            if emitted.finish is not None:
+                piece += text.flush()[0]  # bytes that never completed a character
+        except MemoryError:
+            raise
+        except Exception as exc:
+            if not isolate:
+                raise
+            # this rank alone shows text: the request stays, the caller cancels it everywhere
+            emitted.finish, emitted.error, piece = "error", _row_error("text", exc), ""
         emitted.text = piece
 
     def _cancel(self, rid: int) -> Emitted:
@@ -317,3 +363,8 @@ class GenerationCore:
         self.pool.release(seq.blocks)
         seq.blocks = []
         del self.sequences[seq.rid]
+
+
+def _row_error(stage: str, exc: BaseException) -> RowError:
+    text = str(exc).strip().splitlines()
+    return RowError(stage, f"{type(exc).__name__}: {text[0] if text else ''}"[:300])

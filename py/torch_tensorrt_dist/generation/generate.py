@@ -301,14 +301,19 @@ class Generator:
         self.generate(prompts, max_new_tokens=min(2, max_new_tokens, self.cache_len - n))
         return time.perf_counter() - start
 
-    def warmup_all(self) -> float:
+    def warmup_all(self, *, stop: Callable[[], bool] | None = None) -> float:
         """Compile every graph a server may run (one row or several, decode or prefill, a
-        short prompt and the longest chunk); return s. Nothing compiles after it."""
+        short prompt and the longest chunk); return s. Nothing compiles after it. ``stop()``
+        is asked before each run: True ends the warm-up there (a server stopped while warming
+        up; every rank must get the same answer, as each graph's collectives need every
+        rank)."""
         start = time.perf_counter()
         longest = min(self.limits.tokens, self.cache_len - 2)
         shapes = [[[0] * 2] * min(2, self.max_batch_size), [[0] * 2], [[0] * longest]]
         if self.max_batch_size > 2:  # the most rows at once (a MoE layer may pick its form by it)
             shapes.append([[0] * 2] * self.max_batch_size)
         for prompts in shapes:
+            if stop is not None and stop():
+                break
             self.generate(prompts, max_new_tokens=2)
         return time.perf_counter() - start

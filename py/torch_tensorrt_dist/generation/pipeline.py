@@ -275,7 +275,7 @@ def generate_pipeline(
     if isinstance(model, ModelArgs):
         args = model
     else:
-        from torch_tensorrt_dist.models.loader import read_config
+        from torch_tensorrt_dist.models.llama_args import read_config
 
         args = read_config(model)
     check_mesh(pp, tp, dist.get_world_size(), args)

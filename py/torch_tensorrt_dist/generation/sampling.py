@@ -1,30 +1,71 @@
-"""Token sampling: greedy, temperature, top-k, top-p, from a seeded ``torch.Generator``.
+"""Token sampling: greedy, temperature, top-k, top-p, from a seeded ``torch.Generator``; and the
+per-request settings that shape the logits before it (penalties, bias, min tokens, logprobs).
 
 Every rank holds the same logits (the LM head ends in an all-gather or is replicated) and seeds
-the same generator, so every rank draws the same token without a broadcast.
+the same generator, so every rank draws the same token without a broadcast. A
+:class:`SamplingConfig` is what a rank needs to know about a request's sampling: it is immutable,
+validated on construction (an error names the OpenAI field), and travels to every rank as JSON
+(:meth:`SamplingConfig.to_json` / :meth:`SamplingConfig.from_json`) when the request joins.
+The logits processing it describes is in :mod:`.logits_process`; the grammar of structured
+output in :mod:`.grammar`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.validation import check_float, check_int, check_seed
+from torch_tensorrt_dist.validation import check_bool, check_float, check_int, check_seed
 
-__all__ = ["TEMPERATURE_RANGE", "SamplingConfig", "make_generator", "sample", "sample_rows"]
+__all__ = [
+    "LOGPROBS_MAX",
+    "TEMPERATURE_RANGE",
+    "SamplingConfig",
+    "check_top_p",
+    "make_generator",
+    "sample",
+    "sample_rows",
+]
 
 TEMPERATURE_RANGE = (1e-3, 100.0)
 """Non-zero temperatures allowed: below, sampling is greedy in all but name (and logits /
 temperature can overflow float32); above, the distribution is uniform noise."""
+LOGPROBS_MAX = 20
+"""Most alternatives per token that ``logprobs`` may ask for (OpenAI's ``top_logprobs`` limit)."""
+PENALTY_RANGE = (-2.0, 2.0)
+"""OpenAI's range of ``presence_penalty`` and ``frequency_penalty``."""
+REPETITION_MAX = 100.0
+"""Largest ``repetition_penalty`` (vLLM and HF set none; real use is 1 to 2): the bound keeps a
+penalised logit far inside float32, so a row never loses every token to -inf."""
+BIAS_RANGE = (-100.0, 100.0)
+"""OpenAI's range of a ``logit_bias`` value."""
+
+
+def _float32(x: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", x))[0])
+
+
+def check_top_p(value: float, *, name: str = "top_p") -> float:
+    """``value`` as a top_p in (0, 1] that stays above 0 in float32, the precision sampling
+    compares in (ConfigError otherwise): 1e-300 would be 0 there."""
+    p = check_float(value, name=name, low=0.0, high=1.0, low_open=True)
+    if _float32(p) == 0.0:
+        raise ConfigError(
+            f"{name} {p:g} is 0 in float32, the precision sampling runs in; give a value "
+            f">= {2.0**-149:.3g} (the smallest positive float32) or leave it unset"
+        )
+    return p
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How the next token is picked."""
+    """How the next token is picked, and what the request asks to see of it."""
 
     temperature: float = 0.0
     """0 means greedy (argmax); else (in ``TEMPERATURE_RANGE``) samples from
@@ -35,6 +76,25 @@ class SamplingConfig:
     """Keep the smallest set of tokens whose probability reaches p (None or 1: all)."""
     seed: int = 0
     """Seed of the generator every rank creates identically."""
+    presence_penalty: float = 0.0
+    """Subtracted once from the logit of every token the output holds (OpenAI, in [-2, 2])."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time the output holds it (OpenAI, in [-2, 2])."""
+    repetition_penalty: float = 1.0
+    """Divides the positive logits (multiplies the negative ones) of every token in the prompt
+    or the output (vLLM, HF ``generate``); 1 is off, in (0, ``REPETITION_MAX``]."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits, sorted by id, each bias in [-100, 100]. A
+    mapping (OpenAI's ``{"50256": -100}``, keys as text) is accepted and normalised."""
+    min_tokens: int = 0
+    """End-of-text ids and ``stop_token_ids`` are masked until this many tokens are out."""
+    ignore_eos: bool = False
+    """End-of-text ids do not end the request (vLLM); ``stop_token_ids`` still do."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end the request besides end-of-text (vLLM); shown in ``tokens``."""
+    logprobs: int | None = None
+    """None: no logprobs; k in [0, ``LOGPROBS_MAX``]: the chosen token's logprob and the k most
+    likely alternatives, per token (see :mod:`.logits_process` for which logits)."""
 
     def __post_init__(self) -> None:
         # NaN fails every comparison; logits / temperature must stay finite in float32
@@ -47,12 +107,122 @@ class SamplingConfig:
         if self.top_k is not None:
             check_int(self.top_k, name="top_k (0: all tokens)", low=0)
         if self.top_p is not None:
-            check_float(self.top_p, name="top_p", low=0.0, high=1.0, low_open=True)
+            check_top_p(self.top_p)
         check_seed(self.seed)
+        low, high = PENALTY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = check_float(getattr(self, name), name=name, low=low, high=high)
+            object.__setattr__(self, name, value)  # an int from JSON becomes the float it means
+        rep = check_float(
+            self.repetition_penalty,
+            name="repetition_penalty",
+            low=0.0,
+            high=REPETITION_MAX,
+            low_open=True,
+        )
+        object.__setattr__(self, "repetition_penalty", rep)
+        check_int(self.min_tokens, name="min_tokens", low=0)
+        check_bool(self.ignore_eos, name="ignore_eos")
+        ids = _token_ids(self.stop_token_ids, name="stop_token_ids")
+        object.__setattr__(self, "stop_token_ids", tuple(dict.fromkeys(ids)))  # dedup, in order
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if self.logprobs is not None:
+            check_int(self.logprobs, name="logprobs", low=0, high=LOGPROBS_MAX)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether any setting changes the logits before sampling (penalties, bias, min
+        tokens): rows without one sample from the model's logits as they are."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.min_tokens
+        )
+
+    def end_ids(self, eos_ids: Iterable[int]) -> tuple[int, ...]:
+        """The ids that end the request: end-of-text (unless ``ignore_eos``), then
+        ``stop_token_ids``."""
+        ids = () if self.ignore_eos else tuple(eos_ids)
+        return tuple(dict.fromkeys((*ids, *self.stop_token_ids)))
+
+    def check_for(self, *, vocab_size: int, max_new_tokens: int | None = None) -> None:
+        """What a config alone cannot check: token ids within the model's vocabulary, and
+        ``min_tokens`` within the request's ``max_tokens`` (where given)."""
+        for name, ids in (
+            ("logit_bias", [i for i, _ in self.logit_bias]),
+            ("stop_token_ids", list(self.stop_token_ids)),
+        ):
+            bad = [i for i in ids if i >= vocab_size]
+            if bad:
+                raise ConfigError(
+                    f"{name} holds token ids {bad[:5]} outside the vocabulary of "
+                    f"{vocab_size} tokens (ids 0..{vocab_size - 1})"
+                )
+        if max_new_tokens is not None and self.min_tokens > max_new_tokens:
+            raise ConfigError(
+                f"min_tokens ({self.min_tokens}) exceeds max_tokens ({max_new_tokens}); "
+                f"use min_tokens <= {max_new_tokens}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields as JSON values (``json.dumps`` writes floats so that they read back
+        bit for bit); :meth:`from_json` rebuilds an equal config."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["logit_bias"] = [list(pair) for pair in self.logit_bias]
+        out["stop_token_ids"] = list(self.stop_token_ids)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SamplingConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"sampling settings hold unknown fields {unknown}")
+        kwargs = dict(data)
+        if "logit_bias" in kwargs:
+            kwargs["logit_bias"] = tuple(tuple(pair) for pair in kwargs["logit_bias"])
+        if "stop_token_ids" in kwargs:
+            kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
+        return cls(**kwargs)
+
+
+def _token_ids(ids: Any, *, name: str) -> list[int]:
+    if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+        raise ConfigError(f"{name} must be a list of token ids, got {ids!r}")
+    return [check_int(i, name=f"{name}[{n}]", low=0) for n, i in enumerate(ids)]
+
+
+def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
+    """``bias`` (a mapping id -> bias, ids as int or text, or (id, bias) pairs) as sorted
+    (int, float) pairs; ConfigError naming the entry otherwise."""
+    if isinstance(bias, Mapping):
+        pairs = list(bias.items())
+    elif isinstance(bias, Sequence) and not isinstance(bias, str | bytes):
+        pairs = list(bias)
+    else:
+        raise ConfigError(
+            f'logit_bias must map token ids to biases, e.g. {{"50256": -100}}, got {bias!r}'
+        )
+    out: dict[int, float] = {}
+    low, high = BIAS_RANGE
+    for pair in pairs:
+        if not isinstance(pair, Sequence) or isinstance(pair, str | bytes) or len(pair) != 2:
+            raise ConfigError(f"logit_bias entries must be (token id, bias) pairs, got {pair!r}")
+        key, value = pair
+        token = key
+        if isinstance(key, str):
+            token = int(key) if key.strip().isdigit() else key
+        token = check_int(token, name=f"logit_bias key {key!r} (a token id)", low=0)
+        if token in out:
+            raise ConfigError(f"logit_bias names token {token} twice")
+        out[token] = check_float(value, name=f"logit_bias[{key!r}]", low=low, high=high)
+    return tuple(sorted(out.items()))
 
 
 def make_generator(cfg: SamplingConfig) -> torch.Generator:
@@ -61,10 +231,15 @@ def make_generator(cfg: SamplingConfig) -> torch.Generator:
 
 
 def sample(logits: Tensor, cfg: SamplingConfig, generator: torch.Generator) -> Tensor:
-    """Next token per row. logits: [B, V] -> [B] int64 (on logits' device)."""
+    """Next token per row. logits: [B, V] -> [B] int64 (on logits' device).
+
+    Every accepted setting keeps at least one token: the row's maximum is subtracted before
+    dividing by the temperature (finite logits stay finite at any temperature), and top-p
+    always keeps the most likely token (a top_p below float32's resolution keeps only it)."""
     if cfg.greedy:
         return logits.argmax(dim=-1)
-    scores = logits.float().cpu() / cfg.temperature  # [B, V]
+    scores = logits.float().cpu()  # [B, V]
+    scores = (scores - scores.max(dim=-1, keepdim=True).values) / cfg.temperature
     if cfg.top_k:
         k = min(cfg.top_k, scores.shape[-1])
         kth = scores.topk(k, dim=-1).values[:, -1:]  # [B, 1]
@@ -73,6 +248,7 @@ def sample(logits: Tensor, cfg: SamplingConfig, generator: torch.Generator) -> T
         sorted_scores, order = scores.sort(dim=-1, descending=True)
         cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
         drop = cum - sorted_scores.softmax(dim=-1) >= cfg.top_p  # mass before this token >= p
+        drop[:, 0] = False  # the most likely token always stays
         sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
         scores = scores.scatter(-1, order, sorted_scores)
     probs = scores.softmax(dim=-1)

@@ -1,4 +1,5 @@
-"""``ModelArgs``: the hyper-parameters of a Llama-family decoder, named presets, HF configs.
+"""``ModelArgs``: the hyper-parameters of a Llama-family decoder, named presets, HF configs
+(``read_config``: a checkpoint's ``config.json``).
 
 One dataclass serves Llama 2/3, Mistral and Qwen2 checkpoints: they differ only in a few fields
 (GQA head counts, q/k/v bias, tied embeddings, RoPE scaling, sliding window).
@@ -8,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.models.checkpoint_files import load_config_json
 from torch_tensorrt_dist.validation import (
     FLOAT32_MAX,
     INT32_MAX,
@@ -21,7 +24,7 @@ from torch_tensorrt_dist.validation import (
     config_int,
 )
 
-__all__ = ["PRESETS", "ModelArgs", "RopeScaling"]
+__all__ = ["PRESETS", "ModelArgs", "RopeScaling", "read_config"]
 
 _SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -321,3 +324,9 @@ PRESETS: dict[str, ModelArgs] = {
         tie_embeddings=True,
     ),
 }
+
+
+def read_config(path: str | Path, *, max_seq_len: int | None = None) -> ModelArgs:
+    """ModelArgs from ``path/config.json``."""
+    cfg = load_config_json(path)
+    return ModelArgs.from_hf_config(cfg, max_seq_len=max_seq_len)

@@ -11,13 +11,21 @@ normalises each query and key head (RMSNorm) before RoPE.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.models.checkpoint_files import load_config_json
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.validation import check_int, config_bool, config_int
 
-__all__ = ["MOE_MODEL_TYPES", "MoEArgs", "is_moe_config", "moe_args_from_hf_config"]
+__all__ = [
+    "MOE_MODEL_TYPES",
+    "MoEArgs",
+    "is_moe_config",
+    "moe_args_from_hf_config",
+    "read_moe_config",
+]
 
 #: HF model_type -> the dense ModelArgs family it shares attention and norms with.
 MOE_MODEL_TYPES = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2"}
@@ -118,3 +126,11 @@ def moe_args_from_hf_config(
     if kind == "qwen3_moe":  # q/k/v and o biases both follow attention_bias (default false)
         args.qkv_bias = args.o_bias = config_bool(cfg, "attention_bias", default=False)
     return args, moe
+
+
+def read_moe_config(
+    path: str | Path, *, max_seq_len: int | None = None
+) -> tuple[ModelArgs, MoEArgs]:
+    """``(ModelArgs, MoEArgs)`` from ``path/config.json``."""
+    cfg = load_config_json(path)
+    return moe_args_from_hf_config(cfg, max_seq_len=max_seq_len)

@@ -74,8 +74,10 @@ class HFTokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Ids of ``text``; ``add_special_tokens=False`` for text that holds its own (a
-        rendered chat template)."""
-        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+        rendered chat template). Through ``encode_batch``, which releases Python's interpreter
+        lock while it works (``encode`` holds it: a long prompt would stall every thread)."""
+        batch = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)
+        return list(batch[0].ids)
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=True))

@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 
 from torch_tensorrt_dist.errors import CheckpointError
-from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.models.loader import fill_parameters, hf_name, read_config
+from torch_tensorrt_dist.models.llama_args import ModelArgs, read_config
 from torch_tensorrt_dist.models.weights_check import check_checkpoint
 from torch_tensorrt_dist.parallel.llama import Embedding, LMHead, tp_layout
+from torch_tensorrt_dist.parallel.llama_load import fill_parameters, hf_name
 from torch_tensorrt_dist.parallel.pipeline import PipelineStage, shard_stage, split_layers
 
 __all__ = ["load_stage", "random_stage", "stage_tensor_names"]
@@ -103,7 +103,7 @@ def random_stage(
 ) -> PipelineStage:
     """Stage ``stage`` with ``random_llama(args, seed=seed)``'s weights (the whole model is made
     once, then cut: meant for small presets and tests)."""
-    from torch_tensorrt_dist.models.loader import random_llama
+    from torch_tensorrt_dist.parallel.llama_load import random_llama
 
     full = dict(random_llama(args, seed=seed).named_parameters())
     model = _build(args, stage, pp, split, "cpu")

@@ -193,11 +193,27 @@ def _fail(exc: BaseException, code: int, when: float) -> None:
         traceback.print_exception(exc)
 
 
-def _stopped() -> None:
-    """End as Python does on an uncaught Ctrl-C: by SIGINT (the launcher's stop, not a cause)."""
-    sys.stderr.flush()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
+def end_now(code: int, exc: BaseException | None) -> None:
+    """End this process at once, from any thread (its main thread may be stuck in a
+    collective that never returns): leave ``exc`` in the rank's record (or print it where no
+    launcher reads records), tell the exit watch, flush the streams, ``os._exit(code)``."""
+    if exc is not None and not write_record(code, exc):
+        print(f"error: {exc}", file=sys.stderr)
+    _say_exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
+def end_by_signal(signum: int) -> None:
+    """End this process by ``signum``, as the launcher that sent it waits for (a stop, not a
+    cause): the standard streams flushed, the default handler restored, the signal raised."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed by the program
+            stream.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def run_function(fn: Callable[..., Any], *args: Any) -> Any:
@@ -246,7 +262,7 @@ def main(argv: list[str]) -> int:
             _fail(exc, code, time.time())
         return code
     except KeyboardInterrupt:
-        _stopped()
+        end_by_signal(signal.SIGINT)  # as Python does on an uncaught Ctrl-C
         return 130
     except BaseException as exc:  # the rank's own error: record it, then fail like Python does
         _fail(exc, 1, time.time())

@@ -24,11 +24,8 @@ failure, if any, is raised as it is.
 
 from __future__ import annotations
 
-import collections
-import json
 import logging
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -38,6 +35,7 @@ import torch.distributed as dist
 
 from torch_tensorrt_dist.errors import DistributedSetupError, RankFailedError
 from torch_tensorrt_dist.runtime._rank_entry import one_line
+from torch_tensorrt_dist.runtime.store_exchange import StoreExchange
 from torch_tensorrt_dist.runtime.timeouts import configured_timeout, resolve_timeout
 
 __all__ = ["agree", "agreed"]
@@ -45,17 +43,6 @@ __all__ = ["agree", "agreed"]
 logger = logging.getLogger(__name__)
 
 _KEY_PREFIX = "torchtrt_dist/agree"
-_lock = threading.Lock()
-#: How often each rank has agreed on each step (every rank counts the same; keyed by rank too,
-#: so that threads standing in for ranks in one process count apart).
-_rounds: collections.Counter[tuple[str, int]] = collections.Counter()
-
-
-def _next_key(step: str, rank: int) -> str:
-    with _lock:
-        round_ = _rounds[step, rank]
-        _rounds[step, rank] += 1
-    return f"{_KEY_PREFIX}/{step}/{round_}"
 
 
 def _timeout() -> timedelta:
@@ -81,17 +68,15 @@ def agree(
         if failure is not None:
             raise failure
         return
-    store = store if store is not None else dist.distributed_c10d._get_default_store()
-    rank = dist.get_rank() if rank is None else rank
+    exchange = StoreExchange.next_round(store, _KEY_PREFIX, step, rank=rank)
+    rank, store = exchange.rank, exchange.store
     world = dist.get_world_size() if world_size is None else world_size
     limit = timeout or _timeout()
-    base = _next_key(step, rank)
+    base = exchange.base
     mine = None if failure is None else one_line(failure)
-    keys = [f"{base}/{r}" for r in range(world)]
     try:
-        store.set(keys[rank], json.dumps({"failure": mine}))
-        store.wait(keys, limit)
-        verdicts = {r: json.loads(store.get(k))["failure"] for r, k in enumerate(keys)}
+        exchange.publish({"failure": mine})
+        verdicts = {r: v["failure"] for r, v in exchange.gather(range(world), limit).items()}
         failed = {r: v for r, v in verdicts.items() if v is not None}
         if failed:
             # every rank reads every verdict before any leaves: rank 0 may host the store

@@ -47,6 +47,7 @@ __all__ = [
     "configured_timeout",
     "default_backend",
     "init_distributed",
+    "join_world",
 ]
 
 logger = logging.getLogger(__name__)
@@ -257,3 +258,12 @@ def init_distributed(
         limit.total_seconds(),
     )
     return info
+
+
+def join_world(world_size: int) -> tuple[int, torch.device | str, dist.ProcessGroup | None]:
+    """(rank, device, the world's group) of this process: :func:`init_distributed` when the
+    world has other ranks, else rank 0 alone on this machine's device and no group."""
+    if world_size == 1:
+        return 0, "cuda" if torch.cuda.is_available() else "cpu", None
+    info = init_distributed()
+    return info.rank, info.device, dist.group.WORLD

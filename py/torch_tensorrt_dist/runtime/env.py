@@ -175,11 +175,12 @@ def _validate(plan: DistPlan, names: tuple[str, ...]) -> DistPlan:
     return plan
 
 
-def plan_from_env(env: Mapping[str, str]) -> DistPlan:
+def plan_from_env(env: Mapping[str, str], *, rendezvous: bool = True) -> DistPlan:
     """Return the :class:`DistPlan` the environment ``env`` describes (pure: no side effects).
 
     Raises :class:`DistributedSetupError` when variables conflict, are partial or malformed,
-    or when several ranks have no ``MASTER_ADDR`` / ``MASTER_PORT`` to meet at.
+    or (``rendezvous``) when several ranks have no ``MASTER_ADDR`` / ``MASTER_PORT`` to meet
+    at; ``rendezvous=False`` reads the ranks only (the address is not needed yet).
     """
     torch_vals = _read(env, TORCHRUN_VARS)
     mpi_vals = _read(env, MPI_VARS)
@@ -212,5 +213,7 @@ def plan_from_env(env: Mapping[str, str]) -> DistPlan:
         lrank_n, rank if local_world_size == world_size else rank % local_world_size
     )
     plan = _validate(DistPlan(source, rank, world_size, local_rank, local_world_size), names)
+    if not rendezvous:
+        return plan
     addr, port = _master(env, source, world_size)
     return replace(plan, master_addr=addr, master_port=port)

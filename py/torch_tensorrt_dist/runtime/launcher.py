@@ -53,7 +53,13 @@ from torch_tensorrt_dist.runtime.mpi import (
     run_mpirun,
 )
 from torch_tensorrt_dist.runtime.nccl_env import find_nccl_library, nccl_env_additions
+from torch_tensorrt_dist.runtime.threads import cores_given
 from torch_tensorrt_dist.runtime.timeouts import TIMEOUT_ENV, resolve_timeout
+from torch_tensorrt_dist.runtime.torchrun_agent import (
+    caller_signal_handlers,
+    quiet_agent,
+    torchrun_env,
+)
 
 __all__ = ["LaunchOptions", "LaunchResult", "build_torchrun_argv", "free_port", "launch"]
 
@@ -170,42 +176,6 @@ def _rank_env(opts: LaunchOptions, failure_dir: str) -> dict[str, str]:
     return {**opts.env, **extra}
 
 
-#: Loggers of torchrun's agent: its banners (OMP_NUM_THREADS), rendezvous notes and its own
-#: failure table are hidden; the launcher reports a failure itself, naming the rank.
-_TORCHRUN_LOGGERS = (
-    "torch.distributed.run",
-    "torch.distributed.elastic",
-    "torch.distributed.launcher",
-    "torch.multiprocessing",  # "Terminating process N via signal SIGTERM" (function entries)
-)
-
-
-@contextlib.contextmanager
-def _quiet_torchrun() -> Iterator[None]:
-    """Silence torchrun's agent loggers (unless this package logs at DEBUG: ``-vv``)."""
-    if logger.isEnabledFor(logging.DEBUG):
-        yield
-        return
-    names = [n for n in logging.root.manager.loggerDict if n.startswith(_TORCHRUN_LOGGERS)]
-    loggers = [logging.getLogger(n) for n in (*_TORCHRUN_LOGGERS, *names)]
-    saved = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.CRITICAL + 1)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, saved):
-            lg.setLevel(level)
-
-
-def torchrun_env(opts: LaunchOptions, environ: Mapping[str, str]) -> dict[str, str]:
-    """What torchrun would set with a banner, set silently: ``OMP_NUM_THREADS=1`` for several
-    ranks per node when the user did not choose (pure)."""
-    if "OMP_NUM_THREADS" in environ or opts.nproc_per_node <= 1:
-        return {}
-    return {"OMP_NUM_THREADS": "1"}
-
-
 def _program(entry: str, args: Sequence[str], module: bool) -> list[str]:
     return [_ENTRY, *(["--module"] if module else []), entry, *map(str, args)]
 
@@ -233,8 +203,8 @@ def _run_torchrun(
     parsed = torchrun.get_args_parser().parse_args(argv)
     if parsed.master_port is None:
         parsed.master_port = 29500  # as torchrun does; only the static rendezvous reads it
-    env = {**env, **torchrun_env(opts, {**os.environ, **env})}
-    with _environ(env), _quiet_torchrun():
+    env = {**env, **torchrun_env(opts.nproc_per_node, {**os.environ, **env}, cores=cores_given())}
+    with _environ(env), quiet_agent():
         config, cmd, cmd_args = torchrun.config_from_args(parsed)
         # a function runs under _rank_entry.run_function, which records its failure
         target: Callable[..., Any] | str = _rank_entry.run_function if callable(entry) else cmd
@@ -352,6 +322,13 @@ def launch(
     )
     if callable(entry) and opts.launcher == "mpi":
         raise ConfigError("launcher='mpi' runs programs, not functions: pass a script or module")
+    with caller_signal_handlers():
+        return _launch(opts, entry, args, module)
+
+
+def _launch(
+    opts: LaunchOptions, entry: str | Callable[..., Any], args: Sequence[Any], module: bool
+) -> LaunchResult:
     failure_dir = tempfile.mkdtemp(prefix="torchtrt-dist-")
     start = time.monotonic()
     try:

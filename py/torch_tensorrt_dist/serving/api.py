@@ -3,11 +3,16 @@
 
     app = create_app(model, inbox, state, metrics, api_key=None)
 
-A handler checks the request (``protocol.py``), tokenizes it, checks it fits the KV cache and
-hands it to the step loop through the :class:`Inbox`; then it reads the request's pieces from its
-own asyncio queue, as one JSON body or as server-sent events ending with ``data: [DONE]``. It
-never touches a tensor and never waits on the step loop. A client that goes away cancels its
-request (the slot is freed at the next step).
+A handler reads the body within a size and a time limit (``request_body.py``), checks the
+request (``protocol.py``) and its size (``limits.py``) before any work, renders the chat
+template and tokenizes in a worker thread (the event loop never waits on a large prompt: the
+tokenizer releases the interpreter lock), checks it fits the KV cache and hands it to the step
+loop through the :class:`Inbox`; then it reads the request's pieces from its own asyncio queue,
+as one JSON body or as server-sent events ending with ``data: [DONE]``. It never touches a
+tensor and never waits on the step loop. A client that goes away cancels its request, streamed
+or not (its row is freed at the next step). Every status, 404 / 405 / 413 / 500 included, has
+OpenAI's error body naming the field (``param``), with the headers its status calls for
+(``responses.py``).
 """
 
 from __future__ import annotations
@@ -15,14 +20,15 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
@@ -38,12 +44,13 @@ from torch_tensorrt_dist.serving.bridge import (
     Submission,
 )
 from torch_tensorrt_dist.serving.chat import ChatTemplate
+from torch_tensorrt_dist.serving.limits import RequestLimits, check_fit, check_prompt_size
 from torch_tensorrt_dist.serving.metrics import CONTENT_TYPE, Metrics
 from torch_tensorrt_dist.serving.protocol import Params, RequestError
+from torch_tensorrt_dist.serving.request_body import ClientGone, read_json
+from torch_tensorrt_dist.serving.responses import RETRY_AFTER, UnhandledErrors, error_response
 
-__all__ = ["ServedModel", "create_app"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["CLIENT_GONE", "ServedModel", "create_app"]
 
 
 @dataclass
@@ -57,14 +64,32 @@ class ServedModel:
     vocab_size: int
     check: Callable[[int, int], None]
     """``check(prompt_len, max_new_tokens)``: ConfigError when the graphs cannot run it."""
+    limits: RequestLimits
 
 
-def _error(err: RequestError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+#: the status of a request whose client went away (nginx's "client closed request")
+CLIENT_GONE = 499
+#: how long a client may take to send its whole body
+BODY_TIMEOUT_S = 30.0
 
 
 def _sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _header(request: Request, name: bytes) -> bytes:
+    """A request header's raw bytes ('' when absent): compared as sent, not as latin-1."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return b""
+
+
+async def _on_disconnect(request: Request, sub: Submission) -> None:
+    """Wait for the client to go away (its body was read); then wake its handler."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    sub.sink.queue.put_nowait(Failed(CLIENT_GONE, "the client went away"))
 
 
 class _Handler:
@@ -77,13 +102,16 @@ class _Handler:
         api_key: str | None,
     ) -> None:
         self.model, self.inbox, self.state, self.metrics = model, inbox, state, metrics
-        self.api_key = api_key
+        self.key = None if api_key is None else api_key.encode()
+        #: chat templates and the tokenizer run here, never on the event loop
+        self.pool = ThreadPoolExecutor(2, thread_name_prefix="tokenize")
 
     def authorize(self, request: Request) -> None:
-        if self.api_key is None:
+        if self.key is None:
             return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+        scheme, _, token = _header(request, b"authorization").strip().partition(b" ")
+        # the scheme is case-insensitive (RFC 9110); the key is compared in constant time
+        if not (hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"):
             raise RequestError(
                 401,
                 "missing or wrong API key: send 'Authorization: Bearer KEY'",
@@ -100,7 +128,7 @@ class _Handler:
             raise RequestError(503, f"the server has failed: {self.state.reason}")
 
     def prompt_ids(self, params: Params) -> list[int]:
-        tok = self.model.tokenizer
+        """The prompt's token ids (in a worker thread: templates and tokenizers take time)."""
         if params.messages is not None:  # a chat request
             if self.model.chat is None:
                 raise RequestError(
@@ -110,8 +138,17 @@ class _Handler:
                     "/v1/completions",
                     param="messages",
                 )
-            text = self.model.chat.render(params.messages)
-            return tok.encode(text, add_special_tokens=False)
+            try:
+                text = self.model.chat.render(params.messages)
+            except ConfigError as exc:
+                raise RequestError(400, str(exc), param="messages") from exc
+            except Exception as exc:  # the template's own error on these messages
+                raise RequestError(
+                    400,
+                    f"the chat template failed on these messages ({type(exc).__name__}: {exc})",
+                    param="messages",
+                ) from exc
+            return self._encode(text, special=False, param="messages")
         if isinstance(params.prompt, list):
             bad = [i for i in params.prompt if not 0 <= i < self.model.vocab_size]
             if bad:
@@ -121,15 +158,23 @@ class _Handler:
                     param="prompt",
                 )
             return params.prompt
-        return tok.encode(params.prompt or "")
+        return self._encode(params.prompt or "", special=True, param="prompt")
+
+    def _encode(self, text: str, *, special: bool, param: str) -> list[int]:
+        try:
+            return self.model.tokenizer.encode(text, add_special_tokens=special)
+        except ConfigError as exc:  # the byte tokenizer: a byte beyond the vocabulary
+            raise RequestError(400, str(exc), param=param) from exc
 
     async def submit(self, request: Request, *, chat: bool) -> Response:
         self.authorize(request)
         self.available()
+        limits = self.model.limits
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RequestError(400, f"the request body is not JSON: {exc}") from exc
+            body = await read_json(request, limit_bytes=limits.body_bytes, timeout_s=BODY_TIMEOUT_S)
+        except ClientGone:
+            self.metrics.requests.labels("cancelled").inc()
+            return Response(status_code=CLIENT_GONE)
         params = protocol.parse_request(body, chat=chat)
         if params.model is not None and params.model != self.model.name:
             raise RequestError(
@@ -139,15 +184,15 @@ class _Handler:
                 param="model",
                 code="model_not_found",
             )
+        check_prompt_size(params, limits)  # before any work on the prompt
+        ids = await asyncio.get_running_loop().run_in_executor(self.pool, self.prompt_ids, params)
+        max_new = check_fit(len(ids), params, cache_len=self.model.cache_len)
         try:
-            ids = self.prompt_ids(params)
-            limit = self.model.cache_len - len(ids)
-            max_new = params.max_tokens if params.max_tokens is not None else max(limit, 1)
-            self.model.check(len(ids), max_new)
-            top_p = params.top_p if params.top_p < 1.0 else None
-            sampling = SamplingConfig(temperature=params.temperature, top_p=top_p)
-        except ConfigError as exc:  # the prompt, max_tokens, or both: the message says which
-            raise RequestError(400, str(exc)) from exc
+            self.model.check(len(ids), max_new)  # the compiled buckets (artifacts)
+        except ConfigError as exc:
+            raise RequestError(400, str(exc), param="messages" if chat else "prompt") from exc
+        top_p = params.top_p if params.top_p < 1.0 else None
+        sampling = SamplingConfig(temperature=params.temperature, top_p=top_p)
         sink = Sink(asyncio.get_running_loop())
         sub = Submission(tuple(ids), max_new, sampling, params.seed, params.stop, sink)
         try:
@@ -169,31 +214,33 @@ class _Handler:
     async def collect(
         self, request: Request, params: Params, sub: Submission, n: int, head: dict[str, Any]
     ) -> Response:
+        watch = asyncio.ensure_future(_on_disconnect(request, sub))
         text, tokens, cached = [], 0, 0
-        while True:
-            try:
-                item = await asyncio.wait_for(sub.sink.queue.get(), timeout=1.0)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    self.inbox.cancel(sub.rid)
-                    self.metrics.requests.labels("cancelled").inc()
-                    return Response(status_code=499)
-                continue
-            if isinstance(item, Failed):
-                raise RequestError(item.status, item.message)
-            text.append(item.text)
-            tokens += item.tokens
-            cached += item.cached
-            if item.finish is not None:
-                body = protocol.response(
-                    params,
-                    text="".join(text),
-                    finish=item.finish,
-                    usage=protocol.usage(n, tokens, cached),
-                    **head,
-                )
-                self.metrics.requests.labels("200").inc()
-                return JSONResponse(body)
+        try:
+            while True:
+                item = await sub.sink.queue.get()
+                if isinstance(item, Failed):
+                    if item.status == CLIENT_GONE:  # its row is freed at the next step
+                        self.inbox.cancel(sub.rid)
+                        self.metrics.requests.labels("cancelled").inc()
+                        return Response(status_code=CLIENT_GONE)
+                    raise RequestError(item.status, item.message, param=item.param)
+                text.append(item.text)
+                tokens += item.tokens
+                cached += item.cached
+                if item.finish is not None:
+                    body = protocol.response(
+                        params,
+                        text="".join(text),
+                        finish=item.finish,
+                        usage=protocol.usage(n, tokens, cached),
+                        **head,
+                    )
+                    self.metrics.requests.labels("200").inc()
+                    return JSONResponse(body)
+        finally:
+            watch.cancel()
+            self.inbox.finished(sub.rid)
 
     async def stream(
         self, params: Params, sub: Submission, n: int, head: dict[str, Any]
@@ -206,7 +253,7 @@ class _Handler:
                 item: Piece | Failed = await sub.sink.queue.get()
                 if isinstance(item, Failed):
                     status = str(item.status)
-                    yield _sse(protocol.error_body(item.status, item.message))
+                    yield _sse(protocol.error_body(item.status, item.message, param=item.param))
                     break
                 tokens += item.tokens
                 cached += item.cached
@@ -223,6 +270,7 @@ class _Handler:
         finally:  # also when the client went away (the stream is cancelled)
             if status == "cancelled":
                 self.inbox.cancel(sub.rid)
+            self.inbox.finished(sub.rid)
             self.metrics.requests.labels(status).inc()
 
 
@@ -235,19 +283,39 @@ def create_app(
     api_key: str | None = None,
 ) -> FastAPI:
     """The FastAPI application of one server (rank 0)."""
-    app = FastAPI(title="torch_tensorrt_dist", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="torch_tensorrt_dist",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        redirect_slashes=False,  # a 404 in OpenAI's body, not a 307 elsewhere
+    )
+    app.add_middleware(UnhandledErrors, metrics=metrics)
     h = _Handler(model, inbox, state, metrics, api_key)
 
     @app.exception_handler(RequestError)
-    async def request_error(_: Request, err: RequestError) -> JSONResponse:
+    async def request_error(_: Request, err: RequestError) -> Response:
         metrics.requests.labels(str(err.status)).inc()
-        return _error(err)
+        return error_response(err)
 
-    @app.exception_handler(Exception)
-    async def server_error(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("request failed")
-        metrics.requests.labels("500").inc()
-        return _error(RequestError(500, f"internal error: {type(exc).__name__}: {exc}"))
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        """No such route (404) or method (405), in OpenAI's body."""
+        metrics.requests.labels(str(exc.status_code)).inc()
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 405:
+            allow = (exc.headers or {}).get("Allow", "")
+            message = f"{where}: the method is not allowed; use {allow}"
+        elif exc.status_code == 404:
+            message = (
+                f"{where}: no such route; this server serves /v1/completions, "
+                "/v1/chat/completions, /v1/models, /health and /metrics"
+            )
+        else:
+            message = f"{where}: {exc.detail}"
+        response = error_response(RequestError(exc.status_code, message))
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -275,7 +343,9 @@ def create_app(
         body: dict[str, Any] = {"status": state.state, "pids": state.pids}
         if state.reason:
             body["reason"] = state.reason
-        return JSONResponse(body, status_code=200 if ready else 503)
+        if ready:
+            return JSONResponse(body)
+        return JSONResponse(body, status_code=503, headers={"Retry-After": RETRY_AFTER[503]})
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -3,6 +3,8 @@
     inbox = Inbox(max_waiting=64)
     inbox.submit(Submission(...))          # HTTP thread; QueueFull when the queue is full
     items = inbox.take(timeout=0.5)        # step loop: new submissions and cancels
+    inbox.finished(rid)                    # HTTP thread: its handler answered (or left)
+    inbox.fail_live(503, "...")            # any thread: answer every request not answered yet
     sink.put(Piece("text", 1, None))       # step loop -> the request's asyncio queue
     deliver([(sink, piece), ...])          # a step's pieces, one wake-up of the HTTP loop
 
@@ -58,10 +60,12 @@ class Piece:
 
 @dataclass
 class Failed:
-    """The request cannot finish: the HTTP status and message to answer with."""
+    """The request cannot finish: the HTTP status and message to answer with, and the request
+    field it is about (OpenAI's ``param``), if one is."""
 
     status: int
     message: str
+    param: str | None = None
 
 
 class Sink:
@@ -134,6 +138,7 @@ class Inbox:
         self._q: queue.SimpleQueue[Submission | Cancel] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting = 0
+        self._live: dict[int, Sink] = {}  # submitted, not answered yet
 
     @property
     def waiting(self) -> int:
@@ -147,7 +152,22 @@ class Inbox:
                     f"{self._waiting} requests are waiting (--max-queue {self.max_waiting})"
                 )
             self._waiting += 1
+            self._live[sub.rid] = sub.sink
         self._q.put(sub)
+
+    def finished(self, rid: int) -> None:
+        """The handler of request ``rid`` has answered (or its client left)."""
+        with self._lock:
+            self._live.pop(rid, None)
+
+    def fail_live(self, status: int, message: str) -> int:
+        """Answer every request submitted and not answered yet with ``Failed`` (from any
+        thread: the step loop may be stuck in a collective); how many there were."""
+        with self._lock:
+            sinks = list(self._live.values())
+            self._live.clear()
+        deliver([(sink, Failed(status, message)) for sink in sinks])
+        return len(sinks)
 
     def cancel(self, rid: int) -> None:
         self._q.put(Cancel(rid))

@@ -1,12 +1,14 @@
 """uvicorn in a thread of rank 0, on a socket bound before the model loads.
 
-    http = HttpThread(app, "127.0.0.1", 0)   # binds now: a busy port fails before any work
-    http.start()                             # serves from its own asyncio loop
-    http.url                                 # http://127.0.0.1:PORT (the real port)
+    sock = bind_socket("127.0.0.1", 0)      # before loading: a busy port fails first
+    http = HttpThread(app, sock)            # guarded connections (``connections.py``)
+    http.start()                            # serves from its own asyncio loop
+    http.url                                # http://127.0.0.1:PORT (the real port)
     http.stop()
 
 The step loop keeps the main thread (and its signal handlers); uvicorn installs no signal
-handler outside the main thread.
+handler outside the main thread. uvicorn runs its h11 protocol with a connection cap and a
+header deadline (``connections.py``), whether or not httptools is installed.
 """
 
 from __future__ import annotations
@@ -18,32 +20,55 @@ import time
 from typing import Any
 
 from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.serving.connections import (
+    ConnectionLimits,
+    connection_cap,
+    guarded_protocol,
+    quiet_logs,
+)
 
-__all__ = ["HttpThread"]
+__all__ = ["HttpThread", "bind_socket"]
 
 logger = logging.getLogger(__name__)
 
+#: seconds an idle kept-alive connection stays open (uvicorn's default)
+KEEP_ALIVE_S = 5
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0: a free port); ConfigError naming the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({exc.strerror}); choose another "
+            "--port (0 picks a free one)"
+        ) from exc
+    return sock
+
 
 class HttpThread:
-    """An ASGI app served by uvicorn from a daemon thread."""
+    """An ASGI app served by uvicorn from a daemon thread, on ``sock`` (bound already)."""
 
-    def __init__(self, app: Any, host: str, port: int) -> None:
+    def __init__(self, app: Any, sock: socket.socket, limits: ConnectionLimits | None = None):
         import uvicorn
 
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self.sock.bind((host, port))
-        except OSError as exc:
-            self.sock.close()
-            raise ConfigError(
-                f"cannot listen on {host}:{port} ({exc.strerror}); choose another "
-                "--port (0 picks a free one)"
-            ) from exc
-        self.host, self.port = host, int(self.sock.getsockname()[1])
+        self.sock = sock
+        self.host, self.port = sock.getsockname()[:2]
+        self.limits = limits or ConnectionLimits(max_connections=connection_cap())
+        quiet_logs()
         config = uvicorn.Config(
-            app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=2
+            app,
+            http=guarded_protocol(self.limits),
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(

@@ -35,6 +35,8 @@ from torch_tensorrt_dist.serving.bridge import (
     deliver,
 )
 from torch_tensorrt_dist.serving.control import ControlChannel
+from torch_tensorrt_dist.serving.isolation import row_failure
+from torch_tensorrt_dist.serving.watchdog import StepProgress
 
 __all__ = ["Leader", "StepLoop", "StepStats"]
 
@@ -74,6 +76,8 @@ class StepLoop:
     def __init__(self, core: GenerationCore, channel: ControlChannel) -> None:
         self.core, self.channel = core, channel
         self.stats = StepStats()
+        #: steps begun and ended, read by the heartbeat and the watchdog (``watchdog.py``)
+        self.progress = StepProgress()
         #: (step s, control s) of the last step when it ran rows, else None
         self.last: tuple[float, float] | None = None
 
@@ -91,9 +95,11 @@ class StepLoop:
     def follow(self) -> None:
         """Ranks other than 0: run every step rank 0 announces, until it says stop."""
         while True:
+            self.progress.begin()
             start = time.perf_counter()
             plan = self.channel.exchange()
             self.apply(plan, start)
+            self.progress.end()
             if plan.stop:
                 return
 
@@ -125,6 +131,9 @@ class Leader:
         self._pending: list[tuple[Submission, Emitted]] = []
         self._deadline: float | None = None
         self._seeds = random.SystemRandom()
+        #: requests that failed alone (``Emitted.error``): cancelled on every rank at the next
+        #: step (a no-op where the core dropped them already)
+        self._dropped: list[int] = []
 
     @property
     def core(self) -> GenerationCore:
@@ -141,12 +150,14 @@ class Leader:
                 self._publish(self._pending)  # no step follows: tell them before waiting idle
                 self._pending = []
             plan = self._plan()
+            self.loop.progress.begin()  # the watchdog times the step from here
             start = time.perf_counter()
             plan = self.loop.channel.exchange(plan)
             self._publish(self._pending)
             self._pending = self._collect(self.loop.apply(plan, start))
             if self.on_step is not None:
                 self.on_step(self)
+            self.loop.progress.end()
             if plan.stop:
                 self._publish(self._pending)
                 return
@@ -171,6 +182,9 @@ class Leader:
 
     def _plan(self) -> StepPlan:
         sched = self.scheduler
+        for rid in self._dropped:  # failed alone: every rank lets it go (if it still runs)
+            sched.cancel(rid)
+        self._dropped = []
         for item in self.inbox.take(0.0 if not sched.idle() else self.idle_tick_s):
             if isinstance(item, Submission):
                 self._submit(item)
@@ -257,6 +271,15 @@ class Leader:
         now = time.perf_counter()
         pieces: list[tuple[Sink, Piece | Failed]] = []
         for sub, e in items:
+            if e.error is not None:  # this request failed alone; the others go on
+                pieces.append(
+                    (sub.sink, row_failure(e.error, sampling=sub.sampling, stop=sub.stop))
+                )
+                self.inbox.finished(e.rid)
+                self._dropped.append(e.rid)
+                self.requests.pop(e.rid, None)
+                self._last_token.pop(e.rid, None)
+                continue
             if self.on_token is not None:  # (request, now, the previous token's time or None)
                 self.on_token(sub, now, self._last_token.get(e.rid))
             if e.finish is None and e.rid in self.requests:
@@ -264,4 +287,6 @@ class Leader:
             else:  # it finished, or it was cancelled after this step
                 self._last_token.pop(e.rid, None)
             pieces.append((sub.sink, Piece(e.text, len(e.tokens), e.finish, e.cached)))
+            if e.finish is not None:
+                self.inbox.finished(e.rid)  # answered: nothing left to fail (``fail_live``)
         deliver([*pieces, *then])

@@ -5,9 +5,11 @@
 
 Honoured fields: ``prompt`` (one string, or one list of token ids) / ``messages``,
 ``max_tokens`` (chat: also ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``,
-``stop`` (up to 4 strings), ``n`` (1 only), ``stream``, ``stream_options.include_usage``,
-``model``. Fields this server cannot honour are refused by name when set to anything but their
-default; others (``user``, ``metadata``...) are ignored.
+``stop`` (up to 4 strings of at most 256 characters), ``n`` (1 only), ``stream``,
+``stream_options.include_usage``, ``model``. Fields this server cannot honour are refused by
+name when set to anything but their default; others (``user``, ``metadata``...) are ignored.
+Text must be valid Unicode (a lone surrogate, which JSON's ``\ud800`` escapes can spell, is
+refused by field). Every refusal is a :class:`RequestError` naming the field (``param``).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.sampling import TEMPERATURE_RANGE
+from torch_tensorrt_dist.generation.sampling import TEMPERATURE_RANGE, check_top_p
 from torch_tensorrt_dist.validation import check_float, check_int, check_seed
 
 __all__ = [
+    "MAX_STOP_CHARS",
     "Params",
     "RequestError",
     "chunk",
@@ -30,10 +33,15 @@ __all__ = [
     "usage",
 ]
 
+#: The longest stop string accepted (characters): matching it costs time at every token.
+MAX_STOP_CHARS = 256
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable",
@@ -84,6 +92,8 @@ class Params:
     messages: list[dict[str, Any]] | None
     max_tokens: int | None
     """None: chat's default, what the KV cache leaves after the prompt."""
+    max_tokens_param: str
+    """The field ``max_tokens`` came from (chat: ``max_completion_tokens`` too)."""
     temperature: float
     top_p: float
     seed: int | None
@@ -105,21 +115,11 @@ def _checked(name: str, check: Callable[[], Any]) -> Any:
         raise _bad(str(exc), name) from None
 
 
-def _number(
-    body: dict[str, Any],
-    name: str,
-    default: float,
-    low: float,
-    high: float,
-    *,
-    open_low: bool = False,
-) -> float:
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
     value = body.get(name)
     if value is None:
         return default
-    return float(
-        _checked(name, lambda: check_float(value, name=name, low=low, high=high, low_open=open_low))
-    )
+    return float(_checked(name, lambda: check_float(value, name=name, low=low, high=high)))
 
 
 def _int(body: dict[str, Any], name: str, low: int) -> int | None:
@@ -141,6 +141,24 @@ def _temperature(body: dict[str, Any]) -> float:
     return t
 
 
+def _top_p(body: dict[str, Any]) -> float:
+    value = body.get("top_p")
+    return 1.0 if value is None else float(_checked("top_p", lambda: check_top_p(value)))
+
+
+def _text(value: str, what: str, param: str) -> str:
+    """``value`` when it is valid Unicode (no lone surrogate: it cannot be tokenized)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _bad(
+            f"{what} holds a lone surrogate (U+{ord(value[exc.start]):04X}) at character "
+            f"{exc.start}, which is not Unicode text; send valid UTF-8",
+            param,
+        ) from None
+    return value
+
+
 def _seed(body: dict[str, Any]) -> int | None:
     value = body.get("seed")
     return None if value is None else int(_checked("seed", lambda: check_seed(value)))
@@ -155,6 +173,13 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
         raise _bad("stop must be a non-empty string or a list of non-empty strings", "stop")
     if len(items) > 4:
         raise _bad(f"stop holds {len(items)} strings; at most 4 are allowed", "stop")
+    for s in items:
+        if len(s) > MAX_STOP_CHARS:
+            raise _bad(
+                f"a stop string has {len(s)} characters; at most {MAX_STOP_CHARS} are allowed",
+                "stop",
+            )
+        _text(s, "a stop string", "stop")
     return tuple(items)
 
 
@@ -163,12 +188,25 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]  # a batch of one
     if isinstance(p, str) and p:
-        return p
-    if isinstance(p, list) and p and all(isinstance(i, int) and not isinstance(i, bool) for i in p):
-        return list(p)
-    if isinstance(p, list) and len(p) > 1:
+        return _text(p, "prompt", "prompt")
+    if isinstance(p, list) and p and all(_is_number(i) for i in p):
+        return [_token_id(i, k) for k, i in enumerate(p)]
+    if isinstance(p, list) and len(p) > 1 and all(isinstance(i, str | list) for i in p):
         raise _bad("one prompt per request: send a string or one list of token ids", "prompt")
     raise _bad("prompt must be a non-empty string or a list of token ids", "prompt")
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _token_id(x: int | float, index: int) -> int:
+    """A token id: an integer (a float only when it is one, as JSON may spell ``5.0``)."""
+    if isinstance(x, float):
+        if not x.is_integer():
+            raise _bad(f"prompt[{index}] is {x}; token ids are integers", "prompt")
+        return int(x)
+    return x
 
 
 def _content(message: dict[str, Any], index: int) -> str:
@@ -176,7 +214,7 @@ def _content(message: dict[str, Any], index: int) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return _text(content, f"messages[{index}].content", "messages")
     if isinstance(content, list):  # parts: only text is understood
         texts = []
         for part in content:
@@ -186,7 +224,10 @@ def _content(message: dict[str, Any], index: int) -> str:
                     f"messages[{index}]: content part {kind!r} is not supported; send text",
                     "messages",
                 )
-            texts.append(str(part.get("text", "")))
+            text = part.get("text", "")
+            if not isinstance(text, str):
+                raise _bad(f"messages[{index}]: a text part's text must be a string", "messages")
+            texts.append(_text(text, f"messages[{index}].content", "messages"))
         return "\n".join(texts)
     raise _bad(f"messages[{index}].content must be a string or a list of text parts", "messages")
 
@@ -213,9 +254,9 @@ def parse_request(body: Any, *, chat: bool) -> Params:
             raise _bad(f"{name} is not supported by this server; leave it unset", name)
     if _int(body, "n", 1) not in (None, 1):
         raise _bad(f"n={body['n']}: this server returns one choice per request (n=1)", "n")
-    max_tokens = _int(body, "max_tokens", 1)
-    if chat and max_tokens is None:
-        max_tokens = _int(body, "max_completion_tokens", 1)
+    max_tokens, max_param = _int(body, "max_tokens", 1), "max_tokens"
+    if chat and max_tokens is None and body.get("max_completion_tokens") is not None:
+        max_tokens, max_param = _int(body, "max_completion_tokens", 1), "max_completion_tokens"
     if not chat and max_tokens is None:
         max_tokens = 16  # OpenAI's default for completions
     stream = body.get("stream", False)
@@ -232,8 +273,9 @@ def parse_request(body: Any, *, chat: bool) -> Params:
         prompt=None if chat else _prompt(body),
         messages=_messages(body) if chat else None,
         max_tokens=max_tokens,
+        max_tokens_param=max_param,
         temperature=_temperature(body),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
+        top_p=_top_p(body),
         seed=_seed(body),
         stop=_stop(body),
         stream=stream,

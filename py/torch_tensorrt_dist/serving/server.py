@@ -3,13 +3,20 @@
     code = serve_rank(gen, tokenizer=tok, chat=template, stop_ids=(2,), config=ServeConfig(),
                       control=dist.new_group(backend="gloo"))       # every rank
 
-Rank 0 binds its socket and starts the HTTP thread first (``/health`` answers 503 while the
-graphs compile), then every rank compiles every prefill bucket and the decode graph, measures
-the control channel's latency, and enters the step loop. SIGTERM (or SIGINT) on rank 0 starts a
-drain: new requests get 503, running ones finish (at most ``drain_timeout_s``), then rank 0
-tells every rank to stop and each exits 0. Other ranks ignore those signals: they leave the
-loop when rank 0 says so, or when a collective fails because a peer died. When a step fails on
-rank 0 (a rank died), every request in flight gets a 503 and the rank exits non-zero.
+Rank 0 serves on a socket bound before the model loads (``http.bind_socket``, passed as
+``sock``) and starts the HTTP thread first (``/health`` answers 503 while the graphs compile),
+then every rank compiles every prefill bucket and the decode graph, measures the control
+channel's latency, and enters the step loop. SIGTERM (or SIGINT) on rank 0 starts a drain: new
+requests get 503, running ones finish (at most ``drain_timeout_s``), then rank 0 tells every
+rank to stop and each exits 0. Other ranks note those signals: they leave the loop when rank 0
+says so, or when a collective fails because a peer died. When a step fails on rank 0 (a rank
+died), every request in flight gets a 503 and the rank exits non-zero.
+
+Liveness (``watchdog.py``): every rank other than 0 writes a heartbeat into the c10d store; rank
+0's watchdog turns ``/health`` to 503, fails what is in flight and ends the server, naming the
+rank that did not answer, when a step runs ``step_timeout_s`` without returning. A signal is
+seen at once even while the main thread is stuck (``signals.py``): rank 0 stops accepting, and
+a rank still running ``drain_timeout_s + DRAIN_GRACE_S`` after it ends itself.
 """
 
 from __future__ import annotations
@@ -19,22 +26,34 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import FrameType
 
+import torch
 import torch.distributed as dist
 
+from torch_tensorrt_dist.errors import StepTimeoutError
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
+from torch_tensorrt_dist.runtime._rank_entry import end_now
 from torch_tensorrt_dist.serving.chat import ChatTemplate
 from torch_tensorrt_dist.serving.control import ControlChannel, measure_latency
 from torch_tensorrt_dist.serving.loop import Leader, StepLoop
 from torch_tensorrt_dist.serving.metrics import Metrics
+from torch_tensorrt_dist.serving.signals import StopSignals
+from torch_tensorrt_dist.serving.watchdog import (
+    Heartbeat,
+    PeerBeats,
+    StepProgress,
+    Verdict,
+    Watchdog,
+    beat_interval,
+)
 
-__all__ = ["ServeConfig", "ServeResult", "serve_rank"]
+__all__ = ["DEFAULT_STEP_TIMEOUT_S", "ServeConfig", "ServeResult", "serve_rank"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +62,10 @@ logger = logging.getLogger(__name__)
 #: the loop waits for it until the HTTP thread's interval ends, and every other rank waits with
 #: it. 0.5 ms bounds that wait per handover.
 GIL_SWITCH_S = 5e-4
+#: A step that runs longer fails the server (well under the 10-minute collective timeout).
+DEFAULT_STEP_TIMEOUT_S = 60.0
+#: After a signal, a rank still running ``drain_timeout_s`` + this ends itself.
+DRAIN_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +82,8 @@ class ServeConfig:
     idle_tick_s: float = 0.5
     """How often an idle rank 0 still opens a step (the other ranks wait in it)."""
     model_name: str = "model"
+    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
+    """A step that runs longer fails the server, naming the rank that did not answer."""
 
 
 @dataclass
@@ -73,24 +98,6 @@ class ServeResult:
     """What made the server fail (code != 0)."""
 
 
-class _Signals:
-    """The first SIGTERM/SIGINT this rank received; on rank 0 it also starts the drain."""
-
-    def __init__(self, on_signal: Callable[[], None] | None) -> None:
-        self.first: int | None = None
-        self._on_signal = on_signal
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, _: FrameType | None) -> None:
-        self.first = self.first or signum
-        if self._on_signal is not None:
-            logger.info("signal %d: draining", signum)
-            self._on_signal()
-        else:
-            logger.info("signal %d noted: rank 0 decides when the ranks stop", signum)
-
-
 def serve_rank(
     gen: Generator,
     *,
@@ -100,20 +107,33 @@ def serve_rank(
     config: ServeConfig,
     control: dist.ProcessGroup | None,
     on_ready: Callable[[str, float], None] | None = None,
+    signals: StopSignals | None = None,
+    sock: socket.socket | None = None,
 ) -> ServeResult:
-    """Run this rank's part of the server until it stops (see the module docstring)."""
+    """Run this rank's part of the server until it stops (see the module docstring).
+    ``signals``: installed before the model loaded (else now); ``sock``: rank 0's bound
+    socket (else bound now)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
+    signals = signals or StopSignals()
     core = gen.core(tokenizer=tokenizer, text=rank == 0)
+    core.isolate = True  # one request's failure fails that request only (every rank alike)
     loop = StepLoop(core, ControlChannel(control))
     if rank != 0:
-        signals = _Signals(None)
-        gen.warmup_all()
+        gen.warmup_all(stop=lambda: _stop_agreed(control, signals))
         measure_latency(control)
         _rank_pids(control)
-        loop.follow()
+        beat = Heartbeat(
+            _store(), rank, loop.progress, beat_s=beat_interval(config.step_timeout_s)
+        ).start()
+        signals.deadline(config.drain_timeout_s + 2 * DRAIN_GRACE_S, lambda: _end_by(signals))
+        try:
+            loop.follow()
+        finally:
+            signals.cancel()
+            beat.stop()
         summary = loop.stats.summary(rank, loop.channel.payload_steps)
         return ServeResult(0, summary, signals.first)
-    return _lead(gen, loop, tokenizer, chat, stop_ids, config, control, on_ready)
+    return _lead(gen, loop, tokenizer, chat, stop_ids, config, control, on_ready, signals, sock)
 
 
 def _lead(
@@ -125,25 +145,45 @@ def _lead(
     config: ServeConfig,
     control: dist.ProcessGroup | None,
     on_ready: Callable[[str, float], None] | None,
+    signals: StopSignals,
+    sock: socket.socket | None,
 ) -> ServeResult:
     from torch_tensorrt_dist.serving.api import ServedModel, create_app
     from torch_tensorrt_dist.serving.bridge import Inbox, ServerState
-    from torch_tensorrt_dist.serving.http import HttpThread
+    from torch_tensorrt_dist.serving.http import HttpThread, bind_socket
+    from torch_tensorrt_dist.serving.limits import request_limits
 
     state, inbox, metrics = ServerState(), Inbox(config.max_queue), Metrics()
 
     def check(prompt_len: int, max_new: int) -> None:
         gen.check([[0] * prompt_len], max_new)
 
+    limits = request_limits(tokenizer, cache_len=gen.cache_len)
     model = ServedModel(
-        config.model_name, tokenizer, chat, gen.cache_len, gen.args.vocab_size, check
+        config.model_name, tokenizer, chat, gen.cache_len, gen.args.vocab_size, check, limits
     )
-    http = HttpThread(
-        create_app(model, inbox, state, metrics, api_key=config.api_key), config.host, config.port
-    )
+    app = create_app(model, inbox, state, metrics, api_key=config.api_key)
+    http = HttpThread(app, sock or bind_socket(config.host, config.port))
     http.start()
+    signals.on_signal(lambda _: state.set("draining"))
 
-    signals = _Signals(lambda: state.set("draining"))
+    def stop_now(reason: str, verdict: Verdict | None) -> None:
+        """The step loop cannot go on (from a thread: the main thread is stuck)."""
+        logger.error("the server stops: %s", reason)
+        state.set("failed", reason)
+        inbox.fail_live(503, f"the server failed: {reason}")
+        time.sleep(1.0)  # let the HTTP thread send the 503s
+        blame = verdict.rank if verdict is not None and verdict.rank != 0 else None
+        end_now(1, StepTimeoutError(reason, failed_rank=blame))
+
+    def hang(verdict: Verdict) -> None:
+        stop_now(f"{verdict.message()} (--step-timeout {config.step_timeout_s:g} s)", verdict)
+
+    def late() -> None:
+        verdict = dog.verdict() if dog is not None else None
+        why = f": {verdict.message()}" if verdict is not None else ""
+        stop_now(f"the drain did not end within {config.drain_timeout_s:g} s{why}", verdict)
+
     leader = Leader(
         loop,
         gen.scheduler(loop.core),
@@ -155,10 +195,13 @@ def _lead(
         on_token=metrics.token,
         on_step=lambda lead: _observe(lead, metrics),
     )
+    dog: Watchdog | None = None
     try:
-        warm = gen.warmup_all()
+        warm = gen.warmup_all(stop=lambda: _stop_agreed(control, signals))
         metrics.control_latency.set(measure_latency(control))
         state.pids = _rank_pids(control)
+        dog = _watchdog(control, loop.progress, config, hang)
+        signals.deadline(config.drain_timeout_s + DRAIN_GRACE_S, late)
         if state.state == "warming":
             state.set("ready")
             if on_ready is not None:
@@ -166,15 +209,77 @@ def _lead(
         with _gil_switch(GIL_SWITCH_S):
             leader.run()
     except Exception as exc:  # a failed collective (a rank died) or a failed graph
-        reason = _reason(exc)
+        verdict = dog.verdict() if dog is not None else None
+        error, reason = _blamed(exc, verdict)
         logger.error("the step loop failed: %s", reason)
         state.set("failed", reason)
         leader.fail_all(503, f"a rank of the server failed ({reason})")
+        inbox.fail_live(503, f"a rank of the server failed ({reason})")
         time.sleep(1.0)  # let the HTTP thread send the 503s
         http.stop()
-        return ServeResult(1, f"rank 0: failed: {reason}", signals.first, exc)
+        return ServeResult(1, f"rank 0: failed: {reason}", signals.first, error)
+    finally:
+        signals.cancel()
+        if dog is not None:
+            dog.stop()
     http.stop()
     return ServeResult(0, loop.stats.summary(0, loop.channel.payload_steps), signals.first)
+
+
+def _stop_agreed(control: dist.ProcessGroup | None, signals: StopSignals) -> bool:
+    """Whether any rank got a stop signal (every rank gets the same answer: the warm-up ends
+    at the same graph on every rank)."""
+    flag = torch.tensor([int(signals.first is not None)])
+    if control is not None:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control)
+    return bool(flag.item())
+
+
+def _store() -> object:
+    """A connection of its own to the c10d store (its heartbeat thread uses it)."""
+    store = dist.distributed_c10d._get_default_store()
+    clone = getattr(store, "clone", None)
+    try:
+        return clone() if clone is not None else store
+    except RuntimeError:  # a store without clone: share the process group's connection
+        return store
+
+
+def _watchdog(
+    control: dist.ProcessGroup | None,
+    progress: StepProgress,
+    config: ServeConfig,
+    on_hang: Callable[[Verdict], None],
+) -> Watchdog:
+    peers = None
+    if control is not None:
+        ranks = [r for r in dist.get_process_group_ranks(control) if r != dist.get_rank()]
+        peers = PeerBeats(_store(), ranks)
+    return Watchdog(progress, peers, timeout_s=config.step_timeout_s, on_hang=on_hang).start()
+
+
+def _blamed(exc: Exception, verdict: Verdict | None) -> tuple[BaseException, str]:
+    """The error a failed step leaves, and its reason in one line: a collective that timed
+    out names the rank that did not answer (the launcher then blames it, not rank 0)."""
+    reason = _reason(exc)
+    if verdict is None or not re.search(r"timed? ?out", str(exc), re.I):
+        return exc, reason
+    reason = f"{reason}; {verdict.message()}"
+    error = StepTimeoutError(reason, failed_rank=verdict.rank if verdict.rank != 0 else None)
+    error.__cause__ = exc
+    return error, reason
+
+
+def _end_by(signals: StopSignals) -> None:
+    """A rank other than 0 still running long after a signal: end it by that signal (a stop,
+    which the launcher does not blame)."""
+    sig = signals.first or signal.SIGTERM
+    logger.warning("still running past the drain deadline after signal %d: ending the rank", sig)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
 
 
 @contextlib.contextmanager

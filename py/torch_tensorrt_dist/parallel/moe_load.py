@@ -2,7 +2,7 @@
 
     model = load_moe("path/to/ckpt", groups=moe_groups(make_moe_mesh(ep=2, tp=2)))
 
-As ``load_llama``: the model is built on the meta device, sharded (``parallel/moe.py``),
+As ``load_llama``: the model is built on the meta device, sharded (``moe.py`` beside it),
 materialised, then filled by positioned reads. A rank reads its TP slices of attention and dense
 tensors, the replicated router, its 1/(ep x tp) of the shared expert, and for each of ITS experts
 only its TP slice of ``w1``/``w3`` (rows) and ``w2`` (columns); other experts' bytes are never
@@ -23,14 +23,14 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from torch_tensorrt_dist.errors import CheckpointError
-from torch_tensorrt_dist.models.checkpoint_files import load_config_json, weight_map
+from torch_tensorrt_dist.models.checkpoint_files import weight_map
 from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.models.loader import _load_into, hf_name
 from torch_tensorrt_dist.models.moe import MoETransformer, SparseMoE
-from torch_tensorrt_dist.models.moe_args import MoEArgs, moe_args_from_hf_config
+from torch_tensorrt_dist.models.moe_args import MoEArgs, read_moe_config
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader, TensorInfo
 from torch_tensorrt_dist.models.weights_check import check_checkpoint
 from torch_tensorrt_dist.parallel.llama import Embedding, LMHead, ShardSlice, shard_slice, tp_layout
+from torch_tensorrt_dist.parallel.llama_load import hf_name, load_into
 from torch_tensorrt_dist.parallel.moe import (
     MoEGroups,
     MoELayout,
@@ -40,7 +40,7 @@ from torch_tensorrt_dist.parallel.moe import (
     shared_slice,
 )
 
-__all__ = ["expert_key", "load_moe", "moe_hf_name", "random_moe", "read_moe_config"]
+__all__ = ["expert_key", "load_moe", "moe_hf_name", "random_moe"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +55,6 @@ _BLOCK = {"mixtral": "block_sparse_moe", "qwen2_moe": "mlp", "qwen3_moe": "mlp"}
 _QK_NORM_RE = re.compile(r"layers\.(\d+)\.attention\.w([qk])\.norm\.weight$")
 _SHARED = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _MOE_RE = re.compile(r"layers\.(\d+)\.feed_forward\.(gate\.weight|w1|w2|w3|shared\.(\w+)\.weight)$")
-
-
-def read_moe_config(
-    path: str | Path, *, max_seq_len: int | None = None
-) -> tuple[ModelArgs, MoEArgs]:
-    """``(ModelArgs, MoEArgs)`` from ``path/config.json``."""
-    cfg = load_config_json(path)
-    return moe_args_from_hf_config(cfg, max_seq_len=max_seq_len)
 
 
 def expert_key(layer: int, expert: int, kind: str, moe: MoEArgs) -> str:
@@ -226,7 +218,7 @@ def fill_moe_parameters(
                             f"{list(want)} (per expert where experts are fused); the config "
                             "and weights do not match"
                         )
-                    _load_into(dest, reader, key, sl)
+                    load_into(dest, reader, key, sl)
                     bar.update(1)
                 total += reader.bytes_read
     return total

@@ -2,7 +2,7 @@
 
     model = load_llama("path/to/ckpt", group=tp_group, dtype=torch.bfloat16)
 
-The model is built on the meta device, sharded by the TP plan (``parallel/llama.py``), then
+The model is built on the meta device, sharded by the TP plan (``llama.py`` beside it), then
 materialised; every parameter is filled with positioned reads of its rows or columns only
 (``SafetensorsReader``, no memory map), so a rank never reads or holds another rank's part of a
 sharded weight, and its peak memory is the weights it keeps. The directory holds
@@ -22,8 +22,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from tqdm import tqdm
 
 from torch_tensorrt_dist.errors import CheckpointError
-from torch_tensorrt_dist.models.checkpoint_files import load_config_json, weight_map
+from torch_tensorrt_dist.models.checkpoint_files import weight_map
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+from torch_tensorrt_dist.models.llama_args import read_config
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
 from torch_tensorrt_dist.models.weights_check import check_checkpoint
 from torch_tensorrt_dist.parallel.llama import (
@@ -37,7 +38,7 @@ from torch_tensorrt_dist.parallel.llama import (
     tp_layout,
 )
 
-__all__ = ["fill_parameters", "hf_name", "load_llama", "random_llama", "read_config", "weight_map"]
+__all__ = ["fill_parameters", "hf_name", "load_into", "load_llama", "random_llama"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,16 +72,11 @@ def hf_name(name: str, args: ModelArgs) -> str:
     return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
 
 
-def read_config(path: str | Path, *, max_seq_len: int | None = None) -> ModelArgs:
-    """ModelArgs from ``path/config.json``."""
-    cfg = load_config_json(path)
-    return ModelArgs.from_hf_config(cfg, max_seq_len=max_seq_len)
-
-
-def _load_into(
+def load_into(
     param: torch.Tensor, reader: SafetensorsReader, name: str, sl: ShardSlice | None
 ) -> None:
-    """Fill ``param`` with the tensor or its slice; straight into its memory when it can be."""
+    """Fill ``param`` with the tensor or its slice; straight into its memory when it can be
+    (shared with ``moe_load``)."""
     dim, start, stop = (None, 0, None) if sl is None else (sl.dim, sl.start, sl.stop)
     rows = param
     if sl is not None and sl.padded > sl.stop - sl.start:
@@ -130,7 +126,7 @@ def fill_parameters(
                     sl = shard_slice(name, layout)
                     if sl is not None and name.endswith(".bias") and sl.dim == 1:
                         sl = None  # a row-parallel bias stays whole (added after the reduce)
-                    _load_into(param, reader, key, sl)
+                    load_into(param, reader, key, sl)
                     bar.update(1)
 
 

@@ -1,0 +1,48 @@
+"""``compile``'s job in a rank: this rank's loaded (and quantized) shard becomes its compiled
+graphs and weight file under ``--out`` (``artifacts/build.py``); rank 0 writes the manifest
+and prints where."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, cast
+
+from torch_tensorrt_dist.config.jobs import CompileJob
+from torch_tensorrt_dist.config.run import RunConfig
+from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank
+
+__all__ = ["build", "check", "run"]
+
+
+def check(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
+    from torch_tensorrt_dist.artifacts.build import check_compile, check_output_dir
+
+    check_compile(config, plan)  # engine, quantization, lengths, buckets
+    check_output_dir(cast(CompileJob, config.job).out)
+
+
+def build(rank: Rank) -> tuple[Any, float]:
+    """This rank's shard, and when its loading started (the compile's time counts it)."""
+    import torch
+
+    if not torch.cuda.is_available():  # Inductor's import warns about CUDA_HOME: not our case
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    start = time.perf_counter()
+    return rank.model(), start
+
+
+def run(rank: Rank, built: tuple[Any, float]) -> int:
+    from torch_tensorrt_dist.artifacts.build import write_artifacts
+
+    job = cast(CompileJob, rank.config.job)
+    result = write_artifacts(rank, built[0], started=built[1])
+    if rank.index == 0:
+        tp = rank.plan.parallel.tp
+        summary = {"manifest": str(result.manifest), "compile_s": result.seconds, "tp": tp}
+        if job.json:
+            print(json.dumps(summary), flush=True)
+        else:
+            print(f"wrote {result.manifest} (tp={tp}, {result.seconds:.1f} s)", flush=True)
+    return 0

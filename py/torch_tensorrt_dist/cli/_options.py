@@ -1,0 +1,274 @@
+"""The options the commands that start ranks share, and the one reading of them into a
+:class:`~torch_tensorrt_dist.config.RunConfig`.
+
+Each command adds the groups it takes (``add_model``, ``add_layout``, ``add_engine``,
+``add_quantize``, ``add_kv_cache``, ``add_threads``) and fixes the rest with :func:`absent`,
+so every parsed namespace has every field and :func:`run_config` reads them plainly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from torch_tensorrt_dist.config.jobs import Job
+from torch_tensorrt_dist.config.run import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_PREFILL_TOKENS,
+    ENGINES,
+    LAYOUTS,
+    CacheOptions,
+    ModelOptions,
+    Parallel,
+    RunConfig,
+    parse_split,
+)
+from torch_tensorrt_dist.models.dtypes import DTYPES
+from torch_tensorrt_dist.quantization.scheme import quant_config
+from torch_tensorrt_dist.validation import parse_size
+
+__all__ = [
+    "absent",
+    "add_engine",
+    "add_kv_cache",
+    "add_layout",
+    "add_model",
+    "add_quantize",
+    "add_threads",
+    "run_config",
+]
+
+#: the value of each shared option a command does not take
+_ABSENT: dict[str, Any] = {
+    "artifacts": None,
+    "pp": 1,
+    "ep": 1,
+    "split": None,
+    "microbatches": None,
+    "verify": None,
+    "max_batch_size": None,
+    "max_seq_len": None,
+    "kv_cache_memory": None,
+    "block_size": DEFAULT_BLOCK_SIZE,
+    "max_prefill_tokens": DEFAULT_MAX_PREFILL_TOKENS,
+    "prefix_caching": True,
+}
+
+
+def absent(p: argparse.ArgumentParser, *names: str) -> None:
+    """The command takes none of these options: they keep the value a run without them has."""
+    p.set_defaults(**{name: _ABSENT[name] for name in names})
+
+
+def add_model(p: argparse.ArgumentParser, *, artifacts: str | None = None) -> None:
+    """``--model``, ``--dtype``, ``--lm-head``, ``--embedding`` (and ``--artifacts``, with its
+    help, where the command runs them)."""
+    p.add_argument(
+        "--model",
+        default=None,
+        help="HF checkpoint directory or preset name (default: the demo checkpoint)",
+    )
+    if artifacts is not None:
+        p.add_argument("--artifacts", default=None, metavar="DIR", help=artifacts)
+    else:
+        absent(p, "artifacts")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
+    p.add_argument(
+        "--lm-head",
+        choices=LAYOUTS,
+        default="vocab_parallel",
+        help="vocab_parallel: each TP rank holds 1/tp of the LM head, logits all-gathered",
+    )
+    p.add_argument(
+        "--embedding",
+        choices=LAYOUTS,
+        default="vocab_parallel",
+        help="vocab_parallel: each TP rank holds 1/tp of the embedding, rows all-reduced; "
+        "replicated: no collective, the whole matrix on every rank",
+    )
+
+
+def add_layout(
+    p: argparse.ArgumentParser, *, pp: str | None, ep: bool, pipeline: bool = False
+) -> None:
+    """``--tp``; ``--pp`` (with its help) and ``--ep`` where the command takes them, and
+    ``--split`` / ``--microbatches`` (``pipeline``)."""
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        help="tensor-parallel ranks (default: the launcher's ranks / (pp x ep) under a "
+        "launcher, else 1)",
+    )
+    if pp is not None:
+        p.add_argument("--pp", type=int, default=1, help=pp)
+    else:
+        absent(p, "pp")
+    if ep:
+        p.add_argument(
+            "--ep",
+            type=int,
+            default=1,
+            help="expert-parallel ranks for a MoE checkpoint (default 1); ep x tp ranks, TP inner",
+        )
+    else:
+        absent(p, "ep")
+    if not pipeline:
+        absent(p, "split", "microbatches")
+        return
+    p.add_argument(
+        "--split",
+        default=None,
+        help="layers per pipeline stage, comma-separated (default: even), e.g. 3,5",
+    )
+    p.add_argument(
+        "--microbatches",
+        type=int,
+        default=None,
+        help="pipeline microbatches (default: pp when it divides the batch, else 1)",
+    )
+
+
+def add_engine(
+    p: argparse.ArgumentParser,
+    *,
+    choices: tuple[str, ...] = ENGINES,
+    default: str = "eager",
+    verify: bool = True,
+) -> None:
+    """``--engine`` (and ``--verify``)."""
+    p.add_argument(
+        "--engine",
+        choices=choices,
+        default=default,
+        help="tensorrt | inductor | eager (compiled FX, the reference) | none (plain PyTorch, "
+        f"no torch.compile); default {default}",
+    )
+    if not verify:
+        absent(p, "verify")
+        return
+    p.add_argument(
+        "--verify",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="check each compiled graph's first call against the eager run of the same "
+        "graph (collectives through c10d) and stop on every rank on a mismatch (default: on "
+        "for --engine tensorrt, off otherwise)",
+    )
+
+
+def add_quantize(p: argparse.ArgumentParser) -> None:
+    """``--quantize``, ``--group-size``, ``--quantize-embeddings``."""
+    p.add_argument(
+        "--quantize",
+        default=None,
+        metavar="{int8,int4}",
+        help="weight-only quantization of the decoder's linears, applied on each rank to the "
+        "slices it holds: int8 (one scale per output channel) or int4 (groups along the input)",
+    )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="int4: weights per scale along the input dimension, 32, 64 or 128 (default 128; "
+        "--engine tensorrt takes 64 or 128); must divide each rank's slice of a row-parallel "
+        "weight",
+    )
+    p.add_argument(
+        "--quantize-embeddings",
+        action="store_true",
+        help="also quantize the embedding and LM head (int8, one scale per vocabulary row); "
+        "by default they stay in the model dtype",
+    )
+
+
+def add_kv_cache(
+    p: argparse.ArgumentParser, *, max_seq_len: str | None, max_batch_size: str | None = None
+) -> None:
+    """The KV cache's memory, blocks, prefill budget and prefix reuse; ``--max-seq-len`` and
+    ``--max-batch-size`` (with their help) where the command takes them."""
+    for flag, help_ in (("--max-batch-size", max_batch_size), ("--max-seq-len", max_seq_len)):
+        if help_ is not None:
+            p.add_argument(flag, type=int, default=None, help=help_)
+        else:
+            absent(p, flag[2:].replace("-", "_"))
+    p.add_argument(
+        "--kv-cache-memory",
+        default=None,
+        metavar="SIZE",
+        help="KV-cache memory per rank: bytes (1073741824) or a number with a unit, KiB MiB GiB "
+        "TiB (powers of 1024) or KB MB GB TB (powers of 1000), any case, e.g. 4GiB (default: "
+        "enough blocks for every row at the longest request)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help="tokens per KV-cache block, a power of two in [1, 256] (default "
+        f"{DEFAULT_BLOCK_SIZE})",
+    )
+    p.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=DEFAULT_MAX_PREFILL_TOKENS,
+        help="prompt tokens one step prefills at most: longer prompts are prefilled in chunks "
+        "while the running rows keep decoding (default "
+        f"{DEFAULT_MAX_PREFILL_TOKENS}; at least --block-size)",
+    )
+    p.add_argument(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep full KV-cache blocks after their request ends and reuse them for requests "
+        "that start with the same tokens (default on)",
+    )
+
+
+def add_threads(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="intra-op threads of each rank (default: $OMP_NUM_THREADS, else the cores this "
+        "process may run on / the ranks on this node)",
+    )
+
+
+def _tp(ns: argparse.Namespace) -> int | None:
+    """``--tp``, else the launcher's ranks / (pp x ep), else 1 (``--artifacts``: the
+    manifest's, read later)."""
+    from torch_tensorrt_dist.cli._failures import world_size
+    from torch_tensorrt_dist.runtime import is_launched
+
+    if ns.tp is not None or ns.artifacts is not None:
+        return int(ns.tp) if ns.tp is not None else None
+    if not is_launched(os.environ):
+        return 1
+    return max(1, world_size() // max(1, ns.pp * ns.ep))
+
+
+def run_config(ns: argparse.Namespace, job: Job) -> RunConfig:
+    """The run configuration of a parsed command line (every value checked)."""
+    model = ModelOptions(ns.model, ns.artifacts, ns.dtype, ns.lm_head, ns.embedding)
+    parallel = Parallel(_tp(ns), ns.pp, ns.ep, parse_split(ns.split), ns.microbatches)
+    memory = ns.kv_cache_memory
+    cache = CacheOptions(
+        max_batch_size=ns.max_batch_size,
+        max_seq_len=ns.max_seq_len,
+        kv_cache_memory=None if memory is None else parse_size(memory, name="--kv-cache-memory"),
+        block_size=ns.block_size,
+        max_prefill_tokens=ns.max_prefill_tokens,
+        prefix_caching=ns.prefix_caching,
+    )
+    return RunConfig(
+        ns.command,
+        model,
+        parallel,
+        job,
+        engine=ns.engine,
+        verify=ns.verify,
+        quantize=quant_config(ns.quantize, ns.group_size, ns.quantize_embeddings),
+        cache=cache,
+        threads=ns.threads,
+    )

@@ -1,0 +1,126 @@
+"""One way to build a rank, for every command that runs a model (``generate``, ``serve``,
+``eval``, ``compile``).
+
+    return start(ns, generate_job_of)          # a command's run(): plan, then run or launch
+
+:func:`start` reads the options into a :class:`RunConfig` and has the model's family plan it
+(bad input is one line, before any rank starts); then it runs :func:`rank_main` in this process
+(one rank, or a rank of another launcher) or launches the ranks, each of which runs
+:func:`rank_main`: set its threads, join the world, plan and load its shard (one verdict of all
+ranks, ``runtime.agree``), then the command's job (``_generate_job``, ``_serve_job``,
+``_eval_job``, ``_compile_job``: ``check``, ``build``, ``run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from types import ModuleType
+
+from torch_tensorrt_dist.cli import _compile_job, _eval_job, _generate_job, _serve_job
+from torch_tensorrt_dist.cli._failures import (
+    alike_on_every_rank,
+    check_world,
+    print_launch_failure,
+    rank_entry,
+    refuse,
+)
+from torch_tensorrt_dist.cli._options import run_config
+from torch_tensorrt_dist.config.jobs import CompileJob, EvalJob, GenerateJob, Job, ServeJob
+from torch_tensorrt_dist.config.run import RunConfig
+from torch_tensorrt_dist.errors import TensorRTDistError, VerificationError
+from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank, checkpoint_spec
+
+__all__ = ["plan_run", "rank_main", "spec_for", "start"]
+
+#: what each kind of job runs once the model is planned: ``check(config, spec, plan)`` (also in the
+#: launching process), ``build(rank)`` (with the model, inside the loading verdict),
+#: ``run(rank, built) -> exit code``
+JOBS: dict[type, ModuleType] = {
+    GenerateJob: _generate_job,
+    ServeJob: _serve_job,
+    EvalJob: _eval_job,
+    CompileJob: _compile_job,
+}
+
+
+def spec_for(config: RunConfig) -> ModelSpec:
+    """The spec of the model's family: compiled artifacts, or what ``--model`` is."""
+    if config.model.artifacts is not None:
+        from torch_tensorrt_dist.artifacts.spec import ArtifactsSpec
+
+        return ArtifactsSpec(config.model.artifacts)
+    return checkpoint_spec(config)
+
+
+def plan_run(config: RunConfig) -> tuple[RunConfig, ModelSpec, ModelPlan]:
+    """The model's plan and the job's checks; the config with the layout resolved."""
+    spec = spec_for(config)
+    plan = spec.plan(config)
+    config = config.with_(parallel=plan.parallel)
+    JOBS[type(config.job)].check(config, spec, plan)
+    return config, spec, plan
+
+
+def rank_main(config: RunConfig) -> int:
+    """One rank of any command: its threads, the world, its shard, the job; the exit code."""
+    import torch.distributed as dist
+
+    from torch_tensorrt_dist.runtime import agreed
+    from torch_tensorrt_dist.runtime.distributed import join_world
+    from torch_tensorrt_dist.runtime.threads import rank_thread_count, use_threads
+
+    with alike_on_every_rank():
+        threads = rank_thread_count(config.threads)
+    with use_threads(threads):
+        world = check_world(config.parallel.sizes(), note=f"{config.command} uses every rank: ")
+        index, device, group = join_world(world)
+        job = JOBS[type(config.job)]
+        # every rank plans and loads its own shard; no rank goes on (echoes a prompt, compiles,
+        # runs a collective) until all have (runtime.agree: one rank's error stops every rank)
+        what = "artifacts" if config.model.artifacts is not None else "checkpoint"
+        with agreed(f"loading the {what}"):
+            config, spec, plan = plan_run(config)
+            rank = Rank(config, spec, plan, index, world, device, group, threads)
+            built = job.build(rank)
+        code = int(job.run(rank, built))
+    if code == 0 and world > 1 and dist.is_initialized():
+        dist.destroy_process_group()  # a normal end; after an error the launcher stops the ranks
+    return code
+
+
+def start(
+    ns: argparse.Namespace,
+    job_of: Callable[[argparse.Namespace], Job],
+    *,
+    launch_ranks: Callable[[RunConfig], int] | None = None,
+) -> int:
+    """A command's run: its options as a :class:`RunConfig` (``job_of`` reads the command's
+    own), planned before any rank starts; then :func:`rank_main` here, or the ranks launched
+    (``launch_ranks``: the command's own way to launch them)."""
+    from torch_tensorrt_dist.runtime import is_launched, launch
+    from torch_tensorrt_dist.runtime.threads import rank_thread_count
+
+    launched = is_launched(os.environ)
+    try:
+        with alike_on_every_rank():  # options and files: every rank refuses them alike
+            config = run_config(ns, job_of(ns))
+            rank_thread_count(config.threads)  # a bad OMP_NUM_THREADS too
+            config = plan_run(config)[0]
+        single = config.parallel.world == 1 or launched
+        if config.engine == "tensorrt":  # what to install, before any rank starts
+            from torch_tensorrt_dist.conversion.availability import require_tensorrt_engine
+
+            require_tensorrt_engine(isolated=not single)  # the launcher stays free of CUDA
+        if single:
+            return rank_main(config)
+    except VerificationError as exc:  # a wrong engine, not bad input
+        return refuse(exc, 1)
+    except TensorRTDistError as exc:
+        return refuse(exc, 2)
+    if launch_ranks is not None:
+        return launch_ranks(config)
+    result = launch(rank_entry, config.parallel.world, [rank_main, config])
+    print_launch_failure(result, verbose=ns.verbose)
+    return int(result.returncode)

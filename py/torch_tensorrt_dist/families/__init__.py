@@ -1,0 +1,55 @@
+"""A spec per model family (dense Llama, mixture of experts, pipeline stages; compiled
+artifacts in ``artifacts/spec.py``): each owns reading its configuration, the layout check,
+loading a rank's slices and quantizing them (``spec.py`` says what a spec does).
+
+    spec = checkpoint_spec(config)          # the family of --model (or the demo / preset)
+"""
+
+from __future__ import annotations
+
+from torch_tensorrt_dist.config.run import RunConfig
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.families.dense import DenseSpec
+from torch_tensorrt_dist.families.moe import MoESpec
+from torch_tensorrt_dist.families.pipeline import PipelineSpec
+from torch_tensorrt_dist.families.spec import (
+    ModelPlan,
+    ModelSpec,
+    Rank,
+    build_generator,
+    check_kv_cache,
+    resolve_model,
+)
+from torch_tensorrt_dist.models.checkpoint_files import load_config_json
+from torch_tensorrt_dist.models.moe_args import is_moe_config
+
+__all__ = [
+    "DenseSpec",
+    "MoESpec",
+    "ModelPlan",
+    "ModelSpec",
+    "PipelineSpec",
+    "Rank",
+    "build_generator",
+    "check_kv_cache",
+    "checkpoint_spec",
+    "resolve_model",
+]
+
+
+def checkpoint_spec(config: RunConfig) -> ModelSpec:
+    """The spec of ``--model``'s family: MoE where its ``config.json`` says so, pipeline
+    stages for ``--pp`` > 1 (or ``--split``), else dense. ``--ep`` needs a MoE model."""
+    path, preset = resolve_model(config.model.model)
+    p = config.parallel
+    has_config = path is not None and (path / "config.json").is_file()
+    if path is not None and has_config and is_moe_config(load_config_json(path)):
+        return MoESpec(path)
+    if p.ep != 1:
+        raise ConfigError(
+            f"--ep {p.ep} needs a mixture-of-experts checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE); "
+            f"{'the default model' if path is None else path} is a dense model: drop --ep"
+        )
+    if p.pp > 1 or p.split:
+        return PipelineSpec(path, preset)
+    return DenseSpec(path, preset)

@@ -1,0 +1,41 @@
+"""Per-request isolation: what one request's failure in the step loop tells its client (pure).
+
+The generation core fails a request alone when its sampling or its text raises
+(``GenerationCore.isolate``: the request emits ``finish="error"`` with a :class:`RowError`, the
+same on every rank); the leader answers it with :func:`row_failure` and cancels the request on every
+rank at the next step (a no-op where the core has freed its row already), and every other
+request goes on.
+
+    failed = row_failure(error, sampling=sub.sampling, stop=sub.stop)   # Failed(400, ..., param)
+"""
+
+from __future__ import annotations
+
+from torch_tensorrt_dist.generation.core import RowError
+from torch_tensorrt_dist.generation.sampling import SamplingConfig
+from torch_tensorrt_dist.serving.bridge import Failed
+
+__all__ = ["row_failure"]
+
+
+def row_failure(error: RowError, *, sampling: SamplingConfig, stop: tuple[str, ...]) -> Failed:
+    """The HTTP answer to a request the core failed: its sampling (400, naming ``top_p`` or
+    ``temperature``), the text its stop strings are matched on (400, ``stop``), or the text
+    shown (500: the model's tokens, not the request, could not be decoded)."""
+    if error.stage == "sampling":
+        param = "top_p" if sampling.top_p is not None else "temperature"
+        return Failed(
+            400,
+            f"sampling failed for temperature={sampling.temperature:g}, top_p="
+            f"{1.0 if sampling.top_p is None else sampling.top_p:g} ({error.message}); "
+            f"change {param}",
+            param,
+        )
+    if stop:
+        return Failed(
+            400,
+            f"matching the stop strings on the generated text failed ({error.message}); "
+            "change stop",
+            "stop",
+        )
+    return Failed(500, f"decoding the generated tokens to text failed ({error.message})")

@@ -1,0 +1,109 @@
+"""Connection hygiene on a real uvicorn (the server's HTTP thread, in this process, with a
+short header deadline and a small cap): slow and idle clients are cut off, connections beyond
+the cap get a 503 at once, a request uvicorn cannot parse gets OpenAI's 400, and the server
+answers normally afterwards."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from torch_tensorrt_dist.serving.connections import ConnectionLimits
+from torch_tensorrt_dist.serving.http import HttpThread, bind_socket
+
+CAP = 8
+HEADER_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def http() -> Iterator[HttpThread]:
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> Any:
+        return JSONResponse({"status": "ready"})
+
+    server = HttpThread(app, bind_socket("127.0.0.1", 0), ConnectionLimits(CAP, HEADER_S))
+    server.start()
+    yield server
+    server.stop()
+
+
+def _connect(http: HttpThread) -> socket.socket:
+    s = socket.create_connection((http.host, http.port), timeout=10)
+    return s
+
+
+def _read_all(s: socket.socket) -> bytes:
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    return data
+
+
+def _get(http: HttpThread) -> bytes:
+    with _connect(http) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return _read_all(s)
+
+
+def _error(raw: bytes, status: int) -> dict[str, Any]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} ".encode()), raw[:200]
+    error: dict[str, Any] = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def test_a_slow_head_gets_408_and_an_idle_connection_is_closed(http: HttpThread) -> None:
+    with _connect(http) as slow, _connect(http) as idle:
+        slow.sendall(b"GET /health HTTP/1.1\r\nHo")  # then nothing
+        start = time.monotonic()
+        error = _error(_read_all(slow), 408)
+        assert f"did not arrive within {HEADER_S:g} s" in error["message"]
+        assert _read_all(idle) == b""  # closed without a word: it never began a request
+        assert HEADER_S <= time.monotonic() - start < HEADER_S + 5
+    assert b'"ready"' in _get(http)
+
+
+def test_a_kept_alive_connection_gets_a_new_deadline_per_request(http: HttpThread) -> None:
+    with _connect(http) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while not first.endswith(b'{"status":"ready"}'):
+            first += s.recv(4096)
+        assert first.startswith(b"HTTP/1.1 200")
+        s.sendall(b"GET /hea")  # the next request's head, never finished
+        assert _error(_read_all(s), 408)
+
+
+def test_connections_beyond_the_cap_get_503_at_once(http: HttpThread) -> None:
+    held = [_connect(http) for _ in range(CAP)]
+    time.sleep(0.2)
+    try:
+        with _connect(http) as extra:
+            error = _error(_read_all(extra), 503)
+            assert f"holds {CAP} connections" in error["message"]
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.2)
+    assert b'"ready"' in _get(http)
+
+
+def test_a_request_that_is_not_http_gets_openai_400(http: HttpThread) -> None:
+    for junk in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", b"\x00\xff" * 8):
+        with _connect(http) as s:
+            s.sendall(junk + b"\r\n\r\n")
+            assert "not valid HTTP/1.1" in _error(_read_all(s), 400)["message"]
+    assert b'"ready"' in _get(http)
