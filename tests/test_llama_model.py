@@ -131,3 +131,25 @@ def test_setup_caches_refuses_beyond_max_positions() -> None:
         model.setup_caches(1, 32)
     with pytest.raises(ConfigError, match="setup_caches"):
         model(torch.zeros(1, 2, dtype=torch.long), torch.arange(2))
+
+
+def test_perplexity_over_paged_windows_equals_transformers(tmp_path: Path) -> None:
+    """``eval --perplexity`` runs each window through the paged step (every position scored):
+    the mean NLL of its windows equals transformers' cross entropy over the same windows."""
+    from torch_tensorrt_dist.generation.perplexity import perplexity, windows
+
+    hf = _llama_ckpt.save_checkpoint("llama_gqa", tmp_path)
+    model = load_llama(tmp_path, progress=False)
+    ids = torch.randint(0, 160, (70,), generator=torch.Generator().manual_seed(3)).tolist()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for w in windows(len(ids), 32, 16):
+            logits = hf(torch.tensor([ids[w.begin : w.end]])).logits[0].float()
+            nll = torch.nn.functional.cross_entropy(
+                logits, torch.tensor(ids[w.begin + 1 : w.end + 1]), reduction="none"
+            )
+            total += float(nll[-w.scored :].double().sum())
+            count += w.scored
+    got = perplexity(model, ids, window=32, stride=16)
+    assert got.tokens == count == len(ids) - 1
+    assert got.nll == pytest.approx(total / count, rel=1e-5)

@@ -408,16 +408,8 @@ class Transformer(nn.Module):
         positions < start, padded with the null block); dest: [R, S] (each token's block, the
         null block for padding). See ``models/paged.py``.
         """
-        if self.block_size < 1:
-            raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
-        r = tokens.shape[0]
-        pos, slots = paged_slots(start, last, past, dest, self.block_size)  # pos: [R, S]
-        mask = paged_mask(self.args, start, pos, past.shape[1] * self.block_size)
-        x = self.tok_embeddings(tokens)  # [R, S, dim]
-        cos = self.rope_cos[pos].to(x.dtype)  # [R, S, D]
-        sin = self.rope_sin[pos].to(x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask, slots)
+        x, slots = self._paged_hidden(tokens, start, last, past, dest)  # [R, S, dim]
+        r = x.shape[0]
         x = x.gather(1, last[:, None, None].expand(r, 1, x.shape[-1]))  # [R, 1, dim]
         logits = self._logits(x)[:, 0]
         # the step's K/V into the pools, last: nothing above reads them, and every write comes
@@ -431,6 +423,38 @@ class Transformer(nn.Module):
             assert pages is not None  # checked by every layer above
             pages(slots.blocks, slots.offsets, k, v)
         return logits
+
+    def paged_scores(
+        self,
+        tokens: Tensor,
+        start: Tensor,
+        last: Tensor,
+        past: Tensor,
+        dest: Tensor,
+        targets: Tensor,
+    ) -> Tensor:
+        """The negative log likelihood of ``targets`` [R, S] at every position of the rows
+        (the paged step's computation, the head over every token; nothing written) -> [R, S]
+        float32. What ``eval --perplexity`` runs."""
+        x, _ = self._paged_hidden(tokens, start, last, past, dest)
+        logp = F.log_softmax(self._logits(x).float(), dim=-1)  # [R, S, V]
+        return -logp.gather(-1, targets[..., None]).squeeze(-1)
+
+    def _paged_hidden(
+        self, tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor
+    ) -> tuple[Tensor, PagedSlots]:
+        """The last layer's output [R, S, dim] of a paged step, and its slots (each layer's
+        K/V in ``slots.computed``, not written yet)."""
+        if self.block_size < 1:
+            raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
+        pos, slots = paged_slots(start, last, past, dest, self.block_size)  # pos: [R, S]
+        mask = paged_mask(self.args, start, pos, past.shape[1] * self.block_size)
+        x = self.tok_embeddings(tokens)  # [R, S, dim]
+        cos = self.rope_cos[pos].to(x.dtype)  # [R, S, D]
+        sin = self.rope_sin[pos].to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, slots)
+        return x, slots
 
     def _check_caches(self) -> None:
         if self.max_seq_len < 0:
