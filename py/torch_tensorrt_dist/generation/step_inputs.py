@@ -54,9 +54,15 @@ def step_inputs(
     rows: Sequence[tuple[Sequence[int], int, Sequence[int]]],
     limits: StepLimits,
     device: torch.device,
+    *,
+    mark_dynamic: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``rows``: (the row's tokens, its start position, its blocks) -> tokens [R, S] (right
-    padded with 0), start [R], last [R], table [R, NB] (padded with the null block)."""
+    padded with 0), start [R], last [R], table [R, NB] (padded with the null block).
+
+    ``mark_dynamic``: mark the dynamic dimensions for Dynamo (:func:`mark_step_dims`); off
+    for a step Dynamo never traces (plain PyTorch, AOTInductor packages): marking imports
+    ``torch._dynamo``, seconds on the first call."""
     r = len(rows)
     s = max(len(ids) for ids, _, _ in rows)
     nb = max(2, *(len(blocks) for _, _, blocks in rows))
@@ -70,5 +76,6 @@ def step_inputs(
     start = torch.tensor([p for _, p, _ in rows], dtype=torch.long)
     last = torch.tensor([len(ids) - 1 for ids, _, _ in rows], dtype=torch.long)
     out = (tokens.to(device), start.to(device), last.to(device), table.to(device))
-    mark_step_dims(limits, *out)
+    if mark_dynamic:
+        mark_step_dims(limits, *out)
     return out
