@@ -2,7 +2,11 @@
 
     torchrun --nproc-per-node 2 -m torch_tensorrt_dist compile --model PATH --out DIR
     # or, on every rank of an initialised world:
-    compile_artifacts("PATH", "DIR", max_seq_len=256, buckets=[16, 64])
+    compile_artifacts("PATH", "DIR", max_seq_len=256, max_batch_size=8, kv_cache_memory=1 << 30)
+
+The pool of KV blocks is part of what is compiled (its size is a constant of the graphs):
+``kv_cache_memory`` bytes per rank, or room for ``max_batch_size`` sequences of
+``max_seq_len`` tokens, as :class:`~torch_tensorrt_dist.generation.Generator` sizes it.
 
 Order of writes: rank 0 first checks the output directory and removes an old
 ``manifest.json``; every rank loads its shard, then writes its files (each through a temporary
@@ -21,7 +25,6 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,6 +33,7 @@ import torch.distributed as dist
 
 from torch_tensorrt_dist.artifacts import inductor
 from torch_tensorrt_dist.artifacts.fingerprint import args_hash, checkpoint_hash, running_versions
+from torch_tensorrt_dist.artifacts.graphs import GraphEntry, step_graphs
 from torch_tensorrt_dist.artifacts.manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -41,7 +45,12 @@ from torch_tensorrt_dist.artifacts.manifest import (
     write_manifest,
 )
 from torch_tensorrt_dist.errors import ArtifactError, ConfigError
-from torch_tensorrt_dist.generation.buckets import MIN_BUCKET
+from torch_tensorrt_dist.generation.generate import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_PREFILL_TOKENS,
+    Generator,
+)
+from torch_tensorrt_dist.generation.kv_memory import kv_layout_for
 from torch_tensorrt_dist.models.llama import PRESETS, ModelArgs, Transformer
 from torch_tensorrt_dist.parallel.llama import Embedding, LMHead
 from torch_tensorrt_dist.quantization import QuantConfig, check_group_slices, quantize_model
@@ -49,10 +58,11 @@ from torch_tensorrt_dist.runtime.agree import agreed
 
 __all__ = [
     "CompileResult",
+    "cache_len_for",
     "check_artifact_quantization",
     "check_output_dir",
+    "check_pool",
     "compile_artifacts",
-    "default_buckets",
 ]
 
 logger = logging.getLogger(__name__)
@@ -75,13 +85,30 @@ class CompileResult:
     """Wall time of this rank's compile (load, export, compile, write)."""
 
 
-def default_buckets(cache_len: int) -> list[int]:
-    """Powers of two from MIN_BUCKET up to half the sequence length (at most 128)."""
-    out, b = [], MIN_BUCKET
-    while b <= min(128, cache_len // 2):
-        out.append(b)
-        b *= 2
-    return out or [min(MIN_BUCKET, cache_len - 1)]
+#: The sequence length compiled where ``max_seq_len`` is not given (at most the model's).
+DEFAULT_MAX_SEQ = 256
+
+
+def cache_len_for(args: ModelArgs, max_seq_len: int | None) -> int:
+    """The compiled sequence length: ``max_seq_len`` (default 256), at most the model's."""
+    return min(args.max_seq_len, max_seq_len or DEFAULT_MAX_SEQ)
+
+
+def check_pool(
+    args: ModelArgs,
+    *,
+    tp: int,
+    dtype: torch.dtype,
+    block_size: int,
+    kv_cache_memory: int | None,
+    max_batch_size: int,
+    cache_len: int,
+) -> int:
+    """The pool's block count on each rank (ConfigError where ``kv_cache_memory`` cannot hold
+    one sequence of ``cache_len`` tokens): what a compile will build, known before any rank
+    starts."""
+    layout = kv_layout_for(args, tp=tp, dtype=dtype, block_size=block_size)
+    return layout.blocks_for_memory(kv_cache_memory, rows=max_batch_size, max_seq_len=cache_len)
 
 
 def resolve_model(model: str | Path | None) -> tuple[Path | None, str | None]:
@@ -175,12 +202,7 @@ def _copy_tokenizer(src: Path | None, root: Path) -> dict[str, FileEntry] | None
 
 
 def _build_rank(
-    model: Transformer,
-    root: Path,
-    rank: int,
-    buckets: Sequence[int],
-    batch: int,
-    wrapper_opt_level: str,
+    model: Transformer, root: Path, rank: int, graphs: list[GraphEntry], wrapper_opt_level: str
 ) -> RankEntry:
     rank_dir = root / f"rank-{rank}"
     if rank_dir.exists():
@@ -189,16 +211,12 @@ def _build_rank(
     files: dict[str, FileEntry] = {}
     schedules: dict[str, list[str]] = {}
     head_group = inductor.detach_head_group(model)
-    # a prefill writes one prompt into its own cache row; decode runs every row
-    graphs = [(f"prefill-{b}", True, b) for b in buckets] + [("decode", False, 1)]
-    for role, prefill, length in graphs:
-        ep, schedule = inductor.export_step(
-            model, prefill=prefill, batch=batch, length=length, head_group=head_group
-        )
-        path = rank_dir / f"{role}.pt2"
+    for graph in graphs:
+        ep, schedule = inductor.export_step(model, graph, head_group=head_group)
+        path = rank_dir / f"{graph.role}.pt2"
         secs = inductor.compile_graph(ep, path, wrapper_opt_level=wrapper_opt_level)
-        logger.info("rank %d: compiled %s in %.1f s", rank, role, secs)
-        files[role], schedules[role] = _entry(root, path), schedule
+        logger.info("rank %d: compiled %s in %.1f s", rank, graph.role, secs)
+        files[graph.role], schedules[graph.role] = _entry(root, path), schedule
     saved, state = inductor.constants_of(model)
     _save_weights(rank_dir / "weights.safetensors", saved)
     files["weights"] = _entry(root, rank_dir / "weights.safetensors")
@@ -258,8 +276,10 @@ def compile_artifacts(
     engine: str = "inductor",
     dtype: torch.dtype = torch.float32,
     max_seq_len: int | None = None,
-    max_batch_size: int = 1,
-    buckets: Sequence[int] | None = None,
+    max_batch_size: int = 8,
+    kv_cache_memory: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
     lm_head: LMHead = "vocab_parallel",
     embedding: Embedding = "vocab_parallel",
     pp: int = 1,
@@ -270,6 +290,10 @@ def compile_artifacts(
     """Compile this rank's graphs into ``out``; call on every rank (TP over the whole world).
 
     ``model``: a checkpoint directory or a preset name (random weights from ``preset_seed``).
+    ``max_seq_len`` (default 256), ``max_batch_size``, ``kv_cache_memory`` (bytes of KV cache
+    per rank; default: ``max_batch_size`` sequences of ``max_seq_len`` tokens), ``block_size``,
+    ``max_prefill_tokens``: as for :class:`~torch_tensorrt_dist.generation.Generator`; the
+    manifest records them and loading runs with them.
     ``quantize``: weight-only quantization of this rank's shard before export (the codes and
     scales are what ``weights.safetensors`` holds; the manifest records the scheme).
     ``wrapper_opt_level``: see :func:`inductor.compile_graph` (the tests use ``O0``).
@@ -298,14 +322,7 @@ def compile_artifacts(
     path, preset = resolve_model(model)
     args = read_config(path) if path is not None else ModelArgs.from_name(preset or "tiny")
     check_group_slices(args, tp=world, config=quantize)
-    cache_len = min(args.max_seq_len, max_seq_len or min(args.max_seq_len, 256))
-    buckets = sorted(set(buckets or default_buckets(cache_len)))
-    bad = [b for b in buckets if not 0 < b < cache_len]
-    if bad:
-        raise ConfigError(
-            f"buckets {bad} do not fit the sequence length {cache_len}: each must be in "
-            f"[1, {cache_len - 1}]"
-        )
+    cache_len = cache_len_for(args, max_seq_len)
     # every step a rank does alone ends in a verdict of all ranks (runtime.agree): a rank that
     # fails stops every rank with its error, and no rank waits for it in a collective
     with agreed("creating the output directory"):
@@ -319,10 +336,20 @@ def compile_artifacts(
         net = _load(path, preset, args, group, dtype, device, lm_head, embedding, preset_seed)
         if quantize is not None:
             quantize_model(net, quantize, engine="inductor")
-        net.setup_caches(max_batch_size, cache_len)
+        # the checkpoint path's generator, uncompiled: its pool (set up on the model) and its
+        # step limits are what the graphs are built for
+        gen = Generator(
+            net,
+            max_batch_size=max_batch_size,
+            cache_len=cache_len,
+            kv_cache_memory=kv_cache_memory,
+            block_size=block_size,
+            max_prefill_tokens=max_prefill_tokens,
+        )
+    graphs = step_graphs(gen.limits)
     # each rank writes its files and rank.json; rank 0 reads every entry back from disk
     with agreed("writing the artifacts"):  # every rank's files and rank.json are in place
-        _build_rank(net, root, rank, buckets, max_batch_size, wrapper_opt_level)
+        _build_rank(net, root, rank, graphs, wrapper_opt_level)
     manifest_path = root / MANIFEST_NAME
     with agreed("writing the manifest"):  # nobody returns before the manifest exists
         if rank == 0:
@@ -334,9 +361,12 @@ def compile_artifacts(
                 groups=[GroupEntry(group.group_name, list(range(world)), "tp")] if group else [],
                 ranks=[_read_rank(root, r) for r in range(world)],
                 dtype=DTYPE_NAMES[dtype],
-                buckets=list(buckets),
                 max_batch_size=max_batch_size,
                 cache_len=cache_len,
+                block_size=block_size,
+                num_blocks=gen.num_blocks,
+                max_prefill_tokens=gen.max_prefill_tokens,
+                graphs=graphs,
                 model_args=asdict(args),
                 checkpoint={
                     "source": str(path.resolve()) if path is not None else f"preset:{preset}",

@@ -1,8 +1,9 @@
 """``torchtrt-dist generate --artifacts DIR``: generate from compiled artifacts.
 
-The launching process reads the manifest and checks the request (batch, lengths, buckets)
-before any rank starts; each rank then checks layout, versions, groups and its own files
-(``artifacts.load``) before any collective, loads its shard and graphs, and generates.
+The launching process reads the manifest and checks the options and the request against the
+compiled limits (rows, sequence length, KV pool) before any rank starts; each rank then checks
+layout, versions, groups and its own files (``artifacts.load``) before any collective, loads
+its shard and graphs, and generates.
 """
 
 from __future__ import annotations
@@ -15,7 +16,22 @@ from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 from torch_tensorrt_dist.validation import check_text
 
-__all__ = ["plan_artifacts", "rank_main"]
+__all__ = ["RUN_OPTIONS", "plan_artifacts", "rank_main", "run_options"]
+
+#: Options of generate / serve that the artifacts fix at compile (``artifacts.load.check_options``).
+RUN_OPTIONS = (
+    "max_batch_size",
+    "max_seq_len",
+    "kv_cache_memory",
+    "block_size",
+    "max_prefill_tokens",
+)
+
+
+def run_options(ns: argparse.Namespace) -> dict[str, int | None]:
+    """The compile-time options this command was given (None: not given, or not an option of
+    this command)."""
+    return {name: getattr(ns, name, None) for name in RUN_OPTIONS}
 
 
 def _tokenizer(root: Path, vocab_size: int) -> Tokenizer:
@@ -27,11 +43,11 @@ def _tokenizer(root: Path, vocab_size: int) -> Tokenizer:
 
 def plan_artifacts(ns: argparse.Namespace) -> list[list[int]]:
     """Check the options against the manifest; set ``ns.tp``; return the encoded prompts."""
-    from torch_tensorrt_dist.artifacts.load import model_args
+    from torch_tensorrt_dist.artifacts.load import check_options, model_args
     from torch_tensorrt_dist.artifacts.manifest import (
         check_layout,
+        check_length,
         check_quantization,
-        pick_bucket,
         read_manifest,
         verify_files,
     )
@@ -53,6 +69,7 @@ def plan_artifacts(ns: argparse.Namespace) -> list[list[int]]:
     check_layout(manifest, world_size=world, tp=ns.tp, pp=ns.pp)
     quant = requested(ns)
     check_quantization(manifest, None if quant is None else quant.to_dict())
+    check_options(manifest, run_options(ns))
     ns.tp, ns.pp = manifest.tp, manifest.pp
     if manifest.tokenizer:  # before the tokenizer is parsed: a damaged file is named
         verify_files(root, manifest.tokenizer)
@@ -60,7 +77,7 @@ def plan_artifacts(ns: argparse.Namespace) -> list[list[int]]:
     prompts = [tok.encode(text) for text in ns.prompt]
     if any(not p for p in prompts):
         raise ConfigError("a prompt is empty; give at least one token of text")
-    pick_bucket(manifest, [len(p) for p in prompts], ns.max_new_tokens)
+    check_length(manifest, max(len(p) for p in prompts), ns.max_new_tokens)
     return prompts
 
 
@@ -78,7 +95,9 @@ def rank_main(ns: argparse.Namespace) -> int:
     rank = 0
     if world > 1:
         rank = init_distributed().rank
-    gen = load_generator(ns.artifacts, tp=ns.tp, pp=ns.pp)
+    gen = load_generator(
+        ns.artifacts, tp=ns.tp, pp=ns.pp, prefix_caching=getattr(ns, "prefix_caching", True)
+    )
     tok = _tokenizer(Path(ns.artifacts), gen.args.vocab_size)
     stop_ids = tok.eos_ids or gen.args.eos_token_ids
     out = Output(ns, tok, len(prompts), stop_ids, rank)

@@ -72,8 +72,9 @@ def plan(ns: argparse.Namespace) -> ServePlan:
 
 
 def _plan_artifacts(ns: argparse.Namespace) -> ServePlan:
-    from torch_tensorrt_dist.artifacts.load import model_args
+    from torch_tensorrt_dist.artifacts.load import check_options, model_args
     from torch_tensorrt_dist.artifacts.manifest import check_layout, read_manifest
+    from torch_tensorrt_dist.cli._generate_artifacts import run_options
 
     if ns.model is not None:
         raise ConfigError("--artifacts replaces --model (the artifacts hold the weights)")
@@ -87,14 +88,9 @@ def _plan_artifacts(ns: argparse.Namespace) -> ServePlan:
     manifest = read_manifest(root)
     world = int(os.environ.get("WORLD_SIZE", str(manifest.world_size)))
     check_layout(manifest, world_size=world, tp=ns.tp, pp=ns.pp)
-    rows = manifest.max_batch_size
-    if ns.max_batch_size not in (None, rows):
-        raise ConfigError(
-            f"--max-batch-size {ns.max_batch_size}: the artifacts were compiled "
-            f"for {rows} rows; leave it unset or recompile with --max-batch "
-            f"{ns.max_batch_size}"
-        )
-    ns.tp, ns.ep, ns.max_batch_size = manifest.tp, 1, rows
+    # rows, lengths, the KV pool and the prefill budget are constants of the graphs
+    check_options(manifest, run_options(ns))
+    ns.tp, ns.ep, ns.max_batch_size = manifest.tp, 1, manifest.max_batch_size
     name = ns.served_model_name or root.resolve().name
     return ServePlan(None, None, model_args(manifest), manifest.cache_len, name)
 
@@ -186,7 +182,9 @@ def _load(
     if ns.artifacts:
         from torch_tensorrt_dist.artifacts import load_generator
 
-        loaded = load_generator(ns.artifacts, tp=ns.tp)
+        loaded = load_generator(
+            ns.artifacts, tp=ns.tp, prefix_caching=getattr(ns, "prefix_caching", True)
+        )
         source = Path(ns.artifacts) / "tokenizer"
         source_dir = source if source.is_dir() else None
         return loaded, load_tokenizer(source_dir, vocab_size=loaded.args.vocab_size), source_dir
