@@ -17,14 +17,19 @@ from torch_tensorrt_dist.artifacts.graphs import GraphEntry
 from torch_tensorrt_dist.cli.compile import parse_size
 from torch_tensorrt_dist.errors import ArtifactError
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+from torch_tensorrt_dist.quantization import QuantConfig, quantize_model
 
 
-def test_one_exported_step_runs_every_shape_class_as_eager() -> None:
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_one_exported_step_runs_every_shape_class_as_eager(quantize: str | None) -> None:
     """torch.export over R in [1, 3], S in [1, 8] traces no 0/1 specialisation: the exported
     step equals eager ``paged_step`` for a prefill of one row and of two, a decode of one row
-    and of three, each reading what the calls before it wrote into the pools."""
+    and of three, each reading what the calls before it wrote into the pools (int8 weights:
+    the weight-only matmuls take the dynamic rows too)."""
     torch.manual_seed(0)
     model = Transformer(ModelArgs.from_name("tiny")).eval()
+    if quantize is not None:
+        quantize_model(model, QuantConfig(quantize), engine="inductor")
     model.setup_paged(13, 4, 32)
     eager = copy.deepcopy(model)  # its own pools
     ep, schedule = inductor.export_step(model, GraphEntry("step", [1, 3], [1, 8], [2, 8]))
