@@ -230,11 +230,11 @@ def load_generator(
 
     Every rank checks and loads its own part, then the ranks agree (``runtime.agree``): if any
     rank refused or failed, every rank raises before any graph runs, the others with a
-    :class:`RankFailedError` quoting that rank's message."""
+    :class:`RankFailedError` quoting that rank's message. ``prefix_caching``: reuse the full
+    blocks of earlier prompts (a property of the run, not of the artifacts)."""
     start = time.perf_counter()
     with agreed("the artifact check"):
-        gen = _load_generator(root, tp=tp, pp=pp, device=device)
-    gen.prefix_caching = prefix_caching
+        gen = _load_generator(root, tp=tp, pp=pp, device=device, prefix_caching=prefix_caching)
     gen.load_s = time.perf_counter() - start
     logger.info(
         "rank %d: loaded the artifacts of %s in %.2f s",
@@ -251,6 +251,7 @@ def _load_generator(
     tp: int | None,
     pp: int | None,
     device: torch.device | str | None,
+    prefix_caching: bool,
 ) -> ArtifactGenerator:
     opened = open_artifacts(root, tp=tp, pp=pp)
     manifest, entry = opened.manifest, opened.manifest.rank_entry(opened.rank)
@@ -273,4 +274,6 @@ def _load_generator(
     from torch_tensorrt_dist.artifacts.inductor import load_graphs
 
     graphs = load_graphs(paths, constants, dev)
-    return ArtifactGenerator(manifest, graphs, device=dev, constants=constants)
+    return ArtifactGenerator(
+        manifest, graphs, device=dev, constants=constants, prefix_caching=prefix_caching
+    )
