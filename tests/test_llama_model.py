@@ -33,6 +33,26 @@ def test_logits_match_transformers(name: str, tmp_path: Path) -> None:
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
+def test_a_short_chunk_at_the_longest_sequence_beside_a_longer_one(tmp_path: Path) -> None:
+    """A row's last chunk ends at the longest sequence (the RoPE table's end) while another
+    row's chunk is longer: the short row's padding positions stay within the table (a
+    rank once failed with an index error there) and its logits are transformers'."""
+    hf = _llama_ckpt.save_checkpoint("llama_gqa", tmp_path)
+    model = load_llama(tmp_path, progress=False)
+    model.setup_paged(num_blocks=16, block_size=4, max_seq_len=24)
+    gen = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, model.args.vocab_size, (1, 24), generator=gen)
+    ids, blocks = tokens[0].tolist(), [3, 9, 1, 12, 7, 5]
+    limits = StepLimits(rows=2, tokens=16, blocks=6, block_size=4)
+    other = (list(range(1, 9)), 0, [14, 15])  # 8 tokens: the short row is padded by 6
+    with torch.no_grad():
+        ref = hf(tokens).logits[0]
+        model.paged_step(*step_inputs([(ids[:16], 0, blocks), other], limits, CPU))
+        model.paged_step(*step_inputs([(ids[16:22], 16, blocks), other], limits, CPU))
+        last = model.paged_step(*step_inputs([(ids[22:24], 22, blocks), other], limits, CPU))
+    torch.testing.assert_close(last[0], ref[23], atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("name", sorted(_llama_ckpt.CONFIGS))
 def test_paged_steps_give_transformers_logits(name: str, tmp_path: Path) -> None:
     """A prompt prefilled in chunks (right-padded, beside another row) into blocks scattered

@@ -214,7 +214,7 @@ def _post(server: Server, body: Any, *, key: str | None = KEY, path: str = "comp
         (
             {"prompt": "x", "max_tokens": 300},
             400,
-            r"exceeds the longest sequence served, 256 tokens",
+            r"exceeds the longest request served, 256 tokens",
         ),
         ({"prompt": "x", "logprobs": 2}, 400, "logprobs is not supported"),
         ({"prompt": [5000]}, 400, r"outside \[0, 1024\)"),

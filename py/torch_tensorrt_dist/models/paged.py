@@ -106,15 +106,18 @@ def paged_slots(
     """Positions and KV slots of a step's tokens.
 
     start, last: [R]; past: [R, NBp]; dest: [R, S] (each token's block) -> positions [R, S]
-    (RoPE and mask) and the slots: padding tokens (s > last) write into the null block,
-    whatever ``dest`` says, and offsets are positions modulo the block size. (Combining
+    (RoPE and mask) and the slots: padding tokens (s > last) take their row's last position
+    (a short row's padding would otherwise run past the RoPE table near the longest sequence)
+    and write into the null block, whatever ``dest`` says; offsets are positions modulo the
+    block size. (Combining
     ``dest`` with ``last`` also tells the compiler that both have R rows: the block and offset
     of a write are one length.)
     """
     s = dest.shape[1]
     steps = torch.arange(s, device=start.device)
-    pos = start[:, None] + steps[None, :]  # [R, S]
-    blk = torch.where(steps[None, :] <= last[:, None], dest, NULL_BLOCK)
+    real = steps[None, :] <= last[:, None]  # [R, S]
+    pos = start[:, None] + torch.minimum(steps[None, :], last[:, None])  # [R, S]
+    blk = torch.where(real, dest, NULL_BLOCK)
     off = pos % block_size
     return pos, PagedSlots(blk.reshape(-1), off.reshape(-1), past, [])
 
