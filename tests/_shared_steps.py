@@ -1,7 +1,7 @@
 """The shared-position steps of the Llama model (every row writes the same slots
 ``cache_pos``, left-padded batches): the form pipeline stages run, whose KV-cache writes are
-``index_copy``. The generation core's per-row forms are ``generation.generate.decode_step`` and
-``prefill_step``."""
+``index_copy``. The generation core runs the paged step instead (``generation.generate
+.paged_step``, block writes: ``tests/_paged_graphs.py``)."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from torch_tensorrt_dist.conversion.registration import (
     PASS_NAME,
     fuse_collectives_pass,
     pass_index,
+    pool_pass_index,
     register_with_torch_tensorrt,
 )
 from torch_tensorrt_dist.conversion.settings import collective_settings
@@ -247,6 +248,14 @@ def test_pass_goes_before_torch_tensorrt_collective_pass() -> None:
     assert pass_index(["remove_detach", "constant_fold", "fuse_distributed_ops", "x"]) == 2
     assert pass_index(["remove_detach"]) is None
     assert fuse_collectives_pass.__name__ == PASS_NAME
+
+
+def test_block_write_pass_goes_right_after_torch_tensorrt_removes_the_input_clones() -> None:
+    """Torch-TensorRT 2.14's post-lowering list starts so; before the clone removal a pool
+    write reads a clone of its input (``repair_input_aliasing``), not the input."""
+    upstream = ["replace_fused_rms_norm", "remove_input_alias_fixing_clones", "constant_fold"]
+    assert pool_pass_index(upstream) == 2
+    assert pool_pass_index(["constant_fold"]) is None  # at the end
 
 
 def test_registration_is_a_cheap_no_op_without_torch_tensorrt() -> None:

@@ -10,8 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests._tokenizers import sentencepiece
+from torch_tensorrt_dist.generation.core import Emitted, GenerationCore, Request
 from torch_tensorrt_dist.generation.detok import INCOMPLETE, Detokenizer
-from torch_tensorrt_dist.generation.slots import Request, Slots
+from torch_tensorrt_dist.generation.kv_blocks import BlockPool
+from torch_tensorrt_dist.generation.scheduler import Scheduler
+from torch_tensorrt_dist.generation.step_inputs import StepLimits
 from torch_tensorrt_dist.generation.stops import StopText
 from torch_tensorrt_dist.models.demo import demo_checkpoint_path
 from torch_tensorrt_dist.models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
@@ -160,21 +163,27 @@ def test_stop_strings_split_across_tokens(
         assert all(INCOMPLETE not in p for p in pieces)
 
 
-def _scripted(tok: Tokenizer, vocab: int, script: list[int]) -> Slots:
-    """One row whose model generates ``script`` after the one-token prompt, whatever it is."""
+def _scripted(tok: Tokenizer, vocab: int, script: list[int], req: Request) -> list[Emitted]:
+    """``req`` run by a core whose model generates ``script`` after a one-token prompt,
+    whatever the prompt is; what the core emitted."""
 
-    def one_hot(ids: list[int]) -> torch.Tensor:
-        return torch.nn.functional.one_hot(torch.tensor(ids), vocab).float()
+    def step(*inputs: torch.Tensor) -> torch.Tensor:
+        start, last = inputs[1], inputs[2]
+        pos = (start + last).tolist()  # the row's last token's position: 0 is the prompt
+        return torch.nn.functional.one_hot(
+            torch.tensor([script[min(p, len(script) - 1)] for p in pos]), vocab
+        ).float()
 
-    def prefill(tokens: torch.Tensor, slot: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        return one_hot([script[0]])
-
-    def decode(tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return one_hot([script[min(int(p), len(script) - 1)] for p in pos])  # pos 1: script[1]
-
-    return Slots(
-        prefill, decode, rows=1, cache_len=64, bucket=lambda n: n, tokenizer=tok, text=True
+    limits = StepLimits(rows=1, tokens=8, blocks=16, block_size=4)
+    core = GenerationCore(
+        step, pool=BlockPool(17, 4), max_seq_len=64, limits=limits, tokenizer=tok, text=True
     )
+    sched = Scheduler(core, max_rows=1, max_prefill_tokens=8)
+    sched.add(req)
+    out: list[Emitted] = []
+    while not sched.idle():
+        out += core.step(sched.plan())
+    return out
 
 
 @pytest.mark.parametrize("after", ["eos", "length", "more text"])
@@ -197,11 +206,8 @@ def test_byte_fallback_stop_string_ends_at_its_last_byte(
     ]
     then = {"eos": [2], "length": [], "more text": tok.encode("the", add_special_tokens=False)}
     script = ids + then[after]
-    slots = _scripted(tok, vocab, script)
     req = Request(0, (1,), len(ids) if after == "length" else 20, stop_ids=(2,), stop=("中",))
-    out = [slots.join(req, 0)]
-    while slots.active:
-        out += slots.decode()
+    out = _scripted(tok, vocab, script, req)
     assert [e.tokens[0] for e in out] == ids  # it ends at the last byte of 中
     assert "".join(e.text for e in out) == "the " and out[-1].finish == "stop"
 
@@ -212,10 +218,7 @@ def test_flush_stop_hit_ends_the_request_with_stop(
     """A stop string only the end's flush shows (bytes that never completed a character show as
     U+FFFD) is a hit: the finish is ``stop``, not ``length``, and the stop string is not shown."""
     tok, vocab = tokenizers["byte"]
-    slots = _scripted(tok, vocab, [ord("a"), 0xE4])
-    out = [slots.join(Request(0, (1,), 2, stop=("\ufffd",)), 0)]
-    while slots.active:
-        out += slots.decode()
+    out = _scripted(tok, vocab, [ord("a"), 0xE4], Request(0, (1,), 2, stop=("\ufffd",)))
     assert [(e.tokens, e.text, e.finish) for e in out] == [([97], "a", None), ([0xE4], "", "stop")]
 
 

@@ -1,9 +1,10 @@
 """KV-cache writes: in place (index_copy into the cache input) or copied back whole.
 
-The decode step of the Llama model fills every cache row, so its captured graph writes the
-caches with ``index_copy(<cache input>, ...)``; ``explain`` counts those writes, and the eager
-engine performs them in place. A request with fewer rows than the cache goes through a view and
-costs a whole-cache copy per call, and the report says so.
+The static-cache forward of the Llama model (pipeline stages, perplexity) fills every cache row,
+so its captured graph writes the caches with ``index_copy(<cache input>, ...)``; the paged
+step writes its tokens into the block pools with ``index_put``. ``explain`` counts those
+writes, and the eager engine performs them in place. A request with fewer rows than the static
+cache goes through a view and costs a whole-cache copy per call, and the report says so.
 """
 
 from __future__ import annotations
@@ -48,17 +49,16 @@ def test_full_batch_decode_writes_only_the_new_slot() -> None:
     assert "4 in place (512 B per call), 0 copied back" in str(report)
 
 
-def test_serving_graphs_write_only_their_slots_in_place() -> None:
-    """The generation core's decode (every row at its own position) and prefill (one prompt
-    into its row): explain shows 0 bytes copied back for both."""
-    model = _model(rows=3)
-    decode = torch_tensorrt_dist.explain(
-        generate.decode_step(model), *generate.decode_example(3, slot=5)
-    )
-    prefill = torch_tensorrt_dist.explain(
-        generate.prefill_step(model), *generate.prefill_example(16, slot=1)
-    )
-    # per layer, k and v: [3 rows, H_kv=2, D=8] fp32 for decode, [16 slots, 2, 8] for prefill
+def test_paged_steps_write_only_their_tokens_in_place() -> None:
+    """The generation core's decode (3 rows, each in its own blocks) and prefill (one 16-token
+    chunk) write their tokens into the block pools: explain shows 0 bytes copied back, and the
+    bytes written are the tokens', not the pool's (dynamic dimensions: at the example sizes)."""
+    torch.manual_seed(0)
+    model = Transformer(ARGS).eval()
+    generate.setup_example(model, 3, 64)
+    decode = torch_tensorrt_dist.explain(generate.paged_step(model), *generate.decode_example(3))
+    prefill = torch_tensorrt_dist.explain(generate.paged_step(model), *generate.prefill_example(16))
+    # per layer, k and v: [3 tokens, H_kv=2, D=8] fp32 for decode, [16 tokens, 2, 8] for prefill
     for report, size in ((decode, 3 * 2 * 8 * 4), (prefill, 16 * 2 * 8 * 4)):
         [graph] = report.graphs
         assert [(w.in_place, w.bytes) for w in graph.input_writes] == [(True, size)] * 4

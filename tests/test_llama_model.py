@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer, rope_inv_freq
-from torch_tensorrt_dist.models.row_masks import prefill_slot_mask
 from torch_tensorrt_dist.parallel.llama_load import load_llama, random_llama
 
 from . import _llama_ckpt
 
 pytest.importorskip("transformers")
+CPU = torch.device("cpu")
 
 
 @pytest.mark.parametrize("name", sorted(_llama_ckpt.CONFIGS))
@@ -32,29 +33,55 @@ def test_logits_match_transformers(name: str, tmp_path: Path) -> None:
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
+def test_a_short_chunk_at_the_longest_sequence_beside_a_longer_one(tmp_path: Path) -> None:
+    """A row's last chunk ends at the longest sequence (the RoPE table's end) while another
+    row's chunk is longer: the short row's padding positions stay within the table (a
+    rank once failed with an index error there) and its logits are transformers'."""
+    hf = _llama_ckpt.save_checkpoint("llama_gqa", tmp_path)
+    model = load_llama(tmp_path, progress=False)
+    model.setup_paged(num_blocks=16, block_size=4, max_seq_len=24)
+    gen = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, model.args.vocab_size, (1, 24), generator=gen)
+    ids, blocks = tokens[0].tolist(), [3, 9, 1, 12, 7, 5]
+    limits = StepLimits(rows=2, tokens=16, blocks=6, block_size=4)
+    other = (list(range(1, 9)), 0, [14, 15])  # 8 tokens: the short row is padded by 6
+    with torch.no_grad():
+        ref = hf(tokens).logits[0]
+        model.paged_step(*step_inputs([(ids[:16], 0, blocks), other], limits, CPU))
+        model.paged_step(*step_inputs([(ids[16:22], 16, blocks), other], limits, CPU))
+        last = model.paged_step(*step_inputs([(ids[22:24], 22, blocks), other], limits, CPU))
+    torch.testing.assert_close(last[0], ref[23], atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("name", sorted(_llama_ckpt.CONFIGS))
-def test_slot_prefill_is_causal_attention_over_its_own_keys(name: str, tmp_path: Path) -> None:
-    """The slot prefill (plain causal attention, or the window's mask where a sliding window
-    is shorter than the prompt) gives transformers' logits of the prompt's last token, into
-    any row, right-padded to a bucket."""
+def test_paged_steps_give_transformers_logits(name: str, tmp_path: Path) -> None:
+    """A prompt prefilled in chunks (right-padded, beside another row) into blocks scattered
+    over the pool, then decoded token by token: every chunk's last token and every decoded
+    token has transformers' logits of that position (the sliding window included, where it
+    is shorter than the sequence)."""
     hf = _llama_ckpt.save_checkpoint(name, tmp_path)
     model = load_llama(tmp_path, progress=False)
-    model.setup_caches(3, 64)
-    window = model.args.sliding_window
+    model.setup_paged(num_blocks=40, block_size=4, max_seq_len=64)
     gen = torch.Generator().manual_seed(4)
-    for n, bucket in ((5, 8), (13, 16)):
-        tokens = torch.randint(0, model.args.vocab_size, (1, n), generator=gen)
-        padded = torch.cat([tokens, torch.zeros(1, bucket - n, dtype=torch.long)], dim=1)
-        with torch.no_grad():
-            ref = hf(tokens).logits[:, -1]
-            out = model.prefill_slot(padded, torch.tensor([2]), torch.tensor([n - 1]))
-        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-        masked = prefill_slot_mask(model.args, model.key_slots, bucket)
-        assert (masked is None) == (window is None or bucket <= window)
-    if window is not None:
-        mask = prefill_slot_mask(model.args, model.key_slots, 8)
-        assert mask is not None and mask.shape == (1, 1, 8, 8)
-        assert mask[0, 0, 7].tolist() == [False, False, True, True, True, True, True, True]
+    tokens = torch.randint(0, model.args.vocab_size, (1, 24), generator=gen)
+    ids = tokens[0].tolist()
+    blocks = [17, 3, 29, 8, 12, 35]  # 24 tokens in 6 blocks of 4, in no order
+    other = ([5, 6, 7, 8, 9, 1, 2], 0, [30, 31])  # a second row in the prefill calls
+    limits = StepLimits(rows=2, tokens=16, blocks=6, block_size=4)
+    with torch.no_grad():
+        ref = hf(tokens).logits[0]  # [24, V]
+        got, start = [], 0
+        for n in (9, 7):  # chunks of the prompt's first 16 tokens
+            rows = [(ids[start : start + n], start, blocks), other]
+            got.append((start + n - 1, model.paged_step(*step_inputs(rows, limits, CPU))[0]))
+            start += n
+        for p in range(16, 24):  # decode
+            rows = [([ids[p]], p, blocks)]
+            got.append((p, model.paged_step(*step_inputs(rows, limits, CPU))[0]))
+    for p, logits in got:
+        torch.testing.assert_close(logits, ref[p], atol=1e-4, rtol=1e-4)
+    if model.args.sliding_window is not None:
+        assert model.args.sliding_window < 24
 
 
 def test_prefill_then_decode_matches_full_forward(tmp_path: Path) -> None:
@@ -124,3 +151,25 @@ def test_setup_caches_refuses_beyond_max_positions() -> None:
         model.setup_caches(1, 32)
     with pytest.raises(ConfigError, match="setup_caches"):
         model(torch.zeros(1, 2, dtype=torch.long), torch.arange(2))
+
+
+def test_perplexity_over_paged_windows_equals_transformers(tmp_path: Path) -> None:
+    """``eval --perplexity`` runs each window through the paged step (every position scored):
+    the mean NLL of its windows equals transformers' cross entropy over the same windows."""
+    from torch_tensorrt_dist.generation.perplexity import perplexity, windows
+
+    hf = _llama_ckpt.save_checkpoint("llama_gqa", tmp_path)
+    model = load_llama(tmp_path, progress=False)
+    ids = torch.randint(0, 160, (70,), generator=torch.Generator().manual_seed(3)).tolist()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for w in windows(len(ids), 32, 16):
+            logits = hf(torch.tensor([ids[w.begin : w.end]])).logits[0].float()
+            nll = torch.nn.functional.cross_entropy(
+                logits, torch.tensor(ids[w.begin + 1 : w.end + 1]), reduction="none"
+            )
+            total += float(nll[-w.scored :].double().sum())
+            count += w.scored
+    got = perplexity(model, ids, window=32, stride=16)
+    assert got.tokens == count == len(ids) - 1
+    assert got.nll == pytest.approx(total / count, rel=1e-5)

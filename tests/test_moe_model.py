@@ -59,10 +59,18 @@ def test_explain_ep2_tp4_on_fake_world_of_8(capsys: pytest.CaptureFixture[str]) 
     assert ("all_reduce", [4, 5, 6, 7], "layers.1.attention") in rows
     # decode (2 tokens x top 2 <= 4 local experts) gathers weights: plain TensorRT layers; the
     # prefill's grouped experts op stays in PyTorch without TensorRT, each layer's, with why
-    assert report["decode"]["torch_ops"] == []
-    split = report["prefill"]["torch_ops"]
+    experts = {
+        graph: [op for op in report[graph]["torch_ops"] if op["op"] == "moe_experts"]
+        for graph in ("decode", "prefill")
+    }
+    assert experts["decode"] == []
+    split = experts["prefill"]
     assert [op["module"] for op in split] == ["layers.0.feed_forward", "layers.1.feed_forward"]
     assert all(op["reason"].startswith("no TensorRT here; IMoELayer needs") for op in split)
+    # and every graph's KV block writes (k and v of each layer) stay in PyTorch, in place
+    for graph in ("decode", "prefill"):
+        writes = [op for op in report[graph]["torch_ops"] if op["op"] != "moe_experts"]
+        assert [op["op"] for op in writes] == ["index_put (KV block write)"] * 4
 
 
 def test_each_ep_rank_reads_only_its_experts(mixtral: Path) -> None:

@@ -258,12 +258,18 @@ def test_quantized_embeddings_and_head_are_int8_rows() -> None:
 
 
 def _decode_graph_use(model: nn.Module) -> object:
-    from torch_tensorrt_dist.generation.generate import compile_step, decode_example, decode_step
+    from torch_tensorrt_dist.generation.generate import (
+        compile_step,
+        decode_example,
+        paged_step,
+        setup_example,
+    )
     from torch_tensorrt_dist.quantization.kernel_use import post_grad_graphs, weight_only_use
 
     torch._dynamo.reset()
+    setup_example(model, 1, 64)  # type: ignore[arg-type]
     with post_grad_graphs() as graphs, torch.no_grad():
-        compile_step(decode_step(model), "inductor")(*decode_example(1))  # type: ignore[arg-type]
+        compile_step(paged_step(model), "inductor")(*decode_example(1))  # type: ignore[arg-type]
     torch._dynamo.reset()
     return weight_only_use(graphs[-1])
 

@@ -18,8 +18,8 @@ from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 from torch_tensorrt_dist.parallel.llama_load import load_llama
 
+from ._core_fns import one_thread
 from ._serve import Server, demo_with_chat_template, start_server
-from ._slots_fns import one_thread
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -211,7 +211,11 @@ def _post(server: Server, body: Any, *, key: str | None = KEY, path: str = "comp
         ({"prompt": "x", "temperature": -1}, 400, r"temperature must be a finite number in \[0, 2"),
         ({"prompt": "x", "top_p": 0}, 400, r"top_p must be a finite number in \(0, 1\]"),
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
-        ({"prompt": "x", "max_tokens": 300}, 400, r"exceeds the KV cache length 256"),
+        (
+            {"prompt": "x", "max_tokens": 300},
+            400,
+            r"exceeds the longest request served, 256 tokens",
+        ),
         ({"prompt": "x", "logprobs": 2}, 400, "logprobs is not supported"),
         ({"prompt": [5000]}, 400, r"outside \[0, 1024\)"),
         ({"prompt": ["a", "b"]}, 400, "one prompt per request"),
@@ -282,7 +286,7 @@ def test_full_queue_is_429_and_clients_that_leave_free_their_rows(server: Server
     threads = [threading.Thread(target=hold, daemon=True) for _ in range(12)]
     for t in threads[:4]:
         t.start()
-    _wait_metric(server, "torchtrt_running_rows", 4.0)
+    _wait_metric(server, "torchtrt_running_requests", 4.0)
     for t in threads[4:]:
         t.start()
     for _ in range(12):
@@ -292,15 +296,29 @@ def test_full_queue_is_429_and_clients_that_leave_free_their_rows(server: Server
     res = _post(server, {"prompt": "x", "max_tokens": 2})
     assert res.status_code == 429 and "busy" in res.json()["error"]["message"]
     assert _metric(server, "torchtrt_queue_depth") == 8.0
-    assert _metric(server, "torchtrt_running_rows") == 4.0
+    assert _metric(server, "torchtrt_running_requests") == 4.0
     stop.set()
     for t in threads:
         t.join(60)
     assert not errors and not any(t.is_alive() for t in threads)
-    _wait_metric(server, "torchtrt_running_rows", 0.0)
+    _wait_metric(server, "torchtrt_running_requests", 0.0)
     _wait_metric(server, "torchtrt_queue_depth", 0.0)
     assert _metric(server, 'torchtrt_requests_total{status="cancelled"}') >= 12
     assert _post(server, {"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_a_shared_prefix_is_reported_cached_and_changes_no_token(client: Any) -> None:
+    """The same long prompt twice, one after the other: the second takes the first one's full
+    blocks from the prefix cache (``cached_tokens``: whole blocks of 16, the prompt's last token
+    always computed) and gets the same greedy text."""
+    prompt = " ".join(PROMPTS[:6])
+    first = client.completions.create(model="demo", prompt=prompt, max_tokens=8, temperature=0)
+    second = client.completions.create(model="demo", prompt=prompt, max_tokens=8, temperature=0)
+    n = first.usage.prompt_tokens
+    assert n > 32
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens == (n - 1) // 16 * 16
+    assert second.choices[0].text == first.choices[0].text
 
 
 def test_metrics(server: Server) -> None:
@@ -310,7 +328,15 @@ def test_metrics(server: Server) -> None:
         "torchtrt_prompt_tokens_total",
         "torchtrt_generation_tokens_total",
         "torchtrt_queue_depth",
-        "torchtrt_running_rows",
+        "torchtrt_running_requests",
+        "torchtrt_waiting_requests",
+        'torchtrt_kv_blocks{state="free"}',
+        'torchtrt_kv_blocks{state="used"}',
+        'torchtrt_kv_blocks{state="cached"}',
+        "torchtrt_preemptions_total",
+        "torchtrt_prefix_cache_queries_total",
+        "torchtrt_prefix_cache_hits_total",
+        "torchtrt_prefix_cache_hit_rate",
         "torchtrt_time_to_first_token_seconds_bucket",
         "torchtrt_inter_token_latency_seconds_bucket",
         "torchtrt_step_seconds_sum",
@@ -333,7 +359,7 @@ def test_sigterm_drains_running_requests_and_exits_0(server: Server) -> None:
 
     t = threading.Thread(target=long)
     t.start()
-    _wait_metric(server, "torchtrt_running_rows", 1.0)
+    _wait_metric(server, "torchtrt_running_requests", 1.0)
     server.proc.send_signal(15)
     deadline = time.monotonic() + 10
     while server.health()["status"] != "draining":

@@ -21,8 +21,8 @@ from torch_tensorrt_dist.models.tokenizer import ByteTokenizer
 from torch_tensorrt_dist.parallel.moe_load import load_moe
 
 from . import _moe_ckpt
+from ._core_fns import one_thread
 from ._serve import start_server
-from ._slots_fns import one_thread
 
 httpx = pytest.importorskip("httpx")
 
@@ -89,7 +89,7 @@ def test_a_killed_rank_ends_the_server_with_503s(moe: Any) -> None:
     t = threading.Thread(target=long)
     t.start()
     deadline = time.monotonic() + 30
-    while "torchtrt_running_rows 1.0" not in httpx.get(f"{srv.url}/metrics").text:
+    while "torchtrt_running_requests 1.0" not in httpx.get(f"{srv.url}/metrics").text:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     start = time.monotonic()
@@ -122,6 +122,14 @@ def test_a_killed_rank_ends_the_server_with_503s(moe: Any) -> None:
         (["--step-timeout", "nan"], r"--step-timeout nan must be in"),
         (["--step-timeout", "900"], "below the collective timeout"),
         (["--api-key", "clé"], "--api-key must be printable ASCII"),
+        (  # the demo model at 256 tokens: 16 blocks of 16, 32 KiB each (2 ranks, fp32)
+            ["--tp", "2", "--kv-cache-memory", "100KiB", "--max-seq-len", "256"],
+            r"--kv-cache-memory 102400 \(100.0 KiB\) holds \d+ blocks of 16 tokens; one request "
+            r"of the longest allowed length \(256 tokens\) needs 16: give at least \d+",
+        ),
+        (["--kv-cache-memory", "4G"], "--kv-cache-memory"),
+        (["--max-prefill-tokens", "8"], "--max-prefill-tokens 8 is below --block-size 16"),
+        (["--block-size", "24"], "--block-size 24 is not a power of two"),
     ],
 )
 def test_bad_options_are_refused_before_any_rank_starts(

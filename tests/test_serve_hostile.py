@@ -384,13 +384,13 @@ def test_a_non_streamed_client_that_leaves_frees_its_row_at_once(server: Server)
     for c in clients:
         c.sendall(head + body)
     deadline = time.monotonic() + 30
-    while _metric(server, "torchtrt_running_rows") != ROWS:
+    while _metric(server, "torchtrt_running_requests") != ROWS:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     for c in clients:
         c.close()
     start = time.monotonic()
-    while _metric(server, "torchtrt_running_rows") != 0:
+    while _metric(server, "torchtrt_running_requests") != 0:
         assert time.monotonic() - start < 3, "the rows of clients that left still run"
         time.sleep(0.05)
     res = _post(server, {"prompt": "x", "max_tokens": 2})

@@ -12,8 +12,11 @@ import pytest
 import torch
 
 from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.generation.core import Emitted, GenerationCore, Request
+from torch_tensorrt_dist.generation.kv_blocks import BlockPool
 from torch_tensorrt_dist.generation.sampling import SamplingConfig, check_top_p, sample
-from torch_tensorrt_dist.generation.slots import Request, Slots
+from torch_tensorrt_dist.generation.scheduler import Scheduler
+from torch_tensorrt_dist.generation.step_inputs import StepLimits
 from torch_tensorrt_dist.models.tokenizer import ByteTokenizer
 
 pytest.importorskip("fastapi")
@@ -60,65 +63,72 @@ class _Tok(ByteTokenizer):
         return super().decode(ids)
 
 
-def _slots(script: dict[int, int], nan_slot: int | None = None, rows: int = 2) -> Slots:
-    """Graphs whose logits put all mass on ``script[position]`` (else id 65), and NaN in the
-    row of ``nan_slot`` at the first decode (its sampling raises)."""
-    nan = [nan_slot]
+def _core(script: dict[int, int], nan_row: int | None = None) -> tuple[GenerationCore, Scheduler]:
+    """A core whose step puts all mass on ``script[position]`` (else id 65), and NaN in row
+    ``nan_row`` of the first decode call (that request's sampling raises); its scheduler."""
+    nan = [nan_row]
 
     def logits_at(pos: int) -> torch.Tensor:
         row = torch.full((V,), -10.0)
         row[script.get(pos, 65)] = 10.0
         return row
 
-    def prefill(tokens: torch.Tensor, slot: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        return logits_at(int(last[0]) + 1)[None]
-
-    def decode(tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        out = torch.stack([logits_at(int(p) + 1) for p in pos])
-        if nan[0] is not None:
+    def step(*inputs: torch.Tensor) -> torch.Tensor:
+        tokens, start, last = inputs[:3]
+        out = torch.stack([logits_at(int(p) + 1) for p in (start + last).tolist()])
+        if nan[0] is not None and tokens.shape[1] == 1:
             out[nan[0]] = math.nan
             nan[0] = None
         return out
 
-    slots = Slots(
-        prefill, decode, rows=rows, cache_len=32, bucket=lambda n: 16, tokenizer=_Tok(), text=True
+    limits = StepLimits(rows=2, tokens=16, blocks=8, block_size=4)
+    pool = BlockPool(17, 4)
+    core = GenerationCore(
+        step, pool=pool, max_seq_len=32, limits=limits, tokenizer=_Tok(), text=True
     )
-    slots.isolate = True
-    return slots
+    core.isolate = True
+    return core, Scheduler(core, max_rows=2, max_prefill_tokens=16)
 
 
-def test_a_row_whose_sampling_raises_fails_alone_and_frees_its_slot() -> None:
-    slots = _slots({}, nan_slot=0)
+def _emitted(core: GenerationCore, sched: Scheduler) -> dict[int, Emitted]:
+    return {e.rid: e for e in core.step(sched.plan())}
+
+
+def test_a_row_whose_sampling_raises_fails_alone_and_frees_its_blocks() -> None:
+    core, sched = _core({}, nan_row=0)
     sampled = SamplingConfig(1.0, seed=1)
-    slots.join(Request(0, (1, 2), 5, sampled), 0)  # the prefill's logits are fine
-    slots.join(Request(1, (1, 2), 5), 1)
-    out = {e.rid: e for e in slots.decode()}
+    sched.add(Request(0, (1, 2), 5, sampled))  # the prefill's logits are fine
+    sched.add(Request(1, (1, 2), 5))
+    _emitted(core, sched)
+    out = _emitted(core, sched)  # the first decode: NaN in request 0's row
     assert out[0].finish == "error" and out[0].error is not None
     assert out[0].error.stage == "sampling" and "RuntimeError" in out[0].error.message
     assert out[1].finish is None and out[1].tokens == [65]
-    assert slots.free_slots() == [0] and slots.running() == [1]
-    while slots.active:
-        slots.decode()  # the other request runs to its length
-    slots = _slots({}, nan_slot=0)
-    slots.isolate = False  # a generate() run: the error is raised, as before
-    slots.join(Request(2, (1, 2), 5, sampled), 0)
+    assert [s.rid for s in core.running] == [1] and 0 not in core.sequences
+    while not sched.idle():
+        core.step(sched.plan())  # the other request runs to its length
+    assert core.pool.stats().used == 0
+    core, sched = _core({}, nan_row=0)
+    core.isolate = False  # a generate() run: the error is raised, as before
+    sched.add(Request(2, (1, 2), 5, sampled))
+    core.step(sched.plan())
     with pytest.raises(RuntimeError, match="probability tensor"):
-        slots.decode()
+        core.step(sched.plan())
 
 
 def test_text_that_decides_the_finish_fails_on_every_rank_text_shown_only_marks() -> None:
-    # position 3 (the second generated token) is BAD, which the tokenizer cannot decode
-    slots = _slots({4: BAD})
-    slots.join(Request(0, (1, 2, 3), 5, stop=("zz",)), 0)  # stop strings: text on every rank
-    slots.join(Request(1, (1, 2, 3), 5), 1)  # text only shown: render() on rank 0
-    assert slots.free_slots() == []
-    slots.defer_text = True
-    out = {e.rid: e for e in slots.decode()}
+    # position 4 (the second generated token) is BAD, which the tokenizer cannot decode
+    core, sched = _core({4: BAD})
+    sched.add(Request(0, (1, 2, 3), 5, stop=("zz",)))  # stop strings: text on every rank
+    sched.add(Request(1, (1, 2, 3), 5))  # text only shown: render() on rank 0
+    core.defer_text = True
+    _emitted(core, sched)
+    out = _emitted(core, sched)
     assert out[0].finish == "error" and out[0].error and out[0].error.stage == "text"
-    assert slots.running() == [1] and out[1].finish is None
-    slots.render()
+    assert [s.rid for s in core.running] == [1] and out[1].finish is None
+    core.render()
     assert out[1].finish == "error" and out[1].error and "ValueError" in out[1].error.message
-    assert slots.running() == [1]  # rank 0 alone saw it: the leader cancels it on every rank
+    assert [s.rid for s in core.running] == [1]  # rank 0 alone saw it: the leader cancels it
 
 
 class _Sink:
@@ -129,25 +139,26 @@ class _Sink:
         self.items.append(item)
 
 
-def _run_leader(slots: Slots, subs: list[Submission]) -> list[Any]:
-    """Rank 0's loop over ``slots`` (one rank), until every request has its answer."""
+def _run_leader(core: GenerationCore, sched: Scheduler, subs: list[Submission]) -> list[Any]:
+    """Rank 0's loop over ``core`` (one rank), until every request has its answer; the
+    cancels each step announced."""
     inbox, state = Inbox(8), ServerState()
     state.set("ready")
-    loop = StepLoop(slots, control.ControlChannel(None))
+    loop = StepLoop(core, control.ControlChannel(None))
     cancels: list[list[int]] = []
     real_exchange = loop.channel.exchange
 
-    def exchange(events: Any = None) -> Any:
-        cancels.append(list(events.cancels) if events is not None else [])
-        return real_exchange(events)
+    def exchange(plan: Any = None) -> Any:
+        cancels.append(list(plan.cancels) if plan is not None else [])
+        return real_exchange(plan)
 
     loop.channel.exchange = exchange  # type: ignore[method-assign]
 
     def on_step(leader: Leader) -> None:
-        if not leader.waiting and not inbox.waiting and not leader.running:
+        if leader.scheduler.idle() and not inbox.waiting:
             state.set("draining")
 
-    leader = Leader(loop, inbox, state, stop_ids=(), idle_tick_s=0.01, on_step=on_step)
+    leader = Leader(loop, sched, inbox, state, stop_ids=(), idle_tick_s=0.01, on_step=on_step)
     for sub in subs:
         inbox.submit(sub)
     leader.run()
@@ -161,11 +172,11 @@ def test_the_leader_answers_a_failed_request_by_field_and_the_others_go_on() -> 
         Submission((1, 2), 6, SamplingConfig(), None, (), sinks[1]),  # type: ignore[arg-type]
         Submission((1, 2), 6, SamplingConfig(), None, (), sinks[2]),  # type: ignore[arg-type]
     ]
-    _run_leader(_slots({}, nan_slot=0), subs)
+    _run_leader(*_core({}, nan_row=0), subs)
     failed = sinks[0].items[-1]
     assert isinstance(failed, Failed) and failed.status == 400 and failed.param == "top_p"
     assert "sampling failed for temperature=1, top_p=1e-30" in failed.message
-    for sink in sinks[1:]:  # the second ran beside it, the third took its freed row
+    for sink in sinks[1:]:  # the second ran beside it, the third took its place
         assert "".join(p.text for p in sink.items if isinstance(p, Piece)) == "A" * 6
         assert sink.items[-1].finish == "length"  # type: ignore[union-attr]
 
@@ -176,7 +187,7 @@ def test_a_request_whose_shown_text_fails_is_cancelled_on_every_rank_at_the_next
         Submission((1, 2, 3), 8, SamplingConfig(), None, (), sinks[0]),  # type: ignore[arg-type]
         Submission((1, 2, 3, 4, 5), 8, SamplingConfig(), None, (), sinks[1]),  # type: ignore[arg-type]
     ]
-    cancels = _run_leader(_slots({4: BAD}), subs)
+    cancels = _run_leader(*_core({4: BAD}), subs)
     failed = sinks[0].items[-1]
     assert isinstance(failed, Failed) and failed.status == 500 and failed.param is None
     assert "decoding the generated tokens to text failed (ValueError" in failed.message

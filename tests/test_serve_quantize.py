@@ -1,10 +1,11 @@
 """``serve --quantize``: the serving ranks quantize their shard as ``generate`` does, and the
-serving core (slots) then emits the tokens ``generate --quantize`` prints; bad combinations are
+serving core then emits the tokens ``generate --quantize`` prints; bad combinations are
 one-line refusals before any rank starts. In process, on the demo checkpoint, no server."""
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from torch_tensorrt_dist.cli._options import run_config
 from torch_tensorrt_dist.cli._rank import plan_run
 from torch_tensorrt_dist.config import ServeJob
 from torch_tensorrt_dist.families import Rank
-from torch_tensorrt_dist.generation.slots import Request
+from torch_tensorrt_dist.generation.core import Request
 from torch_tensorrt_dist.quantization.modules import WeightOnlyLinear
 from torch_tensorrt_dist.quantization.scheme import QuantConfig
 
@@ -32,18 +33,26 @@ def test_serving_core_on_a_quantized_shard_gives_generates_tokens(
 
     ns = build_parser().parse_args(["serve", *args, "--max-batch-size", "2"])
     config, spec, plan = plan_run(run_config(ns, ServeJob(port=0)))  # as every rank plans
-    built = _serve_job.build(Rank(config, spec, plan))  # one rank of one: its shard, quantized
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:  # one rank of one: its shard, quantized (and its stop signals and socket: undone)
+        built = _serve_job.build(Rank(config, spec, plan))
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(-1)
+    built.sock.close()
     gen, tok = built.generator, built.tokenizer
     assert (built.rows, config.quantize) == (2, QuantConfig("int8"))
     quantized = [m for m in gen.model.modules() if isinstance(m, WeightOnlyLinear)]
     assert len(quantized) == 7 * plan.args.n_layers  # q, k, v, o, w1, w2, w3 of every block
     stop = tuple(tok.eos_ids or plan.args.eos_token_ids)
-    slots = gen.slots()
-    emitted = slots.join(Request(0, tuple(tok.encode(PROMPT)), 12, stop_ids=stop), slot=1)
-    got = list(emitted.tokens)
-    while emitted.finish is None:
-        [emitted] = slots.decode()
-        got += emitted.tokens
+    core = gen.core()
+    sched = gen.scheduler(core)
+    sched.add(Request(0, tuple(tok.encode(PROMPT)), 12, stop_ids=stop))
+    got: list[int] = []
+    while not sched.idle():
+        for e in core.step(sched.plan()):
+            got += e.tokens
     assert got == want
 
 

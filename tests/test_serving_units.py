@@ -13,8 +13,9 @@ import torch
 
 from torch_tensorrt_dist.errors import CheckpointError, ConfigError
 from torch_tensorrt_dist.generation import Generator, SamplingConfig
+from torch_tensorrt_dist.generation.core import Request
 from torch_tensorrt_dist.generation.detok import Detokenizer
-from torch_tensorrt_dist.generation.slots import Request
+from torch_tensorrt_dist.generation.plan import StepPlan
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.tokenizer import ByteTokenizer
 from torch_tensorrt_dist.parallel.llama_load import random_llama
@@ -111,11 +112,18 @@ def test_response_and_chunk_shapes() -> None:
 
 def test_control_payload_round_trip() -> None:
     req = Request(7, (1, 2, 3), 9, SamplingConfig(0.7, None, 0.9, 123), (2,), ("\n\n", "END"))
-    events = control.StepEvents([(3, req)], [4, 5])
-    back = control.decode_events(control.encode_events(events), stop=True)
-    assert back.joins == [(3, req)] and back.cancels == [4, 5] and back.stop
-    assert not control.StepEvents() and control.StepEvents(cancels=[1])
-    assert control.decode_events(b"").joins == []
+    plan = StepPlan(
+        cancels=[4, 5],
+        preempts=[6],
+        joins=[req],
+        resumes=[8],
+        cached={7: 2, 8: 5},
+        chunks=[(8, 16), (7, 3)],
+    )
+    back = control.decode_plan(control.encode_plan(plan), stop=True)
+    assert back == StepPlan(**{**plan.__dict__, "stop": True})
+    assert StepPlan().steady and not StepPlan(cancels=[1]).steady
+    assert control.decode_plan(b"") == StepPlan()
 
 
 def test_a_rank_out_of_step_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,12 +199,21 @@ def _leader(gen: Generator, drain_when_idle: bool = True) -> tuple[Leader, Inbox
     state.set("ready")
 
     def on_step(leader: Leader) -> None:
-        if drain_when_idle and not leader.waiting and not inbox.waiting and not leader.running:
+        if drain_when_idle and leader.scheduler.idle() and not inbox.waiting:
             state.set("draining")
 
-    slots = gen.slots(tokenizer=ByteTokenizer(256), text=True)
-    loop = StepLoop(slots, control.ControlChannel(None))
-    return Leader(loop, inbox, state, stop_ids=(), idle_tick_s=0.01, on_step=on_step), inbox, state
+    core = gen.core(tokenizer=ByteTokenizer(256), text=True)
+    loop = StepLoop(core, control.ControlChannel(None))
+    leader = Leader(
+        loop,
+        gen.scheduler(core),
+        inbox,
+        state,
+        stop_ids=(),
+        idle_tick_s=0.01,
+        on_step=on_step,
+    )
+    return leader, inbox, state
 
 
 def test_leader_runs_more_requests_than_rows_and_each_gets_its_alone_text(gen: Generator) -> None:
@@ -217,14 +234,15 @@ def test_leader_runs_more_requests_than_rows_and_each_gets_its_alone_text(gen: G
         assert "".join(x.text for x in sink.items if isinstance(x, Piece)) == tok.decode(ref)
         assert sum(x.tokens for x in sink.items if isinstance(x, Piece)) == len(ref)
         assert sink.items[-1].finish == "length"  # type: ignore[union-attr]
-    assert sinks[4].items == [] and inbox.waiting == 0 and gen.slots().free_slots() == [0, 1]
+    assert sinks[4].items == [] and inbox.waiting == 0
+    assert not leader.core.sequences and leader.core.pool.stats().used == 0
 
 
 def test_leader_drain_refuses_waiting_and_a_join_that_does_not_fit(gen: Generator) -> None:
     leader, inbox, state = _leader(gen, drain_when_idle=False)
     sinks = [_Sink() for _ in range(4)]
     too_long = Submission(tuple(range(40)), 20, SamplingConfig(), None, (), sinks[0])  # type: ignore[arg-type]
-    inbox.submit(too_long)  # slipped past the HTTP check: every rank refuses it alike
+    inbox.submit(too_long)  # slipped past the HTTP check: the scheduler refuses it
     for s in sinks[1:]:
         inbox.submit(Submission((5,), 30, SamplingConfig(), None, (), s))  # type: ignore[arg-type]
     steps = {"n": 0}
@@ -237,10 +255,10 @@ def test_leader_drain_refuses_waiting_and_a_join_that_does_not_fit(gen: Generato
     leader.on_step = on_step
     leader.run()
     assert isinstance(sinks[0].items[0], Failed) and sinks[0].items[0].status == 400
-    assert "exceeds the KV cache length 48" in sinks[0].items[0].message
+    assert "exceeds the longest sequence served, 48 tokens" in sinks[0].items[0].message
     finished = [s for s in sinks[1:] if isinstance(s.items[-1], Piece)]
     refused = [s for s in sinks[1:] if isinstance(s.items[-1], Failed)]
-    # the refused join left its row free for the next request: two ran to the end, one waited
+    # the refused request took no row: two ran to the end, one waited
     assert finished == sinks[1:3] and refused == [sinks[3]]
     assert refused[0].items[-1].status == 503  # type: ignore[union-attr]
     assert all(sum(x.tokens for x in s.items) == 30 for s in finished)  # type: ignore[union-attr]
@@ -252,15 +270,16 @@ def test_deferred_text_is_rendered_later_and_equals_the_immediate_text(gen: Gene
     tok = ByteTokenizer(256)
     texts: dict[bool, list[list[str]]] = {}
     for defer in (False, True):
-        slots = gen.slots(tokenizer=tok, text=True)
-        slots.defer_text = defer
-        plain = Request(0, (72, 105, 33), 8)
-        stopped = Request(1, (72, 105, 33), 8, stop=("\x00\x00\x00",))  # never hit
-        pieces = [slots.join(plain, 0), slots.join(stopped, 1)]
-        while slots.active:
-            pieces += slots.decode()
+        core = gen.core(tokenizer=tok, text=True)
+        core.defer_text = defer
+        sched = gen.scheduler(core)
+        sched.add(Request(0, (72, 105, 33), 8))
+        sched.add(Request(1, (72, 105, 33), 8, stop=("\x00\x00\x00",)))  # never hit
+        pieces = []
+        while not sched.idle():
+            pieces += core.step(sched.plan())
         unrendered = [e.text for e in pieces if e.rid == 0]
-        slots.render()
+        core.render()
         if defer:
             assert set(unrendered) == {""}  # nothing decoded for the plain row yet
         texts[defer] = [[e.text for e in pieces if e.rid == rid] for rid in (0, 1)]
@@ -315,15 +334,15 @@ def test_a_failed_step_still_answers_what_the_last_step_finished(
     sending that text fails too, every request it holds gets the 503."""
     leader, inbox, _ = _leader(gen, drain_when_idle=False)
     sinks = [_Sink() for _ in range(3)]
-    for (prompt, max_new), sink in zip([((72, 105), 3), ((1, 2, 3), 10), ((9,), 5)], sinks):
+    for (prompt, max_new), sink in zip([((72, 105), 2), ((1, 2, 3), 10), ((9,), 5)], sinks):
         inbox.submit(Submission(prompt, max_new, SamplingConfig(), None, (), sink))  # type: ignore[arg-type]
     exchange, calls = leader.loop.channel.exchange, []
 
-    def failing(events: control.StepEvents | None = None) -> control.StepEvents:
+    def failing(plan: StepPlan | None = None) -> StepPlan:
         calls.append(1)
-        if len(calls) == 3:  # step 2's decode gave the first request its third, last token
+        if len(calls) == 3:  # step 2's decode gave the first request its second, last token
             raise RuntimeError("a peer closed the connection")
-        return exchange(events)
+        return exchange(plan)
 
     monkeypatch.setattr(leader.loop.channel, "exchange", failing)
     with pytest.raises(RuntimeError, match="a peer closed"):
@@ -339,13 +358,13 @@ def test_a_failed_step_still_answers_what_the_last_step_finished(
     assert sinks[2].items == [Failed(503, "a rank of the server failed")]  # it waited
     if publish_fails:
         assert [s.items[-1] for s in sinks[:2]] == [Failed(503, "a rank of the server failed")] * 2
-        assert [_texts(s)[1] for s in sinks[:2]] == [2, 2]
+        assert [_texts(s)[1] for s in sinks[:2]] == [1, 1]  # step 1's, published at step 2
         return
     tok = ByteTokenizer(256)
-    ref = gen.generate([[72, 105]], max_new_tokens=3).tokens[0]
-    assert _texts(sinks[0]) == (tok.decode(ref), 3) and sinks[0].items[-1].finish == "length"  # type: ignore[union-attr]
+    ref = gen.generate([[72, 105]], max_new_tokens=2).tokens[0]
+    assert _texts(sinks[0]) == (tok.decode(ref), 2) and sinks[0].items[-1].finish == "length"  # type: ignore[union-attr]
     ref = gen.generate([[1, 2, 3]], max_new_tokens=10).tokens[0]
-    assert _texts(sinks[1]) == (_shown(ref[:3]), 3)  # its pieces, then the failure
+    assert _texts(sinks[1]) == (_shown(ref[:2]), 2)  # its pieces, then the failure
     assert sinks[1].items[-1] == Failed(503, "a rank of the server failed")
 
 
@@ -365,7 +384,7 @@ def test_drain_timeout_sends_the_last_text_before_the_503(gen: Generator) -> Non
     leader.on_step = on_step
     leader.run()
     ref = gen.generate([[5]], max_new_tokens=30).tokens[0]
-    assert _texts(sink) == (_shown(ref[:3]), 3)  # the join's token and two steps
+    assert _texts(sink) == (_shown(ref[:2]), 2)  # the prefill's token and a decode's
     assert isinstance(sink.items[-1], Failed) and sink.items[-1].status == 503
     assert "drain timeout" in sink.items[-1].message and leader._last_token == {}
 
@@ -384,10 +403,10 @@ def test_cancelled_requests_leave_no_state(gen: Generator) -> None:
         if len(steps) == 2:
             for sub in subs:
                 inbox.cancel(sub.rid)
-        elif len(steps) > 2 and not leader.running:
+        elif len(steps) > 2 and leader.scheduler.idle():
             state.set("draining")
 
     leader.on_step = on_step
     leader.run()
-    assert all(_texts(s)[1] == 3 and all(isinstance(x, Piece) for x in s.items) for s in sinks)
-    assert leader._last_token == {} and leader.loop.slots.free_slots() == [0, 1]
+    assert all(_texts(s)[1] == 2 and all(isinstance(x, Piece) for x in s.items) for s in sinks)
+    assert leader._last_token == {} and leader.core.pool.stats().used == 0

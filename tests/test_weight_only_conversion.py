@@ -18,7 +18,7 @@ from torch_tensorrt_dist.conversion.layers.weight_only import (
     weight_only_decision,
     weight_only_spec,
 )
-from torch_tensorrt_dist.generation.generate import decode_example, decode_step
+from torch_tensorrt_dist.generation.generate import decode_example, paged_step, setup_example
 from torch_tensorrt_dist.lowering.freeze_constants import drop_frozen, freeze_inputs
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.quantization import QuantConfig, quantize_model
@@ -86,6 +86,16 @@ def test_spec_refuses_what_tensorrt_cannot_take() -> None:
         weight_only_spec("int8", torch.int32, (48, 64), (48,))
 
 
+def _example() -> tuple[torch.Tensor, ...]:
+    """A one-row paged decode step (a cache of :func:`_setup`)."""
+    return decode_example(1, 16, block_size=4)
+
+
+def _setup(model: Transformer) -> None:
+    """A fresh paged cache for one row of 16 tokens."""
+    setup_example(model, 1, 16, block_size=4)
+
+
 def _capture(model: torch.nn.Module, *, freeze: bool) -> tuple[Any, Any]:
     """The aten decode graph the TensorRT engine gets (weights frozen as our backend does),
     and its compiled result on the example inputs."""
@@ -109,7 +119,7 @@ def _capture(model: torch.nn.Module, *, freeze: bool) -> tuple[Any, Any]:
 
     torch._dynamo.reset()
     with torch.no_grad():
-        out = torch.compile(decode_step(model), backend=backend, fullgraph=True)(*decode_example(1))
+        out = torch.compile(paged_step(model), backend=backend, fullgraph=True)(*_example())
     torch._dynamo.reset()
     return graphs[-1], out
 
@@ -119,17 +129,18 @@ def test_frozen_decode_graph_converts_every_quantized_matmul(scheme: str) -> Non
     torch.manual_seed(0)
     model = Transformer(ARGS).eval()
     quantize_model(model, QuantConfig(scheme, 64 if scheme == "int4" else None), engine="tensorrt")
-    model.setup_caches(1, 16)
+    _setup(model)
     with torch.no_grad():
-        expected = decode_step(model)(*decode_example(1))
-    model.setup_caches(1, 16)
+        expected = paged_step(model)(*_example())
+    _setup(model)
     gm, out = _capture(model, freeze=True)
     assert torch.equal(out, expected)  # the frozen graph computes the same
     op = INT8_OP if scheme == "int8" else INT4_OP
     nodes = list(gm.graph.find_nodes(op="call_function", target=op))
     assert len(nodes) == 7
     placeholders = gm.graph.find_nodes(op="placeholder")
-    assert not [p for p in placeholders if p.meta["val"].dtype in (torch.int8, torch.uint8)]
+    codes = (torch.int8, torch.uint8)
+    assert not [p for p in placeholders if getattr(p.meta["val"], "dtype", None) in codes]
     decisions = [weight_only_decision(n, tensorrt_version=(11, 1)) for n in nodes]
     assert all(d.convertible for d in decisions), decisions
     weight = (
@@ -144,11 +155,11 @@ def test_unfrozen_or_old_or_refittable_is_left_to_pytorch_with_the_reason() -> N
     torch.manual_seed(0)
     model = Transformer(ARGS).eval()
     quantize_model(model, QuantConfig("int4", 64), engine="tensorrt")
-    model.setup_caches(1, 16)
+    _setup(model)
     gm, _ = _capture(model, freeze=False)
     node = next(iter(gm.graph.find_nodes(op="call_function", target=INT4_OP)))
     assert "codes are not a constant of the graph" in weight_only_decision(node).reason
-    model.setup_caches(1, 16)
+    _setup(model)
     gm, _ = _capture(model, freeze=True)
     node = next(iter(gm.graph.find_nodes(op="call_function", target=INT4_OP)))
     old = weight_only_decision(node, tensorrt_version=(9, 3))
@@ -166,7 +177,7 @@ def test_int4_group_32_is_left_to_pytorch_for_tensorrt() -> None:
     torch.manual_seed(0)
     model = Transformer(ARGS).eval()
     quantize_model(model, QuantConfig("int4", 32), engine="tensorrt")
-    model.setup_caches(1, 16)
+    _setup(model)
     gm, _ = _capture(model, freeze=True)
     nodes = list(gm.graph.find_nodes(op="call_function", target=INT4_OP))
     decision = weight_only_decision(nodes[0], tensorrt_version=(11, 1))
@@ -177,6 +188,6 @@ def test_int4_group_32_is_left_to_pytorch_for_tensorrt() -> None:
     quantized = [op for op in ops if op.op == "int4_weight_only_mm"]
     assert len(quantized) == 7 and {op.reason for op in quantized} == {decision.reason}
     # explain traces with the eager engine (weights not frozen): asked as if frozen
-    model.setup_caches(1, 16)
+    _setup(model)
     gm, _ = _capture(model, freeze=False)
     assert {op.reason for op in torch_ops_in(gm, require_constants=False)} == {decision.reason}

@@ -1,4 +1,4 @@
-"""Weight-only quantized decode steps through real TensorRT engines (GPU + TensorRT only): the
+"""Weight-only quantized paged decode steps through real TensorRT engines (GPU + TensorRT only): the
 converter's dequantize + matmul against Inductor (int8) and the PyTorch reference (int4), no
 quantized matmul left to PyTorch, and the quantized weights still quantized in the built
 engine (its ``IEngineInspector`` layer information: TensorRT may fold an INT8 dequantize of a
@@ -13,7 +13,8 @@ import torch
 
 from torch_tensorrt_dist.backend import recording
 from torch_tensorrt_dist.conversion.layers.weight_only import INT4_OP, INT8_OP
-from torch_tensorrt_dist.generation.generate import compile_step, decode_example, decode_step
+from torch_tensorrt_dist.generation.generate import compile_step, paged_step, setup_example
+from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.quantization import QuantConfig, quantize_model
 
@@ -39,11 +40,13 @@ def _decode(scheme: str, engine: str, layers: list[Any] | None = None) -> torch.
     config = QuantConfig(scheme, 64 if scheme == "int4" else None)
     # int4 on CUDA is stored for TensorRT (packed nibbles) whichever engine runs it here
     quantize_model(model, config, engine="tensorrt" if scheme == "int4" else engine)
-    model.setup_caches(1, 32)
-    inputs = [t.cuda() for t in decode_example(1, slot=3)]
+    setup_example(model, 2, 32, block_size=16)
+    # two rows decoding (R and NB dynamic, made on the GPU)
+    rows = [([3], 9, [1, 2]), ([4], 17, [3, 4])]
+    inputs = step_inputs(rows, StepLimits(4, 1, 4, 16), torch.device("cuda"))
     torch._dynamo.reset()
     with torch.no_grad(), recording() as graphs, detailed_layers():
-        step = compile_step(decode_step(model), engine, verify=engine == "tensorrt")
+        step = compile_step(paged_step(model), engine, verify=engine == "tensorrt")
         out = step(*inputs).float()
     torch._dynamo.reset()
     if engine == "tensorrt" and layers is not None:

@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     compile_s = gen.warmup(len(prompt), args.max_new_tokens)
     stream = TextStream(tok, 1)
 
-    def show(step_ids: list[int]) -> None:
-        print(stream.push(step_ids, stop_ids)[0], end="", flush=True)
+    def show(new: list[list[int]]) -> None:  # each prompt's new ids of a step
+        print(stream.push(new, stop_ids)[0], end="", flush=True)
 
     if info.is_main:
         print(args.prompt, end="", flush=True)

@@ -29,6 +29,8 @@ from torch_tensorrt_dist.backend.report import (
     GraphReport,
     ModuleResolver,
     collectives_in,
+    engines_in,
+    paged_ops_in,
     torch_ops_in,
 )
 from torch_tensorrt_dist.backend.schedule_check import with_schedule_check
@@ -123,6 +125,9 @@ def lower_graph(
         input_writes=input_writes(gm),
         torch_ops=_torch_ops(gm, settings, resolve),
     )
+    if settings.engine == "tensorrt" or _recorders:  # what a TensorRT build makes of it
+        report.engines = engines_in(gm, report.torch_ops)
+        report.paged = paged_ops_in(gm)
     report.lowering_s = time.perf_counter() - start
     if report.unfused and settings.engine == "tensorrt":
         raise UnsupportedCollectiveError(

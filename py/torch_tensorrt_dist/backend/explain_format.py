@@ -106,22 +106,35 @@ def _collectives_field(report: ExplainedCall) -> str:
     )
 
 
+def _paged_line(g: GraphReport) -> list[str]:
+    """Per graph: what the paged KV cache's ops become under TensorRT, counted by form."""
+    if not g.paged:
+        return []
+    counts: dict[tuple[str, str], int] = {}
+    for op in g.paged:
+        counts[(op.kind, op.form)] = counts.get((op.kind, op.form), 0) + 1
+    parts = [f"{n} {kind} -> {form}" for (kind, form), n in counts.items()]
+    return [f"  graph {g.index} paged KV under TensorRT: {'; '.join(parts)}"]
+
+
 def _split_lines(graphs: list[GraphReport]) -> list[str]:
     """Per graph: the ops TensorRT leaves to PyTorch, grouped by reason."""
     lines = []
     for g in graphs:
+        lines += _paged_line(g)
         if not g.torch_ops:
             continue
         n = len(g.torch_ops)
-        lines.append(
-            f"  graph {g.index}: {n} op(s) stay in PyTorch, so a TensorRT engine splits into up "
-            f"to {n + 1} engines around them:"
-        )
+        if g.engines is None:
+            split = f"up to {n + 1} TensorRT engines"
+        else:
+            split = f"{g.engines} TensorRT engine{'' if g.engines == 1 else 's'}"
+        lines.append(f"  graph {g.index}: {n} op(s) stay in PyTorch, with {split} around them:")
         by_reason: dict[str, list[TorchOpInfo]] = {}
         for op in g.torch_ops:
             by_reason.setdefault(op.reason, []).append(op)
         for reason, ops in by_reason.items():
-            where = ", ".join(op.module or "(top)" for op in ops)
+            where = ", ".join(dict.fromkeys(op.module or "(top)" for op in ops))
             lines.append(f"    {ops[0].op} {ops[0].dtype} in {where}: {reason}")
     return lines
 

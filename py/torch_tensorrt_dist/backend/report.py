@@ -10,16 +10,21 @@ from typing import Any
 import torch
 from torch import fx
 
+from torch_tensorrt_dist.conversion.layers.paged_forms import PagedOp
 from torch_tensorrt_dist.lowering.input_writes import InputWrite
+from torch_tensorrt_dist.lowering.sizes import shape_hint
 from torch_tensorrt_dist.ops.collectives import COLLECTIVE_OPS
 
 __all__ = [
     "CollectiveInfo",
     "GraphReport",
+    "PagedOp",
     "TorchOpInfo",
     "collectives_in",
+    "engines_in",
     "format_table",
     "module_path",
+    "paged_ops_in",
     "torch_ops_in",
 ]
 
@@ -57,7 +62,7 @@ class CollectiveInfo:
 class TorchOpInfo:
     """A non-collective op that TensorRT cannot take here: it runs in PyTorch and Torch-TensorRT
     splits the graph's engine around it (``conversion/layers/moe_experts.py``,
-    ``conversion/layers/weight_only.py``)."""
+    ``conversion/layers/weight_only.py``; KV block writes: ``conversion/layers/paged_kv.py``)."""
 
     op: str
     node: str
@@ -89,6 +94,12 @@ class GraphReport:
     units: dict[str, int] = field(default_factory=dict)
     #: ops a TensorRT engine leaves to PyTorch (each splits the engine), with the reason
     torch_ops: list[TorchOpInfo] = field(default_factory=list)
+    #: the engines a TensorRT build makes of the graph around ``torch_ops`` (an estimate:
+    #: ``conversion/layers/paged_forms.engine_count``); None where not asked
+    engines: int | None = None
+    #: the paged KV cache's block writes, block reads and attention calls, with their TensorRT
+    #: forms (``conversion/layers/paged_forms.py``)
+    paged: list[PagedOp] = field(default_factory=list)
     #: engine='tensorrt': the GraphModule Torch-TensorRT built (its engine submodules and the
     #: PyTorch parts between them), for checks on what really went into the engines
     engine_module: Any = field(default=None, repr=False, compare=False)
@@ -165,7 +176,7 @@ def collectives_in(
             continue
         x = node.args[0]
         val = x.meta.get("val") if isinstance(x, fx.Node) else None
-        shape = tuple(int(s) for s in val.shape) if val is not None else ()
+        shape = shape_hint(val.shape) if val is not None else ()
         dtype = val.dtype if val is not None else torch.float32
         numel = 1
         for s in shape:
@@ -189,9 +200,10 @@ def collectives_in(
 def torch_ops_in(
     gm: fx.GraphModule, resolve: ModuleResolver | None = None, *, require_constants: bool = True
 ) -> list[TorchOpInfo]:
-    """The grouped MoE experts ops and weight-only matmuls of a graph that would stay in
-    PyTorch under TensorRT here (``require_constants=False``: as if their weights were frozen,
-    which engine='tensorrt' does). The TensorRT probe runs only for a MoE experts op."""
+    """The KV block writes, grouped MoE experts ops and weight-only matmuls of a graph that
+    would stay in PyTorch under TensorRT here (``require_constants=False``: as if their weights
+    were frozen, which engine='tensorrt' does). The TensorRT probe runs only for a MoE experts
+    op."""
     from torch_tensorrt_dist.conversion.layers.moe_experts import node_moe_decision
     from torch_tensorrt_dist.conversion.layers.weight_only import (
         INT4_OP,
@@ -205,7 +217,7 @@ def torch_ops_in(
         INT8_OP: "_weight_int8pack_mm",
         INT4_OP: "int4_weight_only_mm",
     }
-    out = []
+    out = _block_writes_in(gm, resolve)
     for node in gm.graph.nodes:
         name = names.get(node.target) if node.op == "call_function" else None
         if name is None:
@@ -223,11 +235,49 @@ def torch_ops_in(
                 node=node.name,
                 module=module_path(node, resolve),
                 dtype=_dtype_name(val.dtype) if isinstance(val, torch.Tensor) else "",
-                shape=tuple(int(s) for s in val.shape) if isinstance(val, torch.Tensor) else (),
+                shape=shape_hint(val.shape) if isinstance(val, torch.Tensor) else (),
                 reason=decision.reason,
             )
         )
     return out
+
+
+def _block_writes_in(gm: fx.GraphModule, resolve: ModuleResolver | None) -> list[TorchOpInfo]:
+    """The KV block writes that run in PyTorch, in place (``conversion/layers/paged_kv.py``)."""
+    from torch_tensorrt_dist.conversion.layers.paged_kv import pool_writes
+
+    nodes = {n.name: n for n in gm.graph.nodes}
+    out = []
+    for w in pool_writes(gm):
+        if not w.in_place:
+            continue
+        values = nodes[w.node].args[2]
+        val = values.meta.get("val") if isinstance(values, fx.Node) else None
+        out.append(
+            TorchOpInfo(
+                op="index_put (KV block write)",
+                node=w.node,
+                module=module_path(nodes[w.node], resolve),
+                dtype=_dtype_name(val.dtype) if isinstance(val, torch.Tensor) else "",
+                shape=shape_hint(val.shape) if isinstance(val, torch.Tensor) else (),
+                reason=w.reason,
+            )
+        )
+    return out
+
+
+def paged_ops_in(gm: fx.GraphModule) -> list[PagedOp]:
+    """The paged KV cache's ops of ``gm`` and their TensorRT forms."""
+    from torch_tensorrt_dist.conversion.layers.paged_forms import paged_ops
+
+    return paged_ops(gm)
+
+
+def engines_in(gm: fx.GraphModule, torch_ops: list[TorchOpInfo]) -> int:
+    """The engines a TensorRT build makes of ``gm`` with ``torch_ops`` in PyTorch (estimate)."""
+    from torch_tensorrt_dist.conversion.layers.paged_forms import engine_count
+
+    return engine_count(gm, {op.node for op in torch_ops})
 
 
 def format_table(headers: list[str], rows: list[list[Any]]) -> str:

@@ -11,7 +11,7 @@ import torch
 from torch_tensorrt_dist.backend.explain import explain
 from torch_tensorrt_dist.backend.fake_world import fake_world
 from torch_tensorrt_dist.bench.common import Figure, bench_args
-from torch_tensorrt_dist.generation.generate import decode_example, decode_step
+from torch_tensorrt_dist.generation.generate import decode_example, paged_step, setup_example
 from torch_tensorrt_dist.parallel.llama import LMHead
 from torch_tensorrt_dist.parallel.llama_load import random_llama
 
@@ -35,8 +35,8 @@ def decode_collectives(
         model = random_llama(
             args, group=dist.group.WORLD, dtype=dtype, lm_head=vocab, embedding=vocab
         )
-        model.setup_caches(batch, 64)
-        report = explain(decode_step(model), *decode_example(batch))
+        setup_example(model, batch, 64)
+        report = explain(paged_step(model), *decode_example(batch))
     return args, report
 
 

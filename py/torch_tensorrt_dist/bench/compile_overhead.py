@@ -15,7 +15,7 @@ import torch._dynamo
 from torch_tensorrt_dist.backend import recording
 from torch_tensorrt_dist.backend.fake_world import fake_world
 from torch_tensorrt_dist.bench.common import Figure, bench_args
-from torch_tensorrt_dist.generation.generate import decode_example, decode_step
+from torch_tensorrt_dist.generation.generate import decode_example, paged_step, setup_example
 from torch_tensorrt_dist.parallel.llama_load import random_llama
 
 __all__ = ["compile_overhead"]
@@ -28,11 +28,11 @@ def _measure(n_layers: int, tp: int) -> tuple[float, float]:
     args = bench_args(n_layers, dim=128, vocab=256)
     with fake_world(0, tp):
         model = random_llama(args, group=dist.group.WORLD)
-        model.setup_caches(1, 64)
+        setup_example(model, 1, 64)
 
         torch._dynamo.reset()
         compiled = torch.compile(
-            decode_step(model),
+            paged_step(model),
             backend="torch_tensorrt_dist",
             options={"engine": "eager", "check_schedule": False},
             fullgraph=True,

@@ -111,6 +111,22 @@ def _timed(
     return out, times
 
 
+CPU = torch.device("cpu")
+BLOCK = 16  # setup_example's block size
+
+
+def _setup(model: Any, tokens: int) -> None:
+    """A paged cache of exactly one sequence of ``tokens`` tokens (blocks 1..)."""
+    from torch_tensorrt_dist.generation.generate import setup_example
+
+    setup_example(model, 1, tokens)
+
+
+def _pool_blocks(model: Any) -> int:
+    """The blocks of the one sequence :func:`_setup` made room for (the null block aside)."""
+    return int(model.blocks[0].attention.kv_pages.k_pool.shape[0]) - 1
+
+
 def _prompt(n: int) -> torch.Tensor:
     return torch.randint(
         0, _COMMON["vocab_size"], (1, n), generator=torch.Generator().manual_seed(1)
@@ -135,19 +151,24 @@ def _hf_decode(hf: Any) -> Callable[[], dict[str, Any]]:
 def _our_decode(model: Any, form: str) -> Callable[[], dict[str, Any]]:
     """Our compiled decode step with the experts' ``form``, after the first prompt (its
     prefill, plain PyTorch, untimed)."""
-    from torch_tensorrt_dist.generation.generate import compile_step, decode_step
+    from torch_tensorrt_dist.generation.generate import compile_step, paged_step
+    from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 
-    decode = compile_step(decode_step(model), "inductor")
+    decode = compile_step(paged_step(model), "inductor")
     n = PREFILL[0]
+    blocks = list(range(1, _pool_blocks(model) + 1))  # the pool of one sequence (_setup)
+    limits = StepLimits(1, n, len(blocks), BLOCK)
 
     def run() -> dict[str, Any]:
         for moe in model.sparse_blocks:
             moe.compute = form
-        tok = model(_prompt(n), torch.arange(n))[:, -1].argmax(-1, keepdim=True)
+        prompt = _prompt(n)[0].tolist()
+        tok = int(model.paged_step(*step_inputs([(prompt, 0, blocks)], limits, CPU)).argmax())
         tokens, start = [], time.perf_counter()
         for i in range(DECODE):
-            tok = decode(tok, torch.tensor([n + i])).argmax(-1, keepdim=True)
-            tokens.append(int(tok))
+            inputs = step_inputs([([tok], n + i, blocks)], limits, CPU)
+            tok = int(decode(*inputs).argmax())
+            tokens.append(tok)
         return {"tokens": tokens, "s_per_step": (time.perf_counter() - start) / DECODE}
 
     return run
@@ -155,16 +176,20 @@ def _our_decode(model: Any, form: str) -> Callable[[], dict[str, Any]]:
 
 def _our_prefill(model: Any, form: str, n: int) -> tuple[Callable[[], Any], float]:
     """Our compiled prefill of ``n`` tokens with the experts' ``form``, and its compile time."""
-    from torch_tensorrt_dist.generation.generate import compile_step, prefill_step
+    from torch_tensorrt_dist.generation.generate import compile_step, paged_step
+    from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 
-    step = compile_step(prefill_step(model), "inductor")
-    # the serving prefill: the prompt into KV row 0, logits of its last token
-    ids, slot, last = _prompt(n), torch.tensor([0]), torch.tensor([n - 1])
+    step = compile_step(paged_step(model), "inductor")
+    # the serving prefill: the prompt into its blocks, logits of its last token
+    blocks = list(range(1, _pool_blocks(model) + 1))
+    inputs = step_inputs(
+        [(_prompt(n)[0].tolist(), 0, blocks)], StepLimits(1, n, len(blocks), BLOCK), CPU
+    )
 
     def run() -> Any:
         for moe in model.sparse_blocks:
             moe.compute = form
-        return step(ids, slot, last)
+        return step(*inputs)
 
     start = time.perf_counter()
     run()
@@ -187,7 +212,7 @@ def measure(
         for n in PREFILL:
             # a cache just long enough, as transformers' grows with the sequence (the prefill
             # attends to the prompt's own keys only; the size matters to the decode after it)
-            model.setup_caches(1, n + DECODE)
+            _setup(model, n + DECODE)
             fns: dict[str, Callable[[], Any]] = {}
             compile_s = {}
             for form in prefill_forms:
@@ -200,7 +225,7 @@ def measure(
                 ours[key] = {"logits": res[key][0], **times[key], "compile_s": compile_s[key]}
             if hf is not None:
                 theirs[f"prefill_{n}"] = {"logits": res["hf"].logits[0, -1], **times["hf"]}
-        model.setup_caches(1, PREFILL[0] + DECODE)
+        _setup(model, PREFILL[0] + DECODE)
         steps = {f"decode_{form}": _our_decode(model, form) for form in forms}
         if hf is not None:
             steps["decode"] = _hf_decode(hf)

@@ -21,7 +21,7 @@ from torch import fx
 from torch_tensorrt_dist.backend import recording
 from torch_tensorrt_dist.backend.verify import reference_graph, with_verification
 from torch_tensorrt_dist.bench.common import Figure, bench_args
-from torch_tensorrt_dist.generation.generate import decode_example, decode_step
+from torch_tensorrt_dist.generation.generate import decode_example, paged_step, setup_example
 from torch_tensorrt_dist.parallel.llama_load import random_llama
 
 __all__ = ["verify_cost"]
@@ -47,12 +47,12 @@ def _time_blocks(
 def _decode_steps(n_layers: int, blocks: int, calls: int) -> tuple[float, float, int]:
     """(unverified s/call, verified s/call, graphs compiled while timing)."""
     model = random_llama(bench_args(n_layers, dim=128, vocab=256))
-    model.setup_caches(1, 64)
+    setup_example(model, 1, 64)
     inputs = decode_example(1)
     torch._dynamo.reset()
     steps = [
         torch.compile(
-            decode_step(model),
+            paged_step(model),
             backend="torch_tensorrt_dist",
             options={"engine": "eager", "verify": verify},
             fullgraph=True,

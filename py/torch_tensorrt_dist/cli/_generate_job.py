@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from torch_tensorrt_dist.config.jobs import GenerateJob
 from torch_tensorrt_dist.config.run import RunConfig
-from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank
+from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank, check_kv_cache
 from torch_tensorrt_dist.models.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["Output", "build", "check", "request", "run"]
@@ -27,7 +27,9 @@ def request(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> tuple[list[l
 
 
 def check(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
-    request(config, spec, plan)
+    prompts, cache_len = request(config, spec, plan)
+    if plan.manifest is None and plan.parallel.pp == 1:  # a pipeline keeps its own caches
+        check_kv_cache(config, plan, len(prompts), cache_len)
 
 
 @dataclass

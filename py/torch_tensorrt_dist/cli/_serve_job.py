@@ -13,7 +13,7 @@ from torch_tensorrt_dist.cli._failures import reported_by_launcher
 from torch_tensorrt_dist.config.jobs import ServeJob
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank
+from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank, check_kv_cache
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
 __all__ = ["API_KEY_ENV", "DEFAULT_MAX_SEQ", "DEFAULT_ROWS", "build", "check", "run"]
@@ -37,7 +37,9 @@ def shape(config: RunConfig, plan: ModelPlan) -> tuple[int, int]:
 
 
 def check(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
-    shape(config, plan)
+    rows, cache_len = shape(config, plan)
+    if plan.manifest is None:  # artifacts hold the KV cache they were compiled for
+        check_kv_cache(config, plan, rows, cache_len)
 
 
 @dataclass

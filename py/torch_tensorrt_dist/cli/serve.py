@@ -145,7 +145,7 @@ def _launch(config: RunConfig, verbose: int) -> int:
         filter(None, [warnings, "ignore:resource_tracker:UserWarning"])
     )
     try:
-        result = launch(rank_entry, world, [rank_main, config])
+        result = launch(rank_entry, world, [rank_main, config], stop_timeout=_stop_timeout(job))
         drained = all((Path(drain_dir) / f"rank-{r}.drained").is_file() for r in range(world))
     finally:
         shutil.rmtree(drain_dir, ignore_errors=True)
@@ -154,3 +154,17 @@ def _launch(config: RunConfig, verbose: int) -> int:
         return 0  # a signal to the launcher, forwarded to the ranks, drained them cleanly
     print_launch_failure(result, verbose=verbose)
     return int(result.returncode)
+
+
+#: After a signal, a rank still warming up ends at the next graph: the one compiling then may
+#: take this long (Inductor, a loaded machine) before the launcher kills the ranks.
+WARMUP_STOP_S = 120.0
+
+
+def _stop_timeout(job: object) -> float:
+    """How long the launcher lets the ranks end after a signal: the drain, each rank's own
+    grace after it, and the graph a warming rank may be compiling."""
+    from torch_tensorrt_dist.serving.server import DRAIN_GRACE_S
+
+    drain = job.drain_timeout if isinstance(job, ServeJob) else 20.0
+    return max(drain + 2 * DRAIN_GRACE_S, WARMUP_STOP_S) + 10.0

@@ -27,6 +27,10 @@ from torch_tensorrt_dist.errors import UnsupportedCollectiveError
 
 __all__ = ["conversion_decision", "node_decision"]
 
+#: collectives whose dim 0 must divide evenly over the group (TensorRT's layers and the plugins
+#: split it in equal blocks); a dynamic dim 0 must do so for every value of its symbols
+_EVEN_DIM0 = ("reduce_scatter", "all_to_all")
+
 
 def conversion_decision(
     op: str,
@@ -101,6 +105,13 @@ def node_decision(
         return Decision(False, str(exc))
     if call.dtype is None:
         return Decision(False, f"{node.name}: the input has no recorded dtype (meta['val'])")
+    if call.op in _EVEN_DIM0 and call.dim0_divisible is False and len(call.group_ranks) > 1:
+        n = len(call.group_ranks)
+        return Decision(
+            False,
+            f"{call.op} over {n} ranks of a dynamic dim 0 that is not divisible by {n} for "
+            "every size it may take (TensorRT splits dim 0 in equal blocks)",
+        )
     return conversion_decision(
         call.op,
         call.dtype,

@@ -47,6 +47,9 @@ class CollectiveCall:
     input_split_sizes: tuple[int, ...] = ()
     dtype: torch.dtype | None = None
     dim0: int | None = None
+    #: a dynamic dim 0 (``dim0`` None): whether it splits evenly over the group for every value
+    #: of its symbols (None where dim 0 is static or absent)
+    dim0_divisible: bool | None = None
 
 
 def bind_collective(
@@ -71,11 +74,25 @@ def bind_collective(
         group_name=str(bound["group_name"]),
         reduce_op=str(bound["reduce_op"]) if row.reduces else None,
         src=int(bound["src"]) if row.rooted else None,
-        output_split_sizes=tuple(int(s) for s in bound.get("output_split_sizes") or ()),
-        input_split_sizes=tuple(int(s) for s in bound.get("input_split_sizes") or ()),
+        output_split_sizes=_sizes(row.op, bound.get("output_split_sizes")),
+        input_split_sizes=_sizes(row.op, bound.get("input_split_sizes")),
         dtype=_input_dtype(bound["x"]),
         dim0=_input_dim0(bound["x"]),
+        dim0_divisible=_dim0_divisible(bound["x"], len(bound["group_ranks"])),
     )
+
+
+def _sizes(op: str, sizes: Any) -> tuple[int, ...]:
+    """Split sizes as ints; a symbolic one (dynamic shapes) is refused, never specialised
+    (``int()`` on it would add a guard that fixes the dimension)."""
+    out = []
+    for s in sizes or ():
+        if isinstance(s, (torch.SymInt, fx.Node)):
+            raise UnsupportedCollectiveError(
+                f"{op} with dynamic split sizes ({s}): TensorRT's layers take static splits"
+            )
+        out.append(int(s))
+    return tuple(out)
 
 
 def _input_val(x: Any) -> Any:
@@ -95,11 +112,26 @@ def _input_dim0(x: Any) -> int | None:
     return dim0 if isinstance(dim0, int) else None  # a SymInt: not known at build time
 
 
+def _dim0_divisible(x: Any, n: int) -> bool | None:
+    """For a symbolic dim 0: divisible by ``n`` for every value of its symbols (no guard)."""
+    val = _input_val(x)
+    if not isinstance(val, torch.Tensor) or val.dim() == 0 or isinstance(val.shape[0], int):
+        return None
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true(val.shape[0] % n == 0)) if n > 0 else None
+
+
 def collective_calls(gm: fx.GraphModule) -> list[CollectiveCall]:
-    """Every typed collective of a lowered graph, in graph order."""
+    """Every typed collective of a lowered graph that TensorRT could take, in graph order (one
+    whose arguments cannot be bound, dynamic split sizes say, stays in PyTorch: its validator
+    refuses it, with the reason)."""
     out = []
     for node in gm.graph.nodes:
         row = row_of(node.target) if node.op == "call_function" else None
         if row is not None:
-            out.append(bind_collective(row, node.args, node.kwargs))
+            try:
+                out.append(bind_collective(row, node.args, node.kwargs))
+            except UnsupportedCollectiveError:
+                continue
     return out

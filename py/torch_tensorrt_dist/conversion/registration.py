@@ -1,10 +1,13 @@
-"""Plug into Torch-TensorRT: our lowering pass in its pass list, our converters in its registry.
+"""Plug into Torch-TensorRT: our lowering passes in its pass list, our converters in its registry.
 
 :func:`register_with_torch_tensorrt` runs when Torch-TensorRT gets imported (the import hook
 in ``_autoregister.py``; ``import torch_tensorrt_dist`` itself never imports it) and at our
 ``engine="tensorrt"`` compile. After it, ``torch.compile(model, backend="torch_tensorrt")`` lowers
-c10d collectives to our typed ops (before Torch-TensorRT's own ``fuse_distributed_ops``) and
-converts them with our converters. Where Torch-TensorRT is not installed it does nothing.
+c10d collectives to our typed ops (before Torch-TensorRT's own ``fuse_distributed_ops``),
+converts them with our converters, and keeps the paged KV cache's block writes in PyTorch, in
+place (``layers/paged_kv.py``; the pass runs after Torch-TensorRT's
+``remove_input_alias_fixing_clones``, once a pool write reads its graph input directly). Where
+Torch-TensorRT is not installed it does nothing.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from torch import fx
 from torch_tensorrt_dist.errors import EngineUnavailableError
 
 __all__ = [
+    "CLONES_REMOVED_PASS",
     "PASS_NAME",
     "UPSTREAM_FUSED_OPS",
     "fuse_collectives_pass",
     "keep_upstream_collectives_in_torch",
+    "pool_pass_index",
     "register_with_torch_tensorrt",
 ]
 
@@ -31,6 +36,9 @@ logger = logging.getLogger(__name__)
 PASS_NAME = "torch_tensorrt_dist_fuse_collectives"
 #: Torch-TensorRT's own collective pass; ours must run before it
 UPSTREAM_PASS = "fuse_distributed_ops"
+#: the pass after which a graph input's readers read it directly (its clones removed): the
+#: block-write pass runs right after it
+CLONES_REMOVED_PASS = "remove_input_alias_fixing_clones"
 
 _lock = threading.Lock()
 _registered: list[bool] = []
@@ -82,16 +90,28 @@ def pass_index(pass_names: list[str]) -> int | None:
     return pass_names.index(UPSTREAM_PASS) if UPSTREAM_PASS in pass_names else None
 
 
+def pool_pass_index(pass_names: list[str]) -> int | None:
+    """Where the block-write pass goes: just after Torch-TensorRT's clone removal, else at the
+    end (a pool write that still reads a clone is then left to Torch-TensorRT, as before)."""
+    if CLONES_REMOVED_PASS in pass_names:
+        return pass_names.index(CLONES_REMOVED_PASS) + 1
+    return None
+
+
 def _register_pass() -> None:
     from torch_tensorrt.dynamo.lowering.passes._aten_lowering_pass import (
         ATEN_POST_LOWERING_PASSES,
         _aten_lowering_pass,
     )
 
+    from torch_tensorrt_dist.conversion.layers.paged_kv import pool_write_pass
+
     names = [getattr(p, "__name__", "") for p in ATEN_POST_LOWERING_PASSES.passes]
-    if PASS_NAME in names:
-        return
-    _aten_lowering_pass(fuse_collectives_pass, index=pass_index(names))
+    if PASS_NAME not in names:
+        _aten_lowering_pass(fuse_collectives_pass, index=pass_index(names))
+    names = [getattr(p, "__name__", "") for p in ATEN_POST_LOWERING_PASSES.passes]
+    if pool_write_pass.__name__ not in names:
+        _aten_lowering_pass(pool_write_pass, index=pool_pass_index(names))
 
 
 def register_with_torch_tensorrt(strict: bool = False) -> bool:

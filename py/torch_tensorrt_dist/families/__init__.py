@@ -17,6 +17,7 @@ from torch_tensorrt_dist.families.spec import (
     ModelSpec,
     Rank,
     build_generator,
+    check_kv_cache,
     resolve_model,
 )
 from torch_tensorrt_dist.models.checkpoint_files import load_config_json
@@ -30,6 +31,7 @@ __all__ = [
     "PipelineSpec",
     "Rank",
     "build_generator",
+    "check_kv_cache",
     "checkpoint_spec",
     "resolve_model",
 ]

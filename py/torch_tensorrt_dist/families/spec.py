@@ -35,8 +35,10 @@ __all__ = [
     "ModelSpec",
     "Rank",
     "build_generator",
+    "check_kv_cache",
     "check_max_seq_len",
     "check_prompt_ids",
+    "model_salt",
     "quantize_shard",
     "resolve_model",
 ]
@@ -167,10 +169,10 @@ class ModelSpec:
         prompts: Sequence[Sequence[int]],
         max_new_tokens: int,
     ) -> int:
-        """The KV-cache length a batch of token-id prompts needs, every length and id checked
-        before the model is loaded: ``--max-seq-len``, else what the prompts and new tokens
-        need, rounded up to 64."""
-        from torch_tensorrt_dist.generation import check_lengths, prefill_bucket
+        """The longest sequence a batch of token-id prompts needs, every length and id checked
+        before the model is loaded: ``--max-seq-len``, else the longest prompt and its new
+        tokens, rounded up to 64."""
+        from torch_tensorrt_dist.generation import check_lengths
 
         check_prompt_ids(prompts, vocab_size=plan.args.vocab_size)
         limit = min(plan.args.max_seq_len, config.cache.max_seq_len or plan.args.max_seq_len)
@@ -178,8 +180,8 @@ class ModelSpec:
             check_lengths(len(ids), max_new_tokens, limit)
         if config.cache.max_seq_len is not None:
             return config.cache.max_seq_len
-        need = max(prefill_bucket(len(p), max_new_tokens, limit) for p in prompts)
-        return min(limit, -(-(need + max_new_tokens) // 64) * 64)
+        need = max(len(p) for p in prompts) + max_new_tokens
+        return min(limit, -(-need // 64) * 64)
 
     def check_command(self, config: RunConfig) -> None:
         """Refuse a command this family cannot run yet."""
@@ -217,15 +219,40 @@ class ModelSpec:
 
 
 def build_generator(model: Transformer, config: RunConfig, rows: int, cache_len: int) -> Any:
-    """The rank's :class:`Generator` over its loaded shard: ``rows`` KV-cache rows of
-    ``cache_len`` tokens, compiled by ``config.engine``."""
+    """The rank's :class:`Generator` over its loaded shard: ``rows`` rows at once, requests of
+    up to ``cache_len`` tokens, the KV cache of ``config.cache`` (memory, blocks, prefill
+    budget, prefix caching), compiled by ``config.engine``."""
+    cache = config.cache
     return Generator(
         model,
         engine=config.engine,
         max_batch_size=rows,
         cache_len=cache_len,
         verify=config.verify,
+        kv_cache_memory=cache.kv_cache_memory,
+        block_size=cache.block,
+        max_prefill_tokens=cache.prefill_budget,
+        prefix_caching=cache.prefix_caching,
+        salt=model_salt(config),
     )
+
+
+def model_salt(config: RunConfig) -> bytes:
+    """The model's identity in prefix-cache keys: the checkpoint, dtype and quantization."""
+    m = config.model
+    return f"{m.model}|{m.artifacts}|{m.dtype}|{config.quantize}".encode()
+
+
+def check_kv_cache(config: RunConfig, plan: ModelPlan, rows: int, cache_len: int) -> None:
+    """``--kv-cache-memory`` holds one request of ``cache_len`` tokens on every rank (checked
+    before any rank starts: ConfigError naming the size needed)."""
+    from torch_tensorrt_dist.generation.kv_memory import kv_layout_for
+    from torch_tensorrt_dist.models.dtypes import DTYPES
+
+    cache = config.cache
+    tp = plan.parallel.tp or 1
+    layout = kv_layout_for(plan.args, tp=tp, dtype=DTYPES[plan.dtype], block_size=cache.block)
+    layout.blocks_for_memory(cache.kv_cache_memory, rows=rows, max_seq_len=cache_len)
 
 
 def quantize_shard(model: torch.nn.Module, config: RunConfig) -> None:

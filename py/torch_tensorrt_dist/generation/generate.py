@@ -1,15 +1,15 @@
-"""``Generator``: the compiled prefill and decode graphs of a model, and ``generate``.
+"""``Generator``: a model's compiled step graph over a paged KV cache, and ``generate``.
 
-    gen = Generator(model, engine="inductor", max_batch_size=2)
+    gen = Generator(model, engine="inductor", max_batch_size=8, cache_len=2048)
     result = gen.generate([[1, 5, 7], [1, 9]], max_new_tokens=32, stop_ids=(2,))
 
-Two kinds of graph per rank: a prefill per bucket (a prompt right-padded to a power of two,
-written into its own KV-cache row from position 0) and one decode graph that runs every row at
-its own position. Slots, positions and pads are tensors, so neither recompiles. ``generate`` is
-the case of the generation core (``slots.py``) where every prompt joins at once; the server
-(``serving/``) puts a request queue in front of the same core. Every rank runs the same loop on
-the same logits with the same seeded generators: the ranks agree on every token without a
-broadcast.
+One step function per rank, ``Transformer.paged_step(tokens [R, S], start [R], last [R],
+past [R, NBp], dest [R, S])``, compiled with R, S and NBp dynamic (``step_inputs.py``): at most
+four graphs (decode or prefill, one row or several), whatever the rows, prompt lengths and
+cache size, and each call costs the rows and tokens it holds. ``generate`` is the generation core
+(``core.py``) with every prompt queued at once in its scheduler (``scheduler.py``); the server
+(``serving/``) feeds the same scheduler from HTTP. Every rank runs the same plans on the same
+logits with the same seeded generators: the ranks agree on every token without a broadcast.
 """
 
 from __future__ import annotations
@@ -24,21 +24,27 @@ import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.buckets import check_request, slot_bucket, slot_buckets
+from torch_tensorrt_dist.generation.core import GenerationCore, Request, StepFn
+from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for
+from torch_tensorrt_dist.generation.kv_memory import kv_layout
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
-from torch_tensorrt_dist.generation.slots import DecodeFn, PrefillFn, Request, Slots
+from torch_tensorrt_dist.generation.scheduler import Scheduler
+from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
 __all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_MAX_PREFILL_TOKENS",
     "ENGINES",
     "GenerationResult",
     "Generator",
+    "StepFn",
     "compile_step",
     "decode_example",
-    "decode_step",
+    "paged_step",
     "prefill_example",
-    "prefill_step",
+    "setup_example",
 ]
 
 logger = logging.getLogger(__name__)
@@ -46,48 +52,59 @@ logger = logging.getLogger(__name__)
 #: ``none`` runs the model as plain PyTorch (no torch.compile); the others go through the
 #: ``torch_tensorrt_dist`` Dynamo backend with that engine.
 ENGINES = ("tensorrt", "inductor", "eager", "none")
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_MAX_PREFILL_TOKENS = 512
 
-StepFn = Callable[..., Tensor]
-F = TypeVar("F", bound=StepFn)
-
-
-def prefill_step(model: Transformer) -> PrefillFn:
-    """``(tokens [1, S_bucket], slot [1], last [1]) -> logits [1, V]``: one prompt into its
-    KV-cache row (one graph per bucket)."""
-
-    def prefill(tokens: Tensor, slot: Tensor, last: Tensor) -> Tensor:
-        return model.prefill_slot(tokens, slot, last)
-
-    return prefill
+F = TypeVar("F", bound=Callable[..., Tensor])
 
 
-def decode_step(model: Transformer) -> DecodeFn:
-    """``(tokens [B, 1], pos [B]) -> logits [B, V]``: every row at its own position; one graph
-    for every step."""
+def paged_step(model: Transformer) -> StepFn:
+    """``(tokens [R, S], start [R], last [R], past [R, NBp], dest [R, S]) -> logits [R, V]``:
+    rows of a step over the paged cache (``Transformer.paged_step``)."""
 
-    def decode(tokens: Tensor, pos: Tensor) -> Tensor:
-        return model.decode_rows(tokens, pos)
+    def step(tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor) -> Tensor:
+        return model.paged_step(tokens, start, last, past, dest)
 
-    return decode
-
-
-def decode_example(batch: int, slot: int = 8) -> tuple[Tensor, Tensor]:
-    """Example inputs of a decode step writing KV slot ``slot`` of every row (for explain and
-    benchmarks)."""
-    return torch.zeros(batch, 1, dtype=torch.long), torch.full((batch,), slot, dtype=torch.long)
+    return step
 
 
-def prefill_example(length: int, slot: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    """Example inputs of a prefill of bucket ``length`` into row ``slot``."""
-    return (
-        torch.zeros(1, length, dtype=torch.long),
-        torch.tensor([slot]),
-        torch.tensor([length - 1]),
+def setup_example(
+    model: Transformer, rows: int, tokens: int, block_size: int = DEFAULT_BLOCK_SIZE
+) -> None:
+    """A paged cache with room for ``rows`` sequences of ``tokens`` tokens (explain, benches)."""
+    model.setup_paged(rows * blocks_for(tokens, block_size) + 1, block_size, tokens)
+
+
+def decode_example(
+    rows: int,
+    tokens: int = 64,
+    *,
+    position: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Inputs of a decode step of ``rows`` rows, each at ``position`` (default: half of
+    ``tokens``) with its own ``tokens`` tokens of blocks (a cache of :func:`setup_example`)."""
+    blocks = blocks_for(tokens, block_size)
+    pos = tokens // 2 if position is None else position
+    table = [list(range(1 + i * blocks, 1 + (i + 1) * blocks)) for i in range(rows)]
+    spans = [([0], pos, t) for t in table]
+    return step_inputs(spans, StepLimits(rows, 1, max(blocks, 2), block_size), torch.device("cpu"))
+
+
+def prefill_example(
+    length: int, *, block_size: int = DEFAULT_BLOCK_SIZE
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Inputs of the prefill of one ``length``-token prompt into the first blocks."""
+    blocks = blocks_for(length, block_size)
+    spans = [([0] * length, 0, list(range(1, blocks + 1)))]
+    return step_inputs(
+        spans, StepLimits(1, length, max(blocks, 2), block_size), torch.device("cpu")
     )
 
 
 def compile_step(fn: F, engine: str, *, verify: bool | None = None) -> F:
-    """``fn`` compiled as one static-shape graph per rank by the given engine.
+    """``fn`` compiled by the given engine: one graph per rank and input shape class, with
+    the dimensions its inputs mark dynamic (``step_inputs.mark_step_dims``) left symbolic.
 
     ``verify``: check the first call of each graph against its eager reference (the
     backend's ``verify`` option; ``None``: on for ``tensorrt`` only).
@@ -103,7 +120,7 @@ def compile_step(fn: F, engine: str, *, verify: bool | None = None) -> F:
         backend="torch_tensorrt_dist",
         options={"engine": engine} if verify is None else {"engine": engine, "verify": verify},
         fullgraph=True,
-        dynamic=False,
+        dynamic=None,  # only the dimensions marked dynamic are symbolic
     )
     return cast(F, compiled)
 
@@ -114,12 +131,14 @@ class GenerationResult:
 
     tokens: list[list[int]]
     ttft_s: float
-    """Prompts in to first tokens out (the prefills + first samples)."""
+    """Prompts in to the last prompt's first token out."""
     decode_s: float
     decode_steps: int
     prefill_len: int
-    """The longest prefill bucket of the prompts."""
+    """The longest prompt."""
     stopped: list[bool] = field(default_factory=list)
+    cached_tokens: list[int] = field(default_factory=list)
+    """Prompt tokens each prompt took from the prefix cache."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -128,7 +147,13 @@ class GenerationResult:
 
 
 class Generator:
-    """Compiles a model's prefill and decode graphs over caches it sets up, and generates."""
+    """Compiles a model's step graph over a paged KV cache it sets up, and generates.
+
+    What the methods use (a subclass over other graphs sets the same, see
+    ``artifacts/load.ArtifactGenerator``): ``args``, ``engine``, ``max_batch_size``,
+    ``cache_len``, ``max_prefill_tokens``, ``block_size``, ``num_blocks``, ``prefix_caching``,
+    ``salt``, ``device``, ``limits``, the step function ``_step`` and ``mark_dynamic`` (whether
+    Dynamo traces ``_step``: its inputs' dynamic dimensions are marked)."""
 
     def __init__(
         self,
@@ -138,52 +163,85 @@ class Generator:
         max_batch_size: int = 1,
         cache_len: int | None = None,
         verify: bool | None = None,
+        kv_cache_memory: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
+        prefix_caching: bool = True,
+        salt: bytes = b"",
     ) -> None:
-        self.model = model
-        self.args = model.args
-        self.engine = engine
+        """``max_batch_size``: rows run together; ``cache_len``: the longest sequence (prompt
+        and generated tokens; default the model's); ``kv_cache_memory``: bytes of KV cache
+        on this rank (default: ``max_batch_size`` sequences of ``cache_len`` tokens);
+        ``max_prefill_tokens``: prompt tokens computed per step; ``salt``: the model's
+        identity in prefix-cache keys."""
+        self.model, self.args, self.engine = model, model.args, engine
         self.max_batch_size = max_batch_size
         self.cache_len = cache_len or model.args.max_seq_len
-        model.setup_caches(max_batch_size, self.cache_len)
-        self.device = model.tok_embeddings.weight.device
-
-        if engine != "none":  # one prefill graph per bucket: let Dynamo keep them all
-            limit = torch._dynamo.config.recompile_limit
-            torch._dynamo.config.recompile_limit = max(limit, len(self.buckets()) + 1)
-        self._prefill: PrefillFn = compile_step(prefill_step(model), engine, verify=verify)
-        self._decode: DecodeFn = compile_step(decode_step(model), engine, verify=verify)
-
-    def bucket(self, prompt_len: int) -> int:
-        """The prefill length of a ``prompt_len``-token prompt."""
-        return slot_bucket(prompt_len, self.cache_len)
-
-    def buckets(self) -> list[int]:
-        """Every prefill length this generator may run (one graph each)."""
-        return slot_buckets(self.cache_len)
-
-    def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
-        """Validate a request; return its longest prefill bucket (the same on every rank)."""
-        check_request(
-            prompts,
-            max_new_tokens,
-            max_batch_size=self.max_batch_size,
-            vocab_size=self.args.vocab_size,
-            cache_len=self.cache_len,
+        if max_batch_size < 1 or self.cache_len < 2:
+            raise ConfigError(
+                f"max_batch_size ({max_batch_size}) must be >= 1 and the sequence length "
+                f"({self.cache_len}) >= 2"
+            )
+        self.max_prefill_tokens = max_prefill_tokens
+        self.block_size, self.layout = block_size, kv_layout(model, block_size)
+        self.num_blocks = self.layout.blocks_for_memory(
+            kv_cache_memory, rows=max_batch_size, max_seq_len=self.cache_len
         )
-        return max(self.bucket(len(p)) for p in prompts)
+        self.prefix_caching, self.salt = prefix_caching, salt
+        self.mark_dynamic = engine != "none"  # plain PyTorch: nothing traces the step
+        model.setup_paged(self.num_blocks, block_size, self.cache_len)
+        self.device = model.tok_embeddings.weight.device
+        self.limits = StepLimits(
+            rows=max_batch_size,
+            tokens=max(2, min(max_prefill_tokens, self.cache_len)),
+            blocks=max(2, blocks_for(self.cache_len, block_size)),  # tables have >= 2 blocks
+            block_size=block_size,
+        )
+        if engine != "none":  # a handful of graphs (shape classes): let Dynamo keep them all
+            limit = torch._dynamo.config.recompile_limit
+            torch._dynamo.config.recompile_limit = max(limit, 16)
+        self._step: StepFn = compile_step(paged_step(model), engine, verify=verify)
 
-    def slots(self, *, tokenizer: Tokenizer | None = None, text: bool = False) -> Slots:
-        """The generation core over this generator's graphs and KV cache (all rows free)."""
-        return Slots(
-            self._prefill,
-            self._decode,
-            rows=self.max_batch_size,
-            cache_len=self.cache_len,
-            bucket=self.bucket,
+    def core(self, *, tokenizer: Tokenizer | None = None, text: bool = False) -> GenerationCore:
+        """The generation core over this generator's graph and a fresh block pool (the cache
+        memory is the model's; one core at a time)."""
+        pool = BlockPool(self.num_blocks, self.block_size, prefix_caching=self.prefix_caching)
+        return GenerationCore(
+            self._step,
+            pool=pool,
+            max_seq_len=self.cache_len,
+            limits=self.limits,
             device=self.device,
             tokenizer=tokenizer,
             text=text,
+            salt=self.salt,
+            mark_dynamic=self.mark_dynamic,
         )
+
+    def scheduler(self, core: GenerationCore) -> Scheduler:
+        return Scheduler(
+            core, max_rows=self.max_batch_size, max_prefill_tokens=self.max_prefill_tokens
+        )
+
+    def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
+        """Validate a request; return its longest prompt (the same on every rank)."""
+        if not prompts:
+            raise ConfigError("no prompt given")
+        vocab = self.args.vocab_size
+        if any(not 0 <= i < vocab for ids in prompts for i in ids):
+            raise ConfigError(f"a prompt holds token ids outside [0, {vocab})")
+        longest = max(len(p) for p in prompts)
+        if min(len(p) for p in prompts) < 1:
+            raise ConfigError("a prompt is empty; give at least one token of text")
+        if max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if longest + max_new_tokens > self.cache_len:
+            raise ConfigError(
+                f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) = "
+                f"{longest + max_new_tokens} exceeds the longest sequence served, "
+                f"{self.cache_len} tokens; use max_new_tokens <= {max(self.cache_len - longest, 0)}"
+            )
+        return longest
 
     def generate(
         self,
@@ -192,73 +250,73 @@ class Generator:
         max_new_tokens: int,
         sampling: SamplingConfig | None = None,
         stop_ids: Sequence[int] = (),
-        on_step: Callable[[list[int]], None] | None = None,
+        on_step: Callable[[list[list[int]]], None] | None = None,
     ) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` per prompt; ``on_step`` gets each step's tokens
-        (one per prompt; a finished prompt repeats its last id).
+        """Generate up to ``max_new_tokens`` per prompt; ``on_step`` gets each step's new ids
+        per prompt (empty for a prompt that produced none in that step).
 
         Each prompt samples from its own generator seeded with ``sampling.seed``: a prompt
-        gets the same tokens alone or in a batch.
+        gets the same tokens alone or with others.
         """
-        bucket = self.check(prompts, max_new_tokens)
-        return self._run(
-            prompts, bucket, max_new_tokens, sampling or SamplingConfig(), stop_ids, on_step
-        )
-
-    def _run(
-        self,
-        prompts: Sequence[Sequence[int]],
-        bucket: int,
-        max_new_tokens: int,
-        sampling: SamplingConfig,
-        stop_ids: Sequence[int],
-        on_step: Callable[[list[int]], None] | None,
-    ) -> GenerationResult:
-        slots = self.slots()
-        out: list[list[int]] = [[] for _ in prompts]
-        start = time.perf_counter()
+        longest = self.check(prompts, max_new_tokens)
+        sampling = sampling or SamplingConfig()
+        core = self.core()
+        sched = self.scheduler(core)
         for i, ids in enumerate(prompts):
-            req = Request(i, tuple(ids), max_new_tokens, sampling, tuple(stop_ids))
-            out[i] += slots.join(req, slot=i).tokens
-        ttft = time.perf_counter() - start
-        if on_step is not None:
-            on_step([row[-1] for row in out])
-        steps = 0
-        decode_start = time.perf_counter()
-        while slots.active:
-            for e in slots.decode():
+            sched.add(Request(i, tuple(ids), max_new_tokens, sampling, tuple(stop_ids)))
+        out: list[list[int]] = [[] for _ in prompts]
+        cached = [0] * len(prompts)
+        started = 0
+        start = time.perf_counter()
+        ttft, steps, decode_start = 0.0, 0, start
+        while not sched.idle():
+            new: list[list[int]] = [[] for _ in prompts]
+            for e in core.step(sched.plan()):
+                if not out[e.rid]:
+                    started += 1
+                    cached[e.rid] = e.cached
                 out[e.rid] += e.tokens
-            steps += 1
+                new[e.rid] += e.tokens
+            if started == len(prompts):  # every prompt has its first token: decoding
+                if ttft:
+                    steps += 1
+                else:
+                    ttft = time.perf_counter() - start
+                    decode_start = time.perf_counter()
             if on_step is not None:
-                on_step([row[-1] for row in out])
-        decode_s = time.perf_counter() - decode_start
+                on_step(new)
         stops = set(stop_ids)
         return GenerationResult(
             tokens=out,
             ttft_s=ttft,
-            decode_s=decode_s,
+            decode_s=time.perf_counter() - decode_start,
             decode_steps=steps,
-            prefill_len=bucket,
+            prefill_len=longest,
             stopped=[bool(row and row[-1] in stops) for row in out],
+            cached_tokens=cached,
         )
 
     def warmup(self, prompt_len: int, max_new_tokens: int, batch_size: int = 1) -> float:
-        """Compile the prefill graph of this length's bucket and the decode graph; return s."""
+        """Run the graphs ``batch_size`` prompts of ``prompt_len`` tokens need; return s."""
         start = time.perf_counter()
-        prompts = [[0] * prompt_len] * batch_size
-        bucket = self.check(prompts, max_new_tokens)
-        self._run(prompts, bucket, min(2, max_new_tokens), SamplingConfig(), (), None)
+        n = min(prompt_len, self.cache_len - 1)
+        prompts = [[0] * n] * batch_size
+        self.generate(prompts, max_new_tokens=min(2, max_new_tokens, self.cache_len - n))
         return time.perf_counter() - start
 
     def warmup_all(self, *, stop: Callable[[], bool] | None = None) -> float:
-        """Compile every prefill bucket and the decode graph (a server's warm-up); return s.
-        ``stop()`` is asked before each graph: True ends the warm-up there (a server stopped
-        while warming up; every rank must get the same answer, as each graph's collectives
-        need every rank)."""
+        """Compile every graph a server may run (one row or several, decode or prefill, a
+        short prompt and the longest chunk); return s. Nothing compiles after it. ``stop()``
+        is asked before each run: True ends the warm-up there (a server stopped while warming
+        up; every rank must get the same answer, as each graph's collectives need every
+        rank)."""
         start = time.perf_counter()
-        runs = [(min(b, self.cache_len - 1), 1) for b in self.buckets()] + [(1, 2)]
-        for n, new in runs:
+        longest = min(self.limits.tokens, self.cache_len - 2)
+        shapes = [[[0] * 2] * min(2, self.max_batch_size), [[0] * 2], [[0] * longest]]
+        if self.max_batch_size > 2:  # the most rows at once (a MoE layer may pick its form by it)
+            shapes.append([[0] * 2] * self.max_batch_size)
+        for prompts in shapes:
             if stop is not None and stop():
                 break
-            self._run([[0] * n], self.bucket(n), new, SamplingConfig(), (), None)
+            self.generate(prompts, max_new_tokens=2)
         return time.perf_counter() - start

@@ -22,9 +22,9 @@ from torch_tensorrt_dist.backend.explain import ExplainReport, explain
 from torch_tensorrt_dist.backend.fake_world import fake_world
 from torch_tensorrt_dist.generation.generate import (
     decode_example,
-    decode_step,
+    paged_step,
     prefill_example,
-    prefill_step,
+    setup_example,
 )
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe import MoETransformer
@@ -146,12 +146,12 @@ def explain_moe(
         with torch.no_grad():
             for p in model.parameters():
                 p.zero_()
-        model.setup_caches(batch, cache_len)
-        report = explain(decode_step(model), *decode_example(batch, cache_len // 2))
+        setup_example(model, batch, cache_len)
+        report = explain(paged_step(model), *decode_example(batch, cache_len))
         first = None
         if prefill:
             # one prompt of ``prefill`` tokens into row 0 (the serving prefill)
-            first = explain(prefill_step(model), *prefill_example(prefill))
+            first = explain(paged_step(model), *prefill_example(prefill))
         layout = moe_layout(
             args,
             moe,

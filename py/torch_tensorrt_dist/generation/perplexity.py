@@ -7,10 +7,11 @@
 Every token after the first is predicted once: a window of ``window`` tokens scores only the
 predictions no earlier window scored (the first all of its own, the others their last
 ``stride``), so each prediction past the first window sees at least ``window - stride`` tokens
-of context. The step is one compiled graph per window length (the last, shorter window is left
-padded to the same length, so there is one), returning each position's negative log
-likelihood; every rank computes the same numbers (the logits are gathered), so no collective is
-added.
+of context. A window runs as the generation core runs a prompt: one row over the paged KV cache
+(``Transformer.paged_scores``: the paged step's computation with the head over every token),
+its length a dynamic dimension (one compiled graph, the shorter last window included),
+returning each position's negative log likelihood; every rank computes the same numbers (the
+logits are gathered), so no collective is added.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.generation.kv_blocks import blocks_for
+from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
@@ -83,13 +85,12 @@ def document_ids(text: str, tok: Tokenizer) -> list[int]:
     return ids
 
 
-def _nll_step(model: Transformer, length: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
-    def step(tokens: Tensor, targets: Tensor, pad: Tensor) -> Tensor:
-        # tokens, targets: [1, L]; pad: [1] -> nll [1, L] float32
-        cache_pos = torch.arange(length, device=tokens.device)
-        logits = model(tokens, cache_pos, pad).float()  # [1, L, V]
-        logp = F.log_softmax(logits, dim=-1)
-        return -logp.gather(-1, targets[..., None]).squeeze(-1)
+def _nll_step(model: Transformer) -> Callable[..., Tensor]:
+    def step(
+        tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor, targets: Tensor
+    ) -> Tensor:
+        # one window: tokens, targets, dest [1, L]; start, last [1]; past [1, NBp] -> nll [1, L]
+        return model.paged_scores(tokens, start, last, past, dest, targets)
 
     return step
 
@@ -105,7 +106,7 @@ def perplexity(
     verify: bool | None = None,
 ) -> PerplexityResult:
     """Perplexity of ``model`` over ``ids`` (see the module docstring)."""
-    from torch_tensorrt_dist.generation.generate import compile_step
+    from torch_tensorrt_dist.generation.generate import DEFAULT_BLOCK_SIZE, compile_step
 
     spans = windows(len(ids), window, stride)
     length = max(w.end - w.begin for w in spans)
@@ -114,22 +115,21 @@ def perplexity(
             f"window {length} exceeds the model's {model.args.max_seq_len} positions; use "
             "--window with at most that many tokens"
         )
-    model.setup_caches(1, length)
+    bs = DEFAULT_BLOCK_SIZE
+    blocks = list(range(1, blocks_for(length, bs) + 1))  # one window's blocks (0: the null one)
+    model.setup_paged(len(blocks) + 1, bs, length)
+    limits = StepLimits(rows=1, tokens=length, blocks=len(blocks), block_size=bs)
     device = model.norm.weight.device
-    step = compile_step(_nll_step(model, length), engine, verify=verify)
-    data = torch.tensor(ids, dtype=torch.long, device=device)
+    step = compile_step(_nll_step(model), engine, verify=verify)
     total, count = 0.0, 0
     start = time.perf_counter()
     for w in spans:
-        n = w.end - w.begin
-        fill = length - n  # left padding of a short last window
-        tokens = torch.zeros(1, length, dtype=torch.long, device=device)
-        targets = torch.zeros_like(tokens)
-        tokens[0, fill:] = data[w.begin : w.end]
-        targets[0, fill:] = data[w.begin + 1 : w.end + 1]
-        pad = torch.tensor([fill], dtype=torch.long, device=device)
-        nll = step(tokens, targets, pad)  # [1, L]
-        total += float(nll[0, length - w.scored :].double().sum())
+        inputs = step_inputs([(ids[w.begin : w.end], 0, blocks)], limits, device)
+        targets = torch.tensor([ids[w.begin + 1 : w.end + 1]], dtype=torch.long, device=device)
+        if targets.shape[1] >= 2:
+            torch._dynamo.mark_dynamic(targets, 1, min=2, max=max(length, 2))
+        nll = step(*inputs, targets)  # [1, n]
+        total += float(nll[0, nll.shape[1] - w.scored :].double().sum())
         count += w.scored
     mean = total / count
     return PerplexityResult(math.exp(mean), mean, count, len(spans), time.perf_counter() - start)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch_tensorrt_dist.generation.detok import Detokenizer
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
@@ -16,17 +18,22 @@ class TextStream:
         self._rows = [Detokenizer(tokenizer) for _ in range(rows)]
         self._done = [False] * rows
 
-    def push(self, step_ids: list[int], stop_ids: tuple[int, ...] = ()) -> list[str]:
-        """Add one token per row; return each row's new text ('' for finished rows)."""
+    def push(
+        self, step_ids: Sequence[int | Sequence[int]], stop_ids: tuple[int, ...] = ()
+    ) -> list[str]:
+        """Add each row's new tokens (one id, or a list of ids: none, one or several, as
+        ``Generator.generate`` hands them to ``on_step``); return each row's new text ('' for
+        finished rows)."""
         pieces = []
-        for row, tok in enumerate(step_ids):
-            if self._done[row]:
-                pieces.append("")
-                continue
-            if tok in stop_ids:  # a stop token ends the row and is not shown
-                self._done[row] = True
-                pieces.append("")
-                continue
-            # '' while a UTF-8 sequence is incomplete: it waits for the next token
-            pieces.append(self._rows[row].push(tok))
+        for row, new in enumerate(step_ids):
+            text = []
+            for tok in [new] if isinstance(new, int) else new:
+                if self._done[row]:
+                    break
+                if tok in stop_ids:  # a stop token ends the row and is not shown
+                    self._done[row] = True
+                    break
+                # '' while a UTF-8 sequence is incomplete: it waits for the next token
+                text.append(self._rows[row].push(tok))
+            pieces.append("".join(text))
         return pieces

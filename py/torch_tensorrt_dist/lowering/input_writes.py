@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from torch_tensorrt_dist.lowering.sizes import numel_hint
+
 __all__ = ["InputWrite", "input_writes", "reinplace_input_writes"]
 
 _aten = torch.ops.aten
@@ -48,10 +50,7 @@ def _nbytes(node: Any) -> int:
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
     if not isinstance(val, torch.Tensor):
         return 0
-    try:
-        return int(val.numel()) * val.dtype.itemsize
-    except (TypeError, RuntimeError):  # symbolic sizes
-        return 0
+    return numel_hint(val) * val.dtype.itemsize  # dynamic dimensions: at their example size
 
 
 def _is_input_copy(node: fx.Node) -> bool:

@@ -1,4 +1,4 @@
-"""A compact Llama-family decoder (Llama 2/3, Mistral, Qwen2) with a static KV cache.
+"""A compact Llama-family decoder (Llama 2/3, Mistral, Qwen2) with a paged or a static KV cache.
 
 RMSNorm, RoPE in Hugging Face's ``rotate_half`` layout (so HF q/k weights load without a
 permutation; Llama-3 frequency scaling included), grouped-query attention, SwiGLU MLP, optional
@@ -16,15 +16,16 @@ vocabulary-parallel LM head one all-gather of the logits.
 says how many leading slots of each row are left padding: they are masked out and positions
 (RoPE) start at 0 after them. Everything is a tensor, so decode steps never recompile.
 
-The generation core (``generation/slots.py``) runs two other forms, where every cache row is a
-slot holding one sequence from position 0: ``decode_rows(tokens [B, 1], pos [B])`` writes and
-attends each row at its own position, and ``prefill_slot(tokens [1, S], slot [1], last [1])``
-writes one prompt into its row. Both write the caches in place (``index_put``).
+The generation core (``generation/core.py``) runs the paged form: ``setup_paged`` gives every
+layer a pool of KV blocks, and ``paged_step(tokens [R, S], start [R], last [R], table [R, NB])``
+runs R rows, each a decode token or a prompt chunk over its own blocks, and returns the logits
+of each row's last token (``models/paged.py``). Pipeline stages and perplexity run the static
+form above.
 """
 
 from __future__ import annotations
 
-from typing import Literal, cast
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -34,8 +35,15 @@ from torch import Tensor, nn
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.llama_args import PRESETS, ModelArgs, RopeScaling
+from torch_tensorrt_dist.models.paged import (
+    PagedKVCache,
+    PagedSlots,
+    paged_attention,
+    paged_mask,
+    paged_slots,
+)
 from torch_tensorrt_dist.models.rope import apply_rope, rope_inv_freq, rope_tables
-from torch_tensorrt_dist.models.row_masks import decode_rows_mask, prefill_slot_mask
+from torch_tensorrt_dist.models.vocab import VocabEmbedding, embed_tokens, lm_logits
 
 __all__ = [
     "PRESETS",
@@ -50,15 +58,10 @@ __all__ = [
     "VocabEmbedding",
     "apply_rope",
     "embed_tokens",
+    "lm_logits",
     "rope_inv_freq",
     "rope_tables",
 ]
-
-
-#: How a step writes the KV cache: "shared": the same slots ``cache_pos`` [S] in every row
-#: (left-padded batches, pipeline stages); "rows": one slot per row (``pos`` [B], decode);
-#: "slot": one row's positions [0, S) (``slot`` [1], prefill).
-KVWrite = Literal["shared", "rows", "slot"]
 
 
 def _all_reduce(x: Tensor, group: dist.ProcessGroup | None) -> Tensor:
@@ -118,21 +121,6 @@ class KVCache(nn.Module):
         self.v_cache[:b].index_copy_(2, cache_pos, v)
         return self.k_cache[:b], self.v_cache[:b]
 
-    def write_rows(self, pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        # pos: [B], one slot per row; k, v: [B, H_kv, 1, D] (every row) -> full caches.
-        # Captured: index_put(<cache placeholder>, [arange(B), None, pos], k), in place.
-        rows = torch.arange(k.shape[0], device=pos.device)
-        self.k_cache[rows, :, pos] = k[:, :, 0]
-        self.v_cache[rows, :, pos] = v[:, :, 0]
-        return self.k_cache, self.v_cache
-
-    def write_slot(self, slot: Tensor, k: Tensor, v: Tensor) -> None:
-        # slot: [1]; k, v: [1, H_kv, S, D] -> row slot[0], positions [0, S), in place.
-        s = k.shape[2]
-        rows, cols = slot.expand(s), torch.arange(s, device=slot.device)
-        self.k_cache[rows, :, cols] = k[0].transpose(0, 1)  # [S, H_kv, D]
-        self.v_cache[rows, :, cols] = v[0].transpose(0, 1)
-
 
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
@@ -146,41 +134,53 @@ class Attention(nn.Module):
         # Added once, after the all-reduce (a row-parallel bias must not be summed tp times).
         self.wo_bias = nn.Parameter(torch.zeros(args.dim)) if args.o_bias else None
         self.kv_cache: KVCache | None = None
+        self.kv_pages: PagedKVCache | None = None  # set by Transformer.setup_paged
         self.group: dist.ProcessGroup | None = None  # TP group; set by parallel.llama.apply_tp
 
-    def forward(
-        self,
-        x: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        mask: Tensor | None,
-        cache_pos: Tensor,
-        write: KVWrite = "shared",
-    ) -> Tensor:
-        # x: [B, S, dim]; cos/sin: [B, S, D]; mask: [B, 1, S, L] (bool); cache_pos: [S]
-        # (write="rows": pos [B], S = 1; write="slot": slot [1], B = 1, mask [1, 1, S, S] or
-        # None: causal over the prompt's own keys, computed without its upper triangle)
+    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        # x: [B, S, dim] -> q [B, Hq, S, D], k, v [B, Hkv, S, D] (RoPE applied to q and k)
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)  # [B, Hq, S, D]
-        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, S, D]
+        q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.kv_cache is None:
-            raise ConfigError("call Transformer.setup_caches(...) before running the model")
-        if write == "slot":  # a prompt from slot 0: it attends to its own keys only
-            self.kv_cache.write_slot(cache_pos, k, v)
-        elif write == "rows":
-            k, v = self.kv_cache.write_rows(cache_pos, k, v)  # [B, Hkv, L, D]
-        else:
-            k, v = self.kv_cache.update(cache_pos, k, v)  # [B, Hkv, L, D]
-        rep = self.n_heads // self.n_kv_heads
-        k = k.repeat_interleave(rep, dim=1)  # [B, Hq, L, D]
-        v = v.repeat_interleave(rep, dim=1)
-        # [B, Hq, S, D]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _out(self, y: Tensor) -> Tensor:
+        # y: [B, Hq, S, D] -> [B, S, dim], summed over the TP group
+        b, _, s, _ = y.shape
         y = self.wo(y.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
         y = _all_reduce(y, self.group)  # 1st all-reduce of the layer
         return y if self.wo_bias is None else y + self.wo_bias
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, where: Tensor | PagedSlots
+    ) -> Tensor:
+        # x: [B, S, dim]; cos/sin: [B, S, D]; mask: [B, 1, S, L] (bool). ``where``: the static
+        # cache's slots cache_pos [S] (the same for every row), or a paged step's slots
+        # (``models/paged.py``: each token's block and offset, the rows' block tables)
+        q, k, v = self._qkv(x, cos, sin)  # [B, Hq, S, D], [B, Hkv, S, D]
+        if isinstance(where, PagedSlots):
+            return self._out(self._paged(q, k, v, mask, where))
+        if self.kv_cache is None:
+            raise ConfigError("call Transformer.setup_caches(...) before running the model")
+        k, v = self.kv_cache.update(where, k, v)  # [B, Hkv, L, D]
+        rep = self.n_heads // self.n_kv_heads
+        k = k.repeat_interleave(rep, dim=1)  # [B, Hq, L, D]
+        v = v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, Hq, S, D]
+        return self._out(y)
+
+    def _paged(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, slots: PagedSlots) -> Tensor:
+        # q: [R, Hq, S, D]; k, v: [R, Hkv, S, D] (this step's); mask: [R, 1, S, NBp * bs + S]
+        # -> [R, Hq, S, D]. The step's own K/V join the gathered past; they are written to
+        # the pools after the last layer (Transformer.paged_step)
+        if self.kv_pages is None:
+            raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
+        past_k, past_v = self.kv_pages.gather(slots.past)  # [R, Hkv, NBp * bs, D]
+        slots.computed.append((k, v))
+        keys = torch.cat([past_k, k], dim=2)  # [R, Hkv, NBp * bs + S, D]
+        values = torch.cat([past_v, v], dim=2)
+        return paged_attention(q, keys, values, mask)
 
 
 class FeedForward(nn.Module):
@@ -205,15 +205,9 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
     def forward(
-        self,
-        x: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        mask: Tensor | None,
-        cache_pos: Tensor,
-        write: KVWrite = "shared",
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, where: Tensor | PagedSlots
     ) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, mask, cache_pos, write)
+        h = x + self.attention(self.attention_norm(x), cos, sin, mask, where)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -235,81 +229,6 @@ def mask_and_positions(
     return mask[:, None], positions
 
 
-def _lookup(ids: Tensor, weight: Tensor, scales: Tensor | None) -> Tensor:
-    if scales is None:
-        return F.embedding(ids, weight)
-    # int8 rows, one scale per row (quantization.QuantizedEmbedding): only the rows looked up
-    return F.embedding(ids, weight).to(scales.dtype) * F.embedding(ids, scales[:, None])
-
-
-def embed_tokens(
-    tokens: Tensor,
-    weight: Tensor,
-    group: dist.ProcessGroup | None,
-    start: int = 0,
-    *,
-    scales: Tensor | None = None,
-) -> Tensor:
-    """The embedding lookup; vocabulary-parallel when ``group`` is set.
-
-    tokens: [B, S] int64, weight: [V, dim], or this rank's rows ``[start, start + V/tp)``
-    (padded) -> [B, S, dim]. A rank embeds the tokens its rows hold, zeros for the others, and
-    one all-reduce(sum) assembles the rows: exact, as each token has one non-zero term.
-    ``scales`` [V or V/tp]: ``weight`` holds int8 rows, dequantized as they are looked up.
-    """
-    if group is None:
-        return _lookup(tokens, weight, scales)
-    local = tokens - start
-    mine = (local >= 0) & (local < weight.shape[0])  # [B, S]
-    rows = _lookup(torch.where(mine, local, torch.zeros_like(local)), weight, scales)
-    return funcol.all_reduce(rows.masked_fill(~mine[..., None], 0), "sum", group)
-
-
-class VocabEmbedding(nn.Embedding):
-    """``nn.Embedding``, vocabulary-parallel once tensor parallelism sets ``group`` and
-    ``start`` (this rank's first row): see :func:`embed_tokens`."""
-
-    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
-        super().__init__(num_embeddings, embedding_dim)
-        self.group: dist.ProcessGroup | None = None
-        self.start = 0
-
-    def forward(self, tokens: Tensor) -> Tensor:
-        return embed_tokens(tokens, self.weight, self.group, self.start)
-
-
-def lm_logits(
-    x: Tensor,
-    head: Tensor,
-    group: dist.ProcessGroup | None,
-    vocab_size: int,
-    *,
-    scales: Tensor | None = None,
-) -> Tensor:
-    """``x @ head.T``; with a vocabulary-parallel head (``group`` set), the shards are gathered.
-
-    x: [B, S, dim], head: [V or V/tp (padded), dim] -> logits [B, S, V]. ``scales``: ``head``
-    holds int8 rows with one scale per row (``--quantize-embeddings``), a weight-only matmul.
-    """
-    if scales is None:
-        logits = F.linear(x, head)  # [B, S, V] or [B, S, V_shard]
-    else:
-        # bfloat16 on CPU: torch's CPU weight-only kernels are vectorised for it only
-        dt = torch.bfloat16 if x.device.type == "cpu" else x.dtype
-        flat = torch.ops.aten._weight_int8pack_mm(
-            x.reshape(-1, x.shape[-1]).to(dt), head, scales.to(dt)
-        )
-        logits = flat.to(x.dtype).view(*x.shape[:-1], head.shape[0])
-    if group is None:
-        return logits
-    b, s, v = logits.shape
-    tp = dist.get_world_size(group)
-    # the one collective outside the layers: [tp * B, S, V/tp] -> [B, S, tp * V/tp]
-    full = funcol.all_gather_single(logits.contiguous(), 0, group)
-    logits = full.view(tp, b, s, v).permute(1, 2, 0, 3).reshape(b, s, tp * v)
-    return logits[..., :vocab_size]  # drop the last shard's zero padding
-
-
 class Transformer(nn.Module):
     rope_cos: Tensor  # [L, D] float32, set by setup_caches
     rope_sin: Tensor
@@ -326,6 +245,7 @@ class Transformer(nn.Module):
         self.group: dist.ProcessGroup | None = None  # set when the LM head is vocab-parallel
         self.max_batch_size = -1
         self.max_seq_len = -1
+        self.block_size = -1  # set by setup_paged
 
     def setup_caches(
         self, max_batch_size: int, max_seq_len: int, *, dtype: torch.dtype | None = None
@@ -377,42 +297,91 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         return self._logits(x)
 
-    def decode_rows(self, tokens: Tensor, pos: Tensor) -> Tensor:
-        """One decode step of every slot at its own position -> logits [B, V].
-
-        tokens: [B, 1] (each row's last token), pos: [B] (the slot it is written to, which is
-        also its RoPE position). Free rows are padding (any token, pos 0).
-        """
-        self._check_caches()
-        if tokens.shape[0] != self.max_batch_size:
+    def setup_paged(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_seq_len: int,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """Allocate each layer's block pools (``num_blocks`` x ``block_size`` tokens, block 0
+        the null block) and the RoPE tables for positions below ``max_seq_len``."""
+        if max_seq_len > self.args.max_seq_len:
             raise ConfigError(
-                f"decode_rows runs every cache row: got {tokens.shape[0]} rows for a cache of "
-                f"{self.max_batch_size}; pad with free rows (any token, pos 0)"
+                f"max_seq_len={max_seq_len} exceeds the model's limit {self.args.max_seq_len} "
+                "(max_position_embeddings); ask for fewer tokens"
             )
-        mask = decode_rows_mask(self.args, self.key_slots, pos)  # [B, 1, 1, L]
-        x = self.tok_embeddings(tokens)  # [B, 1, dim]
-        cos = self.rope_cos[pos][:, None].to(x.dtype)  # [B, 1, D]
-        sin = self.rope_sin[pos][:, None].to(x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask, pos, "rows")
-        return self._logits(x)[:, -1]
+        weight = self.norm.weight
+        dtype = dtype or weight.dtype
+        for block in self.blocks:
+            attn = block.attention
+            attn.kv_pages = PagedKVCache(
+                num_blocks, block_size, attn.n_kv_heads, attn.head_dim, dtype, weight.device
+            )
+        cos, sin = rope_tables(self.args, max_seq_len)
+        self.register_buffer("rope_cos", cos.to(weight.device), persistent=False)
+        self.register_buffer("rope_sin", sin.to(weight.device), persistent=False)
+        self.block_size, self.max_seq_len = block_size, max_seq_len
 
-    def prefill_slot(self, tokens: Tensor, slot: Tensor, last: Tensor) -> Tensor:
-        """The prompt of one slot, written at positions [0, S) of row ``slot`` -> logits [1, V].
+    def paged_step(
+        self, tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor
+    ) -> Tensor:
+        """One step of R rows over the paged cache -> the logits of each row's last token [R, V].
 
-        tokens: [1, S] (the prompt right-padded to its bucket), slot: [1] (its KV-cache row),
-        last: [1] (the index of the prompt's last token, whose logits are returned).
+        tokens: [R, S] (a decode row: its last token, S = 1; a prefill chunk: right-padded);
+        start: [R] (the row's tokens already in its blocks: the position of tokens[:, 0]);
+        last: [R] (the index of the row's last real token); past: [R, NBp] (the blocks that hold
+        positions < start, padded with the null block); dest: [R, S] (each token's block, the
+        null block for padding). See ``models/paged.py``.
         """
-        self._check_caches()
-        s = tokens.shape[1]
-        # None (causal attention over the prompt's own k/v) unless a sliding window binds
-        mask = prefill_slot_mask(self.args, self.key_slots, s)  # [1, 1, S, S] or None
-        x = self.tok_embeddings(tokens)  # [1, S, dim]
-        cos = self.rope_cos[:s][None].to(x.dtype)  # [1, S, D]
-        sin = self.rope_sin[:s][None].to(x.dtype)
+        x, slots = self._paged_hidden(tokens, start, last, past, dest)  # [R, S, dim]
+        r = x.shape[0]
+        x = x.gather(1, last[:, None, None].expand(r, 1, x.shape[-1]))  # [R, 1, dim]
+        logits = self._logits(x)[:, 0]
+        # the step's K/V into the pools, last: nothing above reads them, and every write comes
+        # after every op that is not one (one TensorRT engine, then these writes in place)
+        flat = [
+            (k.transpose(1, 2).flatten(0, 1), v.transpose(1, 2).flatten(0, 1))  # [R * S, Hkv, D]
+            for k, v in slots.computed
+        ]
+        for block, (k, v) in zip(self.blocks, flat, strict=True):
+            pages = block.attention.kv_pages
+            assert pages is not None  # checked by every layer above
+            pages(slots.blocks, slots.offsets, k, v)
+        return logits
+
+    def paged_scores(
+        self,
+        tokens: Tensor,
+        start: Tensor,
+        last: Tensor,
+        past: Tensor,
+        dest: Tensor,
+        targets: Tensor,
+    ) -> Tensor:
+        """The negative log likelihood of ``targets`` [R, S] at every position of the rows
+        (the paged step's computation, the head over every token; nothing written) -> [R, S]
+        float32. What ``eval --perplexity`` runs."""
+        x, _ = self._paged_hidden(tokens, start, last, past, dest)
+        logp = F.log_softmax(self._logits(x).float(), dim=-1)  # [R, S, V]
+        return -logp.gather(-1, targets[..., None]).squeeze(-1)
+
+    def _paged_hidden(
+        self, tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor
+    ) -> tuple[Tensor, PagedSlots]:
+        """The last layer's output [R, S, dim] of a paged step, and its slots (each layer's
+        K/V in ``slots.computed``, not written yet)."""
+        if self.block_size < 1:
+            raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
+        pos, slots = paged_slots(start, last, past, dest, self.block_size)  # pos: [R, S]
+        mask = paged_mask(self.args, start, pos, past.shape[1] * self.block_size)
+        x = self.tok_embeddings(tokens)  # [R, S, dim]
+        cos = self.rope_cos[pos].to(x.dtype)  # [R, S, D]
+        sin = self.rope_sin[pos].to(x.dtype)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask, slot, "slot")
-        return self._logits(x.index_select(1, last))[:, -1]
+            x = layer(x, cos, sin, mask, slots)
+        return x, slots
 
     def _check_caches(self) -> None:
         if self.max_seq_len < 0:

@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.llama import RMSNorm, Transformer
@@ -151,12 +152,16 @@ class SparseMoE(nn.Module):
             out = funcol.all_reduce(out, "sum", self.group)
         return out.view(b, s, d)
 
-    def compute_for(self, tokens: int) -> str:
+    def compute_for(self, tokens: int | torch.SymInt) -> str:
         """The compute form for ``tokens`` tokens (``compute`` unless it is "auto")."""
         if self.compute != "auto":
             return self.compute
-        compiling = torch.compiler.is_compiling()  # decided once per traced graph
-        return "routed" if compiling and tokens * self.top_k <= self.local_experts else "grouped"
+        if not torch.compiler.is_compiling():  # decided once per traced graph
+            return "grouped"
+        # a dynamic token count (the step's rows or chunk): routed only where every size its
+        # range allows fits, so the choice adds no guard that would split the range
+        fits = statically_known_true(tokens * self.top_k <= self.local_experts)
+        return "routed" if fits else "grouped"
 
     def _grouped(self, h: Tensor) -> Tensor:
         top_w, top_i = top_k_routing(self.gate(h), self.top_k, self.norm_topk_prob)  # [T, k]

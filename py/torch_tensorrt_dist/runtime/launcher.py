@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
@@ -86,6 +87,10 @@ class LaunchOptions:
     nccl_preload: bool = False
     timeout: timedelta | float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    #: seconds the ranks get to end after a signal to the launcher before they are killed
+    #: (torchrun: ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, 30 by default); a server sets it from
+    #: its drain timeout
+    stop_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.launcher not in ("torchrun", "mpi"):
@@ -206,6 +211,8 @@ def _run_torchrun(
     env = {**env, **torchrun_env(opts.nproc_per_node, {**os.environ, **env}, cores=cores_given())}
     with _environ(env), quiet_agent():
         config, cmd, cmd_args = torchrun.config_from_args(parsed)
+        if opts.stop_timeout is not None:
+            config.shutdown_timeout = math.ceil(opts.stop_timeout)
         # a function runs under _rank_entry.run_function, which records its failure
         target: Callable[..., Any] | str = _rank_entry.run_function if callable(entry) else cmd
         call_args = [entry, *args] if callable(entry) else cmd_args

@@ -215,7 +215,7 @@ class _Handler:
         self, request: Request, params: Params, sub: Submission, n: int, head: dict[str, Any]
     ) -> Response:
         watch = asyncio.ensure_future(_on_disconnect(request, sub))
-        text, tokens = [], 0
+        text, tokens, cached = [], 0, 0
         try:
             while True:
                 item = await sub.sink.queue.get()
@@ -227,12 +227,13 @@ class _Handler:
                     raise RequestError(item.status, item.message, param=item.param)
                 text.append(item.text)
                 tokens += item.tokens
+                cached += item.cached
                 if item.finish is not None:
                     body = protocol.response(
                         params,
                         text="".join(text),
                         finish=item.finish,
-                        usage=protocol.usage(n, tokens),
+                        usage=protocol.usage(n, tokens, cached),
                         **head,
                     )
                     self.metrics.requests.labels("200").inc()
@@ -244,7 +245,7 @@ class _Handler:
     async def stream(
         self, params: Params, sub: Submission, n: int, head: dict[str, Any]
     ) -> AsyncIterator[str]:
-        status, tokens = "cancelled", 0
+        status, tokens, cached = "cancelled", 0, 0
         try:
             if params.chat:
                 yield _sse(protocol.chunk(params, text="", first=True, **head))
@@ -255,13 +256,14 @@ class _Handler:
                     yield _sse(protocol.error_body(item.status, item.message, param=item.param))
                     break
                 tokens += item.tokens
+                cached += item.cached
                 if item.text:
                     yield _sse(protocol.chunk(params, text=item.text, **head))
                 if item.finish is not None:
                     status = "200"
                     yield _sse(protocol.chunk(params, text=None, finish=item.finish, **head))
                     if params.include_usage:
-                        usage = protocol.usage(n, tokens)
+                        usage = protocol.usage(n, tokens, cached)
                         yield _sse(protocol.chunk(params, text=None, usage=usage, **head))
                     break
             yield "data: [DONE]\n\n"

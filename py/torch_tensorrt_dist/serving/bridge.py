@@ -54,6 +54,8 @@ class Piece:
     text: str
     tokens: int
     finish: str | None = None
+    cached: int = 0
+    """Prompt tokens taken from the prefix cache (on a request's first piece)."""
 
 
 @dataclass

@@ -5,11 +5,13 @@ compute themselves.
     events = channel.exchange(events_on_rank0)                  # every rank, every step
 
 Each step opens with one broadcast of a fixed 32-byte header from rank 0 over a gloo group of
-its own: ``(MAGIC, step, payload bytes, flags)``. Only when requests join or leave (or the
-server stops) does a second broadcast carry the payload: the joins (slot, prompt ids, limits,
-sampling settings with the seed, stop ids and strings) and the cancelled request ids. Tokens
-never travel: every rank samples them itself from the same logits with the same seeded
-generators. Every rank has run the same ``exchange`` calls in the same order when it starts
+its own: ``(MAGIC, step, payload bytes, flags)``. Only when a step does more than decode the
+running requests (or the server stops) does a second broadcast carry the payload: the step's
+plan (``generation/scheduler.StepPlan``): new requests (prompt ids, limits, sampling settings
+with the seed, stop ids and strings), resumed and preempted ones, prefix-cache hits, prefill
+chunks, cancelled ids. Tokens and block tables never travel: every rank samples the tokens
+itself from the same logits with the same seeded generators, and allocates the same blocks
+from the same plans. Every rank has run the same ``exchange`` calls in the same order when it starts
 step ``n``, so all ranks apply the same events at the same step boundary; the step number in
 the header is checked on every rank, so a rank that fell out of step is an error, not a wrong
 answer. See ``docs/serving.md`` for why a header is needed on every step.
@@ -19,22 +21,21 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from torch_tensorrt_dist.errors import TensorRTDistError
+from torch_tensorrt_dist.generation.core import Request
+from torch_tensorrt_dist.generation.plan import StepPlan
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
-from torch_tensorrt_dist.generation.slots import Request
 
 __all__ = [
     "ControlChannel",
     "ControlError",
-    "StepEvents",
-    "decode_events",
-    "encode_events",
+    "decode_plan",
+    "encode_plan",
     "measure_latency",
 ]
 
@@ -46,22 +47,9 @@ class ControlError(TensorRTDistError):
     """The ranks disagree on the control protocol (a bug, or ranks of different versions)."""
 
 
-@dataclass
-class StepEvents:
-    """What one step adds to the core's state: joins (slot, request), cancels, stop."""
-
-    joins: list[tuple[int, Request]] = field(default_factory=list)
-    cancels: list[int] = field(default_factory=list)
-    stop: bool = False
-
-    def __bool__(self) -> bool:
-        return bool(self.joins or self.cancels)
-
-
-def _request_dict(slot: int, r: Request) -> dict[str, Any]:
+def _request_dict(r: Request) -> dict[str, Any]:
     s = r.sampling
     return {
-        "slot": slot,
         "rid": r.rid,
         "prompt": list(r.prompt),
         "max_new": r.max_new_tokens,
@@ -71,31 +59,45 @@ def _request_dict(slot: int, r: Request) -> dict[str, Any]:
     }
 
 
-def encode_events(events: StepEvents) -> bytes:
-    """The payload of a step with joins or cancels (JSON, UTF-8)."""
+def _request(j: dict[str, Any]) -> Request:
+    t, k, p, seed = j["sampling"]
+    return Request(
+        rid=j["rid"],
+        prompt=tuple(j["prompt"]),
+        max_new_tokens=j["max_new"],
+        sampling=SamplingConfig(temperature=t, top_k=k, top_p=p, seed=seed),
+        stop_ids=tuple(j["stop_ids"]),
+        stop=tuple(j["stop"]),
+    )
+
+
+def encode_plan(plan: StepPlan) -> bytes:
+    """The payload of a step that does more than decode (JSON, UTF-8)."""
     data = {
-        "joins": [_request_dict(slot, r) for slot, r in events.joins],
-        "cancels": list(events.cancels),
+        "cancels": plan.cancels,
+        "preempts": plan.preempts,
+        "joins": [_request_dict(r) for r in plan.joins],
+        "resumes": plan.resumes,
+        "cached": [[rid, n] for rid, n in plan.cached.items()],
+        "chunks": [list(c) for c in plan.chunks],
     }
     return json.dumps(data, separators=(",", ":")).encode()
 
 
-def decode_events(payload: bytes, *, stop: bool = False) -> StepEvents:
-    """Inverse of :func:`encode_events`."""
-    data = json.loads(payload.decode()) if payload else {"joins": [], "cancels": []}
-    joins = []
-    for j in data["joins"]:
-        t, k, p, seed = j["sampling"]
-        req = Request(
-            rid=j["rid"],
-            prompt=tuple(j["prompt"]),
-            max_new_tokens=j["max_new"],
-            sampling=SamplingConfig(temperature=t, top_k=k, top_p=p, seed=seed),
-            stop_ids=tuple(j["stop_ids"]),
-            stop=tuple(j["stop"]),
-        )
-        joins.append((j["slot"], req))
-    return StepEvents(joins, list(data["cancels"]), stop)
+def decode_plan(payload: bytes, *, stop: bool = False) -> StepPlan:
+    """Inverse of :func:`encode_plan` (an empty payload: a steady step)."""
+    if not payload:
+        return StepPlan(stop=stop)
+    data = json.loads(payload.decode())
+    return StepPlan(
+        cancels=list(data["cancels"]),
+        preempts=list(data["preempts"]),
+        joins=[_request(j) for j in data["joins"]],
+        resumes=list(data["resumes"]),
+        cached={rid: n for rid, n in data["cached"]},
+        chunks=[(rid, n) for rid, n in data["chunks"]],
+        stop=stop,
+    )
 
 
 class ControlChannel:
@@ -113,11 +115,11 @@ class ControlChannel:
         self.payload_steps = 0
         self._header = torch.zeros(4, dtype=torch.int64)
 
-    def exchange(self, events: StepEvents | None = None) -> StepEvents:
-        """Rank 0 passes its events; every rank returns them, at the same step."""
+    def exchange(self, plan: StepPlan | None = None) -> StepPlan:
+        """Rank 0 passes its plan; every rank returns it, at the same step."""
         start = time.perf_counter()
         if self.is_source:
-            out = events if events is not None else StepEvents()
+            out = plan if plan is not None else StepPlan()
             if self.group is not None:
                 self._send(out)
         else:
@@ -126,9 +128,9 @@ class ControlChannel:
         self.last_s = time.perf_counter() - start
         return out
 
-    def _send(self, events: StepEvents) -> None:
-        payload = encode_events(events) if events else b""
-        flags = STOP if events.stop else 0
+    def _send(self, plan: StepPlan) -> None:
+        payload = b"" if plan.steady else encode_plan(plan)
+        flags = STOP if plan.stop else 0
         header = torch.tensor([MAGIC, self.step, len(payload), flags], dtype=torch.int64)
         dist.broadcast(header, self.src, group=self.group)
         if payload:
@@ -136,7 +138,7 @@ class ControlChannel:
             data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
             dist.broadcast(data, self.src, group=self.group)
 
-    def _receive(self) -> StepEvents:
+    def _receive(self) -> StepPlan:
         header = self._header
         dist.broadcast(header, self.src, group=self.group)
         magic, step, size, flags = (int(x) for x in header.tolist())
@@ -152,7 +154,7 @@ class ControlChannel:
             data = torch.empty(size, dtype=torch.uint8)
             dist.broadcast(data, self.src, group=self.group)
             payload = data.numpy().tobytes()
-        return decode_events(payload, stop=bool(flags & STOP))
+        return decode_plan(payload, stop=bool(flags & STOP))
 
 
 def measure_latency(group: dist.ProcessGroup | None, *, rounds: int = 50, src: int = 0) -> float:

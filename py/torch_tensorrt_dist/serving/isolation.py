@@ -1,8 +1,8 @@
 """Per-request isolation: what one request's failure in the step loop tells its client (pure).
 
 The generation core fails a request alone when its sampling or its text raises
-(``Slots.isolate``: the request emits ``finish="error"`` with a :class:`RowError`, the same on
-every rank); the leader answers it with :func:`row_failure` and cancels the request on every
+(``GenerationCore.isolate``: the request emits ``finish="error"`` with a :class:`RowError`, the
+same on every rank); the leader answers it with :func:`row_failure` and cancels the request on every
 rank at the next step (a no-op where the core has freed its row already), and every other
 request goes on.
 
@@ -11,8 +11,8 @@ request goes on.
 
 from __future__ import annotations
 
+from torch_tensorrt_dist.generation.core import RowError
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
-from torch_tensorrt_dist.generation.slots import RowError
 from torch_tensorrt_dist.serving.bridge import Failed
 
 __all__ = ["row_failure"]

@@ -1,14 +1,15 @@
 """The step loop every rank runs; rank 0 also schedules requests and publishes their text.
 
-    StepLoop(slots, channel).follow()                            # ranks 1..N-1
-    Leader(StepLoop(slots, channel), inbox, state, ...).run()    # rank 0
+    StepLoop(core, channel).follow()                                     # ranks 1..N-1
+    Leader(StepLoop(core, channel), scheduler, inbox, state, ...).run()  # rank 0
 
-A step is: one control exchange (``control.py``), then on every rank the same cancels and
-joins (each join's prefill samples the request's first token), then one decode of every running
-row. Rank 0 publishes the joins' first tokens before the decode, and the decode's tokens once
-the next step's header has gone out (their text, where no stop string needs it to decide the
-finish, is decoded only then: the other ranks need not wait for it). Requests wait in rank 0's
-FIFO until a slot is free; slots are given lowest first.
+A step is: rank 0's scheduler plans it (``generation/scheduler.py``: cancels, preemptions,
+admissions, prefill chunks; the running requests decode), one control exchange carries the
+plan (``control.py``), then every rank's core applies it (``generation/core.py``: the same
+blocks, the same rows, the same tokens). Rank 0 publishes a step's tokens once the next step's
+header has gone out (their text, where no stop string needs it to decide the finish, is decoded
+only then: the other ranks need not wait for it). Requests wait in the scheduler's FIFO until
+a row, the step's prefill budget and KV blocks allow.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.slots import Emitted, Request, Slots
+from torch_tensorrt_dist.generation.core import Emitted, GenerationCore, Request
+from torch_tensorrt_dist.generation.plan import StepPlan
+from torch_tensorrt_dist.generation.scheduler import Scheduler
 from torch_tensorrt_dist.serving.bridge import (
     Cancel,
     Failed,
@@ -32,7 +34,7 @@ from torch_tensorrt_dist.serving.bridge import (
     Submission,
     deliver,
 )
-from torch_tensorrt_dist.serving.control import ControlChannel, StepEvents
+from torch_tensorrt_dist.serving.control import ControlChannel
 from torch_tensorrt_dist.serving.isolation import row_failure
 from torch_tensorrt_dist.serving.watchdog import StepProgress
 
@@ -69,37 +71,25 @@ class StepStats:
 
 
 class StepLoop:
-    """The core's step on one rank: apply a step's events, then decode."""
+    """The core's step on one rank: apply the step's plan (its rows run in it)."""
 
-    def __init__(self, slots: Slots, channel: ControlChannel) -> None:
-        self.slots, self.channel = slots, channel
+    def __init__(self, core: GenerationCore, channel: ControlChannel) -> None:
+        self.core, self.channel = core, channel
         self.stats = StepStats()
         #: steps begun and ended, read by the heartbeat and the watchdog (``watchdog.py``)
         self.progress = StepProgress()
-        #: (step s, control s) of the last step when it decoded, else None
+        #: (step s, control s) of the last step when it ran rows, else None
         self.last: tuple[float, float] | None = None
 
-    def apply(self, events: StepEvents) -> tuple[list[Emitted], list[tuple[int, str]]]:
-        """Cancels, then joins; returns what the joins emitted and the joins refused (the same
-        on every rank: the checks are functions of the request)."""
-        emitted, refused = [], []
-        for rid in events.cancels:
-            self.slots.cancel(rid)
-        for slot, req in events.joins:
-            try:
-                emitted.append(self.slots.join(req, slot))
-            except ConfigError as exc:
-                refused.append((req.rid, str(exc)))
-        return emitted, refused
-
-    def decode(self, step_start: float) -> list[Emitted]:
+    def apply(self, plan: StepPlan, step_start: float) -> list[Emitted]:
         self.last = None
-        if not self.slots.active:
+        rows = self.core.active + len(plan.joins) + len(plan.resumes)
+        if not rows and not plan.cancels:
             return []
-        rows = self.slots.active
-        out = self.slots.decode()
-        self.last = (time.perf_counter() - step_start, self.channel.last_s)
-        self.stats.add(*self.last, rows)
+        out = self.core.step(plan)
+        if self.core.active or out:
+            self.last = (time.perf_counter() - step_start, self.channel.last_s)
+            self.stats.add(*self.last, rows)
         return out
 
     def follow(self) -> None:
@@ -107,20 +97,20 @@ class StepLoop:
         while True:
             self.progress.begin()
             start = time.perf_counter()
-            events = self.channel.exchange()
-            self.apply(events)
-            self.decode(start)
+            plan = self.channel.exchange()
+            self.apply(plan, start)
             self.progress.end()
-            if events.stop:
+            if plan.stop:
                 return
 
 
 class Leader:
-    """Rank 0: admits requests into free slots, announces each step, publishes the text."""
+    """Rank 0: feeds requests to the scheduler, announces each step, publishes the text."""
 
     def __init__(
         self,
         loop: StepLoop,
+        scheduler: Scheduler,
         inbox: Inbox,
         state: ServerState,
         *,
@@ -130,140 +120,144 @@ class Leader:
         on_step: Callable[[Leader], None] | None = None,
         on_token: Callable[[Submission, float, float | None], None] | None = None,
     ) -> None:
-        self.loop, self.inbox, self.state = loop, inbox, state
+        self.loop, self.scheduler, self.inbox, self.state = loop, scheduler, inbox, state
         self.stop_ids, self.idle_tick_s = stop_ids, idle_tick_s
         self.drain_timeout_s = drain_timeout_s
         self.on_step, self.on_token = on_step, on_token
-        self.waiting: deque[Submission] = deque()
-        self.running: dict[int, Submission] = {}
+        #: every request accepted and not answered yet: waiting, running or preempted
+        self.requests: dict[int, Submission] = {}
         self._last_token: dict[int, float] = {}
-        #: a decode step's output, published once the next step's header has gone out
+        #: a step's output, published once the next step's header has gone out
         self._pending: list[tuple[Submission, Emitted]] = []
         self._deadline: float | None = None
         self._seeds = random.SystemRandom()
         #: requests that failed alone (``Emitted.error``): cancelled on every rank at the next
-        #: step (a no-op where the core freed the row already)
+        #: step (a no-op where the core dropped them already)
         self._dropped: list[int] = []
+
+    @property
+    def core(self) -> GenerationCore:
+        return self.loop.core
 
     def run(self) -> None:
         """Steps until a drain (``state`` draining) has finished; raises on a failed rank.
 
-        The text of a decode step is rendered and handed to HTTP after the next step's control
-        header has gone out, so the other ranks start that step while rank 0 detokenizes (a
-        join's first token is still published before the step's decode)."""
-        self.loop.slots.defer_text = True
+        The text of a step is rendered and handed to HTTP after the next step's control
+        header has gone out, so the other ranks start that step while rank 0 detokenizes."""
+        self.core.defer_text = True
         while True:
-            if self._pending and not self.loop.slots.active:
+            if self._pending and self.scheduler.idle():
                 self._publish(self._pending)  # no step follows: tell them before waiting idle
                 self._pending = []
-            events = self._plan()
+            plan = self._plan()
             self.loop.progress.begin()  # the watchdog times the step from here
             start = time.perf_counter()
-            events = self.loop.channel.exchange(events)
+            plan = self.loop.channel.exchange(plan)
             self._publish(self._pending)
-            self._pending = []
-            emitted, refused = self.loop.apply(events)
-            for rid, message in refused:
-                self.running.pop(rid).sink.put(Failed(400, message))
-            self._publish(self._collect(emitted))
-            self._pending = self._collect(self.loop.decode(start))
+            self._pending = self._collect(self.loop.apply(plan, start))
             if self.on_step is not None:
                 self.on_step(self)
             self.loop.progress.end()
-            if events.stop:
+            if plan.stop:
                 self._publish(self._pending)
                 return
 
     def fail_all(self, status: int, message: str) -> None:
-        """Answer every request queued, waiting or running (a rank failed). The last decode
-        step's output is valid and is published first: a request it finished gets its whole
-        answer, a running one its piece before the failure."""
-        self.waiting.extend(i for i in self.inbox.take(0.0) if isinstance(i, Submission))
-        failed = [*self.waiting, *self.running.values()]
+        """Answer every request queued, waiting or running (a rank failed). The last step's
+        output is valid and is published first: a request it finished gets its whole answer,
+        a running one its piece before the failure."""
+        queued = [i for i in self.inbox.take(0.0) if isinstance(i, Submission)]
+        self.inbox.left(len(queued) + len(self.scheduler.waiting))
+        self.scheduler.waiting.clear()
+        failed = [*queued, *self.requests.values()]
         try:
             self._publish(self._pending)
         except Exception:  # the failure must still be told: those the step finished get it too
             logger.exception("publishing the last step's text failed")
             failed += [sub for sub, e in self._pending if e.finish is not None]
         deliver([(sub.sink, Failed(status, message)) for sub in failed])
-        self.inbox.left(len(self.waiting))
-        self.waiting.clear()
-        self.running.clear()
+        self.requests.clear()
         self._pending = []
         self._last_token.clear()
 
-    def _plan(self) -> StepEvents:
-        busy = self.loop.slots.active or self.waiting
-        events = StepEvents(cancels=self._dropped)
+    def _plan(self) -> StepPlan:
+        sched = self.scheduler
+        for rid in self._dropped:  # failed alone: every rank lets it go (if it still runs)
+            sched.cancel(rid)
         self._dropped = []
-        for item in self.inbox.take(0.0 if busy else self.idle_tick_s):
+        for item in self.inbox.take(0.0 if not sched.idle() else self.idle_tick_s):
             if isinstance(item, Submission):
-                self.waiting.append(item)
+                self._submit(item)
             elif isinstance(item, Cancel):
-                self._cancel(item.rid, events)
+                self._cancel(item.rid)
         if self.state.state == "draining":
-            return self._drain(events)
-        free = self.loop.slots.free_slots()
-        while self.waiting and free:
-            sub = self.waiting.popleft()
+            return self._drain()
+        plan = sched.plan()
+        self.inbox.left(len(plan.joins))
+        return plan
+
+    def _submit(self, sub: Submission) -> None:
+        seed = sub.seed if sub.seed is not None else self._seeds.randrange(2**31)
+        req = Request(
+            sub.rid,
+            sub.prompt,
+            sub.max_new_tokens,
+            replace(sub.sampling, seed=seed),
+            self.stop_ids,
+            sub.stop,
+        )
+        try:
+            self.scheduler.add(req)
+        except ConfigError as exc:  # the HTTP layer checks first; this is the last word
             self.inbox.left()
-            seed = sub.seed if sub.seed is not None else self._seeds.randrange(2**31)
-            req = Request(
-                sub.rid,
-                sub.prompt,
-                sub.max_new_tokens,
-                replace(sub.sampling, seed=seed),
-                self.stop_ids,
-                sub.stop,
-            )
-            events.joins.append((free.pop(0), req))
-            self.running[sub.rid] = sub
-        return events
+            sub.sink.put(Failed(400, str(exc)))
+            return
+        self.requests[sub.rid] = sub
 
-    def _cancel(self, rid: int, events: StepEvents) -> None:
-        for sub in self.waiting:
-            if sub.rid == rid:
-                self.waiting.remove(sub)
-                self.inbox.left()
-                return
-        if rid in self.running:
-            events.cancels.append(rid)
-            self.running.pop(rid)
+    def _cancel(self, rid: int) -> None:
+        waiting = any(r.rid == rid for r in self.scheduler.waiting)
+        if rid in self.requests and self.scheduler.cancel(rid):
+            del self.requests[rid]
             self._last_token.pop(rid, None)
+            if waiting:
+                self.inbox.left()
 
-    def _drain(self, events: StepEvents) -> StepEvents:
-        """Refuse what waits; let the running rows finish until the deadline; then stop."""
-        for sub in self.waiting:
+    def _drain(self) -> StepPlan:
+        """Refuse what waits; let the admitted requests finish until the deadline; then stop."""
+        sched = self.scheduler
+        refused = [self.requests.pop(r.rid) for r in sched.waiting]
+        for sub in refused:
             sub.sink.put(Failed(503, "the server is shutting down; retry elsewhere"))
-        self.inbox.left(len(self.waiting))
-        self.waiting.clear()
+        self.inbox.left(len(refused))
+        sched.waiting.clear()
         now = time.monotonic()
         if self._deadline is None:
             self._deadline = now + self.drain_timeout_s
-        if self.loop.slots.active and now < self._deadline:
-            return events
+        if self.core.sequences and now < self._deadline:
+            return sched.plan()
         # the last step's text first, then the 503s: a client stops reading at its Failed
         timeout = Failed(503, "the server stopped (drain timeout) before this finished")
-        self._publish(self._pending, then=[(sub.sink, timeout) for sub in self.running.values()])
+        self._publish(self._pending, then=[(sub.sink, timeout) for sub in self.requests.values()])
         self._pending = []
-        events.cancels.extend(self.running)
-        for rid in self.running:
-            self._last_token.pop(rid, None)
-        self.running.clear()
-        events.stop = True
-        return events
+        for rid in list(self.core.sequences):
+            sched.cancel(rid)
+        plan = sched.plan()
+        self.requests.clear()
+        self._last_token.clear()
+        plan.stop = True
+        return plan
 
     def _collect(self, emitted: list[Emitted]) -> list[tuple[Submission, Emitted]]:
-        """The running requests' part of ``emitted``; those that finished stop running here
-        (their slots are free already)."""
+        """The part of ``emitted`` whose clients still listen; a finished request stops
+        being tracked here (its blocks are free already)."""
         out = []
         for e in emitted:
-            sub = self.running.get(e.rid)
+            sub = self.requests.get(e.rid)
             if sub is None:
                 continue  # cancelled in this very step
             out.append((sub, e))
             if e.finish is not None:
-                del self.running[e.rid]
+                del self.requests[e.rid]
         return out
 
     def _publish(
@@ -273,25 +267,26 @@ class Leader:
         loop, in this order)."""
         if not items and not then:
             return
-        self.loop.slots.render()
+        self.core.render()
         now = time.perf_counter()
         pieces: list[tuple[Sink, Piece | Failed]] = []
         for sub, e in items:
             if e.error is not None:  # this request failed alone; the others go on
-                failure = row_failure(e.error, sampling=sub.sampling, stop=sub.stop)
-                pieces.append((sub.sink, failure))
+                pieces.append(
+                    (sub.sink, row_failure(e.error, sampling=sub.sampling, stop=sub.stop))
+                )
                 self.inbox.finished(e.rid)
                 self._dropped.append(e.rid)
-                self.running.pop(e.rid, None)
+                self.requests.pop(e.rid, None)
                 self._last_token.pop(e.rid, None)
                 continue
             if self.on_token is not None:  # (request, now, the previous token's time or None)
                 self.on_token(sub, now, self._last_token.get(e.rid))
-            if e.finish is None and e.rid in self.running:
+            if e.finish is None and e.rid in self.requests:
                 self._last_token[e.rid] = now
             else:  # it finished, or it was cancelled after this step
                 self._last_token.pop(e.rid, None)
-            pieces.append((sub.sink, Piece(e.text, len(e.tokens), e.finish)))
+            pieces.append((sub.sink, Piece(e.text, len(e.tokens), e.finish, e.cached)))
             if e.finish is not None:
                 self.inbox.finished(e.rid)  # answered: nothing left to fail (``fail_live``)
         deliver([*pieces, *then])

@@ -1,8 +1,9 @@
 """The server's Prometheus metrics (``GET /metrics``), in a registry of its own.
 
-Requests by status, prompt and generated tokens, queue depth, running rows, time to first
-token, inter-token latency, decode step time and the control channel's time per decode step
-(rank 0's exchange, and the one-way latency measured at warm-up).
+Requests by status, prompt and generated tokens, queue depth, running and waiting requests, KV
+blocks (used, cached, free), preemptions, prefix-cache hits, time to first token, inter-token
+latency, step time and the control channel's time per step (rank 0's exchange, and the one-way
+latency measured at warm-up).
 """
 
 from __future__ import annotations
@@ -29,14 +30,39 @@ class Metrics:
 
     def __init__(self, prefix: str = "torchtrt") -> None:
         r = self.registry = CollectorRegistry()
+        self._totals: dict[int, float] = {}
         p = prefix
         self.requests = Counter(
             f"{p}_requests", "Finished HTTP requests by status", ["status"], registry=r
         )
         self.prompt_tokens = Counter(f"{p}_prompt_tokens", "Prompt tokens received", registry=r)
         self.generated_tokens = Counter(f"{p}_generation_tokens", "Tokens generated", registry=r)
-        self.queue_depth = Gauge(f"{p}_queue_depth", "Requests waiting for a slot", registry=r)
-        self.running = Gauge(f"{p}_running_rows", "KV-cache rows running a request", registry=r)
+        self.queue_depth = Gauge(
+            f"{p}_queue_depth", "Requests accepted and not admitted yet", registry=r
+        )
+        self.running = Gauge(f"{p}_running_requests", "Requests running (rows)", registry=r)
+        self.waiting = Gauge(
+            f"{p}_waiting_requests",
+            "Requests waiting for admission (new or preempted)",
+            registry=r,
+        )
+        self.blocks = Gauge(
+            f"{p}_kv_blocks", "KV-cache blocks by state (rank 0)", ["state"], registry=r
+        )
+        self.preemptions = Counter(
+            f"{p}_preemptions", "Requests preempted (their KV recomputed later)", registry=r
+        )
+        self.prefix_queries = Counter(
+            f"{p}_prefix_cache_queries", "Prompt blocks looked up in the prefix cache", registry=r
+        )
+        self.prefix_hits = Counter(
+            f"{p}_prefix_cache_hits", "Prompt blocks found in the prefix cache", registry=r
+        )
+        self.prefix_hit_rate = Gauge(
+            f"{p}_prefix_cache_hit_rate",
+            "Prompt blocks found in the prefix cache / blocks looked up, since the start",
+            registry=r,
+        )
         self.ttft = Histogram(
             f"{p}_time_to_first_token_seconds",
             "Arrival to first token",
@@ -63,6 +89,13 @@ class Metrics:
             "One-way latency of a control header (measured at warm-up)",
             registry=r,
         )
+
+    def set_total(self, counter: Counter, total: float) -> None:
+        """Advance ``counter`` to ``total`` (a running total kept elsewhere)."""
+        seen = self._totals.get(id(counter), 0.0)
+        if total > seen:
+            counter.inc(total - seen)
+            self._totals[id(counter)] = total
 
     def token(self, sub: Submission, now: float, prev: float | None) -> None:
         """A token of ``sub`` was published at ``now`` (``prev``: its previous one's time)."""

@@ -284,11 +284,13 @@ def parse_request(body: Any, *, chat: bool) -> Params:
     )
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached``: prompt tokens served from the prefix cache."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 
@@ -331,7 +333,7 @@ def chunk(
     text: str | None,
     finish: str | None = None,
     first: bool = False,
-    usage: dict[str, int] | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One server-sent event's object: new text, or the end (``finish``), or the usage
     (``usage``, no choices)."""

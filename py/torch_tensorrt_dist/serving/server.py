@@ -115,9 +115,9 @@ def serve_rank(
     socket (else bound now)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     signals = signals or StopSignals()
-    slots = gen.slots(tokenizer=tokenizer, text=rank == 0)
-    slots.isolate = True  # one request's failure fails that request only (every rank alike)
-    loop = StepLoop(slots, ControlChannel(control))
+    core = gen.core(tokenizer=tokenizer, text=rank == 0)
+    core.isolate = True  # one request's failure fails that request only (every rank alike)
+    loop = StepLoop(core, ControlChannel(control))
     if rank != 0:
         gen.warmup_all(stop=lambda: _stop_agreed(control, signals))
         measure_latency(control)
@@ -186,13 +186,14 @@ def _lead(
 
     leader = Leader(
         loop,
+        gen.scheduler(loop.core),
         inbox,
         state,
         stop_ids=stop_ids,
         idle_tick_s=config.idle_tick_s,
         drain_timeout_s=config.drain_timeout_s,
         on_token=metrics.token,
-        on_step=lambda _: _observe(loop, metrics),
+        on_step=lambda lead: _observe(lead, metrics),
     )
     dog: Watchdog | None = None
     try:
@@ -310,9 +311,18 @@ def _rank_pids(control: dist.ProcessGroup | None) -> list[int]:
     return pids
 
 
-def _observe(loop: StepLoop, metrics: Metrics) -> None:
-    metrics.running.set(loop.slots.active)
-    if loop.last is not None:  # the step decoded
+def _observe(leader: Leader, metrics: Metrics) -> None:
+    loop, sched, pool = leader.loop, leader.scheduler, leader.core.pool
+    metrics.running.set(loop.core.active)
+    metrics.waiting.set(sched.pending)
+    stats = pool.stats()
+    for state in ("used", "cached", "free"):
+        metrics.blocks.labels(state).set(getattr(stats, state))
+    metrics.set_total(metrics.preemptions, sched.preemptions)
+    metrics.set_total(metrics.prefix_queries, pool.queries)
+    metrics.set_total(metrics.prefix_hits, pool.hits)
+    metrics.prefix_hit_rate.set(pool.hits / pool.queries if pool.queries else 0.0)
+    if loop.last is not None:  # the step ran rows
         step_s, control_s = loop.last
         metrics.step.observe(step_s)
         metrics.control.observe(control_s)

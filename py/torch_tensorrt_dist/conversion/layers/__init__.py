@@ -3,12 +3,16 @@
 
     kv_cache.py       aten.index_copy (a shared-position KV-cache write) -> IKVCacheUpdateLayer,
                       in place, for any batch
-    kv_cache_rows.py  aten.index_put (the generation core's writes: every row at its own
-                      position, or one row's prompt) -> IKVCacheUpdateLayer, in place
+    gather.py         aten.gather with dynamic shapes -> IGatherLayer (ELEMENT); Torch-TensorRT's
+                      own converter takes static shapes only
     weight_only.py    aten._weight_int8pack_mm / tensorrt_dist.int4_weight_only_mm (quantized
                       linears) -> IDequantizeLayer on constant INT8 / INT4 weights -> matmul
     moe_experts.py    tensorrt_dist.moe_experts (the grouped MoE experts) -> IMoELayer, where
                       TensorRT and the GPU have it; else the op stays in PyTorch
+
+The paged KV cache's block writes have no converter: ``paged_kv.py`` keeps them in PyTorch, in
+place (a lowering pass, ``registration.py``), and ``paged_forms.py`` says what the block reads
+and the attention become (``explain``).
 
 A new one (a quantized linear, a grouped matmul, ...) is a module here with a pure
 ``<what>_decision(node) -> Decision`` (FX metadata only, tested on CPU), the validator and the
@@ -23,13 +27,10 @@ from typing import Any
 
 import torch
 
+from torch_tensorrt_dist.conversion.layers.gather import convert_gather, gather_validator
 from torch_tensorrt_dist.conversion.layers.kv_cache import (
     convert_kv_cache_write,
     kv_cache_write_validator,
-)
-from torch_tensorrt_dist.conversion.layers.kv_cache_rows import (
-    convert_kv_cache_put,
-    kv_cache_put_validator,
 )
 from torch_tensorrt_dist.conversion.layers.moe_experts import (
     convert_moe_experts,
@@ -65,17 +66,19 @@ LAYERS: tuple[LayerConverter, ...] = (
         convert_kv_cache_write,
         supports_dynamic_shapes=False,
     ),
-    # before Torch-TensorRT's own index_put converter (a scatter that rebuilds the cache)
+    # Torch-TensorRT's own gather converter declares static shapes only; the body does not care
     LayerConverter(
-        torch.ops.aten.index_put.default,
-        kv_cache_put_validator,
-        convert_kv_cache_put,
-        supports_dynamic_shapes=False,
+        torch.ops.aten.gather.default,
+        gather_validator,
+        convert_gather,
+        supports_dynamic_shapes=True,
     ),
-    # weight-only quantized linears (quantization/): dequantize constant codes into the matmul
-    LayerConverter(INT8_OP, weight_only_validator, convert_weight_only, False),
-    LayerConverter(INT4_OP, weight_only_validator, convert_weight_only, False),
+    # weight-only quantized linears (quantization/): dequantize constant codes into the matmul;
+    # M (the tokens) may be dynamic: the constant is [K, N], the matmul takes any M
+    LayerConverter(INT8_OP, weight_only_validator, convert_weight_only, True),
+    LayerConverter(INT4_OP, weight_only_validator, convert_weight_only, True),
+    # T (the tokens) may be dynamic: every reshape keeps one -1 (moe_experts.py)
     LayerConverter(
-        EXPERTS_OP, moe_experts_validator, convert_moe_experts, supports_dynamic_shapes=False
+        EXPERTS_OP, moe_experts_validator, convert_moe_experts, supports_dynamic_shapes=True
     ),
 )

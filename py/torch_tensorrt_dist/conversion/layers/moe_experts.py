@@ -208,7 +208,7 @@ def convert_moe_experts(ctx: Any, target: Any, args: Any, kwargs: Any, name: str
     x, ids, scores, w1, w3, w2, start = args
     src = SourceIR.ATEN
     experts = int(w1.shape[0])
-    t, d = (int(s) for s in x.shape)
+    t, d = (int(s) for s in x.shape)  # t = -1 for dynamic tokens: each reshape infers it
     k = int(ids.shape[1])
 
     def tensor(value: Any, tag: str) -> Any:

@@ -1,5 +1,5 @@
-"""A scripted serving schedule over the generation core (joins and cancels at given steps), run
-in one process and in spawned gloo ranks by ``test_slots.py``."""
+"""A scripted serving schedule over the generation core (requests arrive and leave at given
+steps), run in one process and in spawned gloo ranks by ``test_core.py``."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from typing import Any
 import torch
 
 from torch_tensorrt_dist.generation import Generator
+from torch_tensorrt_dist.generation.core import Request
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
-from torch_tensorrt_dist.generation.slots import Request
 
 ROWS = 3
 CACHE_LEN = 64
+#: small blocks and a small prefill budget: prompts are chunked, rows cross blocks often
+CORE = {"block_size": 4, "max_prefill_tokens": 8}
 
 
 @contextlib.contextmanager
@@ -32,7 +34,7 @@ def one_thread() -> Iterator[None]:
 
 @dataclass
 class Job:
-    """One request of the schedule: joins at ``step`` (or later, when no slot is free)."""
+    """One request of the schedule: arrives at ``step`` (admitted when the scheduler can)."""
 
     step: int
     prompt: list[int]
@@ -46,31 +48,47 @@ class Job:
 
 
 def run_schedule(gen: Generator, jobs: list[Job], stop_ids: tuple[int, ...]) -> dict[str, Any]:
-    """Run ``jobs`` through ``gen``'s slots as a server would; tokens per job, steps taken and
-    the slot each job got."""
-    slots = gen.slots()
+    """Run ``jobs`` through ``gen``'s scheduler and core as a server would: tokens per job,
+    steps taken, preemptions, prefix-cache hits per job and the most requests running at once."""
+    core = gen.core()
+    sched = gen.scheduler(core)
     out: dict[int, list[int]] = {i: [] for i in range(len(jobs))}
-    slot_of: dict[int, int] = {}
-    waiting: list[int] = []
-    step = 0
-    while step <= max(j.step for j in jobs) or waiting or slots.active:
+    cached: dict[int, int] = {}
+    step, most = 0, 0
+    while step <= max(j.step for j in jobs) or not sched.idle():
         for rid, job in enumerate(jobs):
             if job.cancel_at == step:
-                slots.cancel(rid)
-                if rid in waiting:
-                    waiting.remove(rid)
+                sched.cancel(rid)
             if job.step == step:
-                waiting.append(rid)
-        while waiting and slots.free_slots():
-            rid = waiting.pop(0)
-            slot_of[rid] = slots.free_slots()[0]
-            out[rid] += slots.join(jobs[rid].request(rid, stop_ids), slot_of[rid]).tokens
-        for e in slots.decode():
+                sched.add(job.request(rid, stop_ids))
+        for e in core.step(sched.plan()):
             out[e.rid] += e.tokens
+            if e.cached:
+                cached[e.rid] = e.cached
+        most = max(most, core.active)
         step += 1
-        if step > 500:
+        if step > 2000:
             raise RuntimeError("the schedule did not finish")
-    return {"tokens": [out[i] for i in range(len(jobs))], "steps": step, "slots": slot_of}
+    return {
+        "tokens": [out[i] for i in range(len(jobs))],
+        "steps": step,
+        "preemptions": sched.preemptions,
+        "cached": cached,
+        "most_running": most,
+        "pool": core.pool.stats(),
+    }
+
+
+def make_generator(model: Any, kv_blocks: int | None = None, **kw: Any) -> Generator:
+    """The schedule's generator (``CORE`` blocks and budget); ``kv_blocks``: a pool of that
+    many blocks (few: requests are preempted)."""
+    from torch_tensorrt_dist.generation.kv_memory import kv_layout
+
+    memory = None
+    if kv_blocks is not None:
+        memory = kv_blocks * kv_layout(model, CORE["block_size"]).bytes_per_block
+    opts = {"max_batch_size": ROWS, "cache_len": CACHE_LEN, **CORE, **kw}
+    return Generator(model, kv_cache_memory=memory, **opts)
 
 
 def alone(gen: Generator, job: Job, stop_ids: tuple[int, ...]) -> list[int]:
@@ -100,7 +118,7 @@ def rank_schedules(rank: int, world: int, spec: list[dict[str, Any]]) -> list[di
             model = load_moe(case["path"], groups=groups, progress=False)
         else:
             model = load_llama(case["path"], group=dist.group.WORLD, progress=False)
-        gen = Generator(model, max_batch_size=ROWS, cache_len=CACHE_LEN)
+        gen = make_generator(model, case.get("kv_blocks"))
         jobs = [Job(**j) for j in case["jobs"]]
         results.append(run_schedule(gen, jobs, tuple(case["stop_ids"])))
     return results

@@ -1,0 +1,374 @@
+"""The generation core: sequences over a paged KV cache, one step at a time (``generate`` and
+``serve`` both run it).
+
+    core = GenerationCore(step_fn, pool=BlockPool(257, 16), max_seq_len=2048)
+    sched = Scheduler(core, max_rows=8, max_prefill_tokens=512)
+    sched.add(Request(rid=0, prompt=(1, 5, 7), max_new_tokens=32))
+    while not sched.idle():
+        for e in core.step(sched.plan()):      # Emitted: new ids (and text), finish
+            ...
+
+A sequence holds its prompt and the tokens it produced, a block table, and how many of its
+tokens have their K/V in those blocks (``computed``). A step (a :class:`StepPlan`) gives each
+running sequence some tokens to compute: one for a sequence that is decoding (its last token),
+a chunk of its prompt for one being prefilled. Rows of one token run in one call of the step
+graph, rows of more in a second call (both ``step_fn(tokens [R, S], start [R], last [R],
+past [R, NBp], dest [R, S]) -> logits [R, V]``, ``Transformer.paged_step``: R, S and NBp are
+the step's own, so a step costs what is live). A row that reaches the end of its tokens samples
+the next one.
+
+Everything here is a function of the plans and the logits, with a generator per request seeded
+from its :class:`SamplingConfig`: ranks that apply the same plans hold the same sequences and
+blocks and sample the same tokens, without communicating.
+
+Per-request isolation (``core.isolate = True``, a server): an exception while sampling a
+request's token or producing the text that decides its finish (stop strings) fails that request
+only: its blocks are released and it emits ``finish="error"`` with a :class:`RowError`; the same
+inputs give the same exception on every rank, so every rank drops the same request. Text that
+only shows (``render``, rank 0 alone) marks its request failed without dropping it: the caller
+must cancel it on every rank (the server's leader does, at the next step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError
+from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for, next_key, prefix_keys
+from torch_tensorrt_dist.generation.plan import Request, StepPlan
+from torch_tensorrt_dist.generation.sampling import make_generator, sample
+from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
+from torch_tensorrt_dist.generation.stops import StopText
+from torch_tensorrt_dist.models.tokenizer import Tokenizer
+
+__all__ = ["CoreError", "Emitted", "GenerationCore", "Request", "RowError", "Sequence", "StepFn"]
+
+#: ``(tokens [R, S], start [R], last [R], past [R, NBp], dest [R, S]) -> logits [R, V]``
+StepFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+class CoreError(TensorRTDistError):
+    """A plan this rank cannot apply as rank 0 planned it (the ranks' states differ: a bug)."""
+
+
+@dataclass(frozen=True)
+class RowError:
+    """Why one request failed (``Emitted.finish == "error"``): the stage, ``sampling`` or
+    ``text``, and the exception in one line."""
+
+    stage: str
+    message: str
+
+
+@dataclass
+class Emitted:
+    """What one request produced in one step: new ids, new text, and how it ended."""
+
+    rid: int
+    tokens: list[int]
+    text: str = ""
+    """New text (only where the core was built with ``text=True``)."""
+    finish: str | None = None
+    """``stop`` (stop id or string), ``length``, ``cancelled``, ``error``; None while it runs."""
+    cached: int = 0
+    """Prompt tokens taken from the prefix cache (on a request's first emission)."""
+    error: RowError | None = None
+    """Why it failed (``finish == "error"``, only with ``GenerationCore.isolate``)."""
+
+
+class Sequence:
+    """A request's state on this rank: its tokens, blocks and sampling state."""
+
+    def __init__(self, req: Request, text: StopText | None) -> None:
+        self.req, self.rid, self.text = req, req.rid, text
+        self.tokens: list[int] = list(req.prompt)
+        """The prompt, then every token produced (the last one's K/V is not computed yet)."""
+        self.out: list[int] = []
+        self.blocks: list[int] = []
+        self.keys: list[bytes] = []
+        """Prefix-cache keys of the full blocks committed so far."""
+        self.computed = 0
+        """Tokens whose K/V are in ``blocks``."""
+        self.cached = 0
+        self.gen = make_generator(req.sampling)
+
+    @property
+    def to_compute(self) -> int:
+        return len(self.tokens) - self.computed
+
+    @property
+    def decoding(self) -> bool:
+        """The prompt is computed: the next row is the last token alone."""
+        return bool(self.out) and self.to_compute == 1
+
+
+class GenerationCore:
+    """Running and preempted sequences over one paged KV cache and its step graph."""
+
+    def __init__(
+        self,
+        step_fn: StepFn,
+        *,
+        pool: BlockPool,
+        max_seq_len: int,
+        limits: StepLimits,
+        device: torch.device | str = "cpu",
+        tokenizer: Tokenizer | None = None,
+        text: bool = False,
+        salt: bytes = b"",
+        mark_dynamic: bool = True,
+    ) -> None:
+        """``limits``: the largest rows / tokens / blocks a call may have (the step graph's
+        dynamic dimensions); ``text``: produce each request's text (rank 0 of a server);
+        ``salt``: the model's identity, part of every prefix-cache key; ``mark_dynamic``:
+        mark the step's dynamic dimensions for Dynamo (``step_inputs``; off where the step
+        is not traced by Dynamo)."""
+        if text and tokenizer is None:
+            raise ConfigError("GenerationCore(text=True) needs a tokenizer")
+        self._step, self.pool, self.limits = step_fn, pool, limits
+        self.block_size, self.max_seq_len = pool.block_size, max_seq_len
+        self.device, self.tokenizer, self.text, self.salt = (
+            torch.device(device),
+            tokenizer,
+            text,
+            salt,
+        )
+        #: leave the text of requests without stop strings (which only shows it, and decides
+        #: nothing) to :meth:`render`, so a server can announce its next step first
+        self.defer_text = False
+        #: per-request isolation (see the module docstring): a server sets it on every rank
+        self.isolate = False
+        self.mark_dynamic = mark_dynamic
+        self._unrendered: list[tuple[Emitted, StopText, int | None]] = []
+        self.sequences: dict[int, Sequence] = {}
+        self.running: list[Sequence] = []
+        """Admitted sequences, in admission order."""
+        self.preempted: dict[int, Sequence] = {}
+        """Sequences whose blocks were taken back; they wait to be prefilled again."""
+
+    @property
+    def active(self) -> int:
+        """Running sequences."""
+        return len(self.running)
+
+    def check(self, req: Request) -> None:
+        """Validate a request against the cache (ConfigError naming the limit)."""
+        n = len(req.prompt)
+        if n < 1:
+            raise ConfigError("a prompt is empty; give at least one token of text")
+        if req.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {req.max_new_tokens}")
+        if n + req.max_new_tokens > self.max_seq_len:
+            raise ConfigError(
+                f"prompt ({n} tokens) + max_new_tokens ({req.max_new_tokens}) = "
+                f"{n + req.max_new_tokens} exceeds the longest sequence served, "
+                f"{self.max_seq_len} tokens; use max_new_tokens <= {max(self.max_seq_len - n, 0)}"
+            )
+        if req.stop and self.tokenizer is None:
+            raise ConfigError("stop strings need the model's tokenizer; none was given")
+
+    @torch.no_grad()
+    def step(self, plan: StepPlan) -> list[Emitted]:
+        """Apply one plan (cancels, preemptions, admissions), compute its rows, sample."""
+        emitted = [self._cancel(rid) for rid in plan.cancels]
+        for rid in plan.preempts:
+            self._preempt(rid)
+        for req in plan.joins:
+            self.check(req)
+            if req.rid in self.sequences:
+                raise CoreError(f"request {req.rid} joined twice")
+            needs_text = self.text or bool(req.stop)
+            seq = Sequence(req, StopText(self.tokenizer, req.stop) if needs_text else None)  # type: ignore[arg-type]
+            self.sequences[req.rid] = seq
+            self._admit(seq, plan.cached.get(req.rid, 0))
+        for rid in plan.resumes:
+            self._admit(self.preempted.pop(rid), plan.cached.get(rid, 0))
+        rows = self._rows(dict(plan.chunks))
+        for seq, n in rows:  # every rank allocates in this order: the same ids everywhere
+            self._grow(seq, seq.computed + n)
+        ones = [(s, n) for s, n in rows if n == 1]
+        many = [(s, n) for s, n in rows if n > 1]
+        done: list[tuple[Sequence, Tensor]] = []
+        for group in (ones, many):
+            if group:
+                done += self._run(group)
+        return emitted + self._sample(done)
+
+    def _rows(self, chunks: dict[int, int]) -> list[tuple[Sequence, int]]:
+        rows = []
+        for seq in self.running:
+            n = chunks.pop(seq.rid, 1 if seq.decoding else 0)
+            if not 0 <= n <= seq.to_compute:
+                raise CoreError(f"request {seq.rid}: a chunk of {n} tokens, {seq.to_compute} left")
+            if n:
+                rows.append((seq, n))
+        if chunks:
+            raise CoreError(f"chunks for requests that are not running: {sorted(chunks)}")
+        return rows
+
+    def _admit(self, seq: Sequence, cached: int) -> None:
+        if cached:
+            bs = self.block_size
+            keys = prefix_keys(seq.tokens[: cached * bs], bs, salt=self.salt)
+            blocks = self.pool.lookup(keys)
+            if len(blocks) != cached:
+                self.pool.release(blocks)
+                raise CoreError(
+                    f"request {seq.rid}: rank 0 found {cached} cached blocks, this rank "
+                    f"{len(blocks)}: the ranks' prefix caches differ"
+                )
+            seq.blocks, seq.keys, seq.computed = blocks, keys, cached * bs
+            if not seq.out:
+                seq.cached = cached * bs
+        self.running.append(seq)
+
+    def _grow(self, seq: Sequence, tokens: int) -> None:
+        need = blocks_for(tokens, self.block_size) - len(seq.blocks)
+        if need > 0:
+            seq.blocks += self.pool.allocate(need)
+
+    def _run(self, rows: list[tuple[Sequence, int]]) -> list[tuple[Sequence, Tensor]]:
+        """One call of the step graph over ``rows``; the rows that reached their last token,
+        with their logits [V]."""
+        spans = [
+            (seq.tokens[seq.computed : seq.computed + n], seq.computed, seq.blocks)
+            for seq, n in rows
+        ]
+        inputs = step_inputs(spans, self.limits, self.device, mark_dynamic=self.mark_dynamic)
+        logits = self._step(*inputs)  # [R, V]
+        out = []
+        for i, (seq, n) in enumerate(rows):
+            seq.computed += n
+            self._commit(seq)
+            if seq.computed == len(seq.tokens):
+                out.append((seq, logits[i]))
+        return out
+
+    def _commit(self, seq: Sequence) -> None:
+        """Offer the sequence's newly full blocks to the prefix cache."""
+        if not self.pool.prefix_caching:
+            return
+        bs = self.block_size
+        while (len(seq.keys) + 1) * bs <= seq.computed:
+            i = len(seq.keys)
+            prev = seq.keys[-1] if seq.keys else None
+            key = next_key(prev, seq.tokens[i * bs : (i + 1) * bs], salt=self.salt)
+            seq.keys.append(key)
+            self.pool.commit(seq.blocks[i], key)
+
+    def _sample(self, done: list[tuple[Sequence, Tensor]]) -> list[Emitted]:
+        if not done:
+            return []
+        logits = torch.stack([row for _, row in done])  # [N, V]
+        greedy = logits.argmax(dim=-1).tolist()  # one device sync for the whole step
+        emitted = []
+        for i, (seq, _) in enumerate(done):
+            pick = greedy[i] if seq.req.sampling.greedy else None
+            emitted.append(self._next(seq, logits[i : i + 1], pick))
+        return emitted
+
+    def _next(self, seq: Sequence, logits: Tensor, greedy: int | None) -> Emitted:
+        """Sample the request's next token from ``logits`` [1, V] (``greedy``: it is known)
+        and advance it; with ``isolate``, an exception fails this request only."""
+        stage = "sampling"
+        try:
+            token = (
+                greedy if greedy is not None else int(sample(logits, seq.req.sampling, seq.gen)[0])
+            )
+            stage = "text"
+            return self._advance(seq, token)
+        except MemoryError:
+            raise  # not the request's doing: the rank fails
+        except Exception as exc:  # the same inputs raise the same on every rank
+            if not self.isolate:
+                raise
+            if self.sequences.get(seq.rid) is seq:
+                self._finish(seq)
+            return Emitted(seq.rid, [], "", "error", error=_row_error(stage, exc))
+
+    def _advance(self, seq: Sequence, token: int) -> Emitted:
+        first = not seq.out
+        seq.out.append(token)
+        seq.tokens.append(token)
+        req, piece, hit = seq.req, "", False
+        shown = token not in req.stop_ids
+        if seq.text is not None and req.stop and shown:  # stop strings decide the finish: now
+            piece, hit = seq.text.push(token)
+        finish = None
+        if hit or not shown:
+            finish = "stop"
+        elif len(seq.out) >= req.max_new_tokens:
+            finish = "length"
+        if seq.text is not None and req.stop and finish is not None and not hit:
+            # what was held back for a stop string, or held inside a character: it can hold one
+            rest, hit = seq.text.flush()
+            piece += rest
+            finish = "stop" if hit else finish
+        emitted = Emitted(req.rid, [token], "", finish, seq.cached if first else 0)
+        if seq.text is not None and req.stop:
+            emitted.text = piece if self.text else ""
+        elif seq.text is not None:  # text only to show it: now, or at render()
+            job = (emitted, seq.text, token if shown else None)
+            if self.defer_text:
+                self._unrendered.append(job)
+            else:
+                self._render(job, self.isolate)
+        if finish is not None:
+            self._finish(seq)
+        return emitted
+
+    def render(self) -> None:
+        """Fill in the text of what was emitted since the last call (``defer_text``)."""
+        for job in self._unrendered:
+            self._render(job, self.isolate)
+        self._unrendered.clear()
+
+    @staticmethod
+    def _render(job: tuple[Emitted, StopText, int | None], isolate: bool) -> None:
+        emitted, text, token = job
+        try:
+            piece = text.push(token)[0] if token is not None else ""
+            if emitted.finish is not None:
+                piece += text.flush()[0]  # bytes that never completed a character
+        except MemoryError:
+            raise
+        except Exception as exc:
+            if not isolate:
+                raise
+            # this rank alone shows text: the request stays, the caller cancels it everywhere
+            emitted.finish, emitted.error, piece = "error", _row_error("text", exc), ""
+        emitted.text = piece
+
+    def _cancel(self, rid: int) -> Emitted:
+        seq = self.sequences.get(rid)
+        if seq is None:
+            raise CoreError(f"cancel of request {rid}, which is not running")
+        self._finish(seq)
+        return Emitted(rid, [], "", "cancelled")
+
+    def _preempt(self, rid: int) -> None:
+        seq = self.sequences.get(rid)
+        if seq is None or seq not in self.running:
+            raise CoreError(f"preemption of request {rid}, which is not running")
+        self.running.remove(seq)
+        self.pool.release(seq.blocks)
+        seq.blocks, seq.keys, seq.computed = [], [], 0
+        self.preempted[rid] = seq
+
+    def _finish(self, seq: Sequence) -> None:
+        if seq.rid in self.preempted:
+            del self.preempted[seq.rid]
+        else:
+            self.running.remove(seq)
+        self.pool.release(seq.blocks)
+        seq.blocks = []
+        del self.sequences[seq.rid]
+
+
+def _row_error(stage: str, exc: BaseException) -> RowError:
+    text = str(exc).strip().splitlines()
+    return RowError(stage, f"{type(exc).__name__}: {text[0] if text else ''}"[:300])

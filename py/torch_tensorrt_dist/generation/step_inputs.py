@@ -1,0 +1,92 @@
+"""The inputs of one call of the step graph, and the ranges of its dynamic dimensions.
+
+    limits = StepLimits(rows=8, tokens=512, blocks=128, block_size=16)
+    tokens, start, last, past, dest = step_inputs([(ids, computed, blocks), ...], limits, dev)
+
+A call runs R rows of S tokens, each over its past blocks (NBp of them: ``past``) and writing
+its tokens into ``dest`` (``Transformer.paged_step``, ``models/paged.py``). Each of R, S and
+NBp is marked dynamic when it is 2 or more, with its range [2, limit]: Dynamo then traces one
+graph for every size in the range (and TensorRT gets the range as its optimisation profile); a
+size of 1 gets its own graph (Dynamo specialises sizes 0 and 1). Past tables are padded with
+the null block to at least 2 blocks, so NBp is always dynamic. So a step graph exists in four
+shapes at most: decode (S = 1) or prefill (S >= 2), one row or several.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from torch_tensorrt_dist.models.paged import NULL_BLOCK
+
+__all__ = ["StepLimits", "mark_step_dims", "step_inputs"]
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """The largest sizes of a step call: rows, tokens per row, blocks per table; and the block
+    size (tokens per block)."""
+
+    rows: int
+    tokens: int
+    blocks: int
+    block_size: int
+
+    def __post_init__(self) -> None:
+        if min(self.rows, self.tokens, self.blocks, self.block_size) < 1:
+            raise ValueError(f"step limits must be >= 1: {self}")
+
+
+def mark_step_dims(limits: StepLimits, *inputs: Tensor) -> None:
+    """Mark the dynamic dimensions of a call's inputs ``(tokens, start, last, past, dest)``:
+    sizes >= 2, ranges up to ``limits``."""
+    tokens, past, dest = inputs[0], inputs[3], inputs[4]
+    r, s = tokens.shape
+    if r >= 2:
+        for t in inputs:
+            torch._dynamo.mark_dynamic(t, 0, min=2, max=max(limits.rows, 2))
+    if s >= 2:
+        for t in (tokens, dest):
+            torch._dynamo.mark_dynamic(t, 1, min=2, max=max(limits.tokens, 2))
+    torch._dynamo.mark_dynamic(past, 1, min=2, max=max(limits.blocks, 2))
+
+
+def step_inputs(
+    rows: Sequence[tuple[Sequence[int], int, Sequence[int]]],
+    limits: StepLimits,
+    device: torch.device,
+    *,
+    mark_dynamic: bool = True,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``rows``: (the row's tokens, its start position, its blocks: those of its past and of
+    these tokens) -> tokens [R, S] (right padded with 0), start [R], last [R], past [R, NBp]
+    (the blocks of positions < start, padded with the null block), dest [R, S] (each token's
+    block; the null block for padding).
+
+    ``mark_dynamic``: mark the dynamic dimensions for Dynamo (:func:`mark_step_dims`); off
+    for a step Dynamo never traces (plain PyTorch, AOTInductor packages): marking imports
+    ``torch._dynamo``, seconds on the first call."""
+    bs = limits.block_size
+    r = len(rows)
+    s = max(len(ids) for ids, _, _ in rows)
+    nbp = max(2, *(-(-p // bs) for _, p, _ in rows))
+    if r > limits.rows or s > limits.tokens or nbp > limits.blocks:
+        raise ValueError(f"a step of {r} rows x {s} tokens x {nbp} blocks exceeds {limits}")
+    tokens = torch.zeros(r, s, dtype=torch.long)
+    past = torch.full((r, nbp), NULL_BLOCK, dtype=torch.long)
+    dest = torch.full((r, s), NULL_BLOCK, dtype=torch.long)
+    for i, (ids, p, blocks) in enumerate(rows):
+        n = len(ids)
+        tokens[i, :n] = torch.tensor(ids, dtype=torch.long)
+        held = -(-p // bs)
+        past[i, :held] = torch.tensor(blocks[:held], dtype=torch.long)
+        dest[i, :n] = torch.tensor([blocks[(p + j) // bs] for j in range(n)], dtype=torch.long)
+    start = torch.tensor([p for _, p, _ in rows], dtype=torch.long)
+    last = torch.tensor([len(ids) - 1 for ids, _, _ in rows], dtype=torch.long)
+    out = (tokens.to(device), start.to(device), last.to(device), past.to(device), dest.to(device))
+    if mark_dynamic:
+        mark_step_dims(limits, *out)
+    return out
