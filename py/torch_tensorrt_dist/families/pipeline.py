@@ -20,8 +20,9 @@ __all__ = ["PipelineSpec"]
 class PipelineSpec(ModelSpec):
     family = "pipeline"
     refused = {
-        "compile": "--pp {config.parallel.pp}: pipeline artifacts are not supported yet (an "
-        "artifact holds a whole model per rank); compile with --tp (and --ep), or run "
+        "compile": "--pp {config.parallel.pp}: pipeline artifacts are not supported yet (a "
+        "rank's package is the whole model's paged step, tokens in and logits out; a stage "
+        "would take and give hidden states); compile with --tp, or run "
         "`torchtrt-dist generate --pp` / `serve --pp` from the checkpoint",
         "eval": "eval --pp {config.parallel.pp}: pipeline stages are not evaluated yet; use --tp",
     }

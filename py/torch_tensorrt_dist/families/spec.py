@@ -251,8 +251,8 @@ def build_generator(
         cache_len=cache_len,
         verify=config.verify,
         kv_cache_memory=cache.kv_cache_memory,
-        block_size=cache.block_size,
-        max_prefill_tokens=cache.max_prefill_tokens,
+        block_size=cache.block,
+        max_prefill_tokens=cache.prefill_budget,
         prefix_caching=cache.prefix_caching,
         salt=model_salt(config),
     )
@@ -279,7 +279,7 @@ def check_kv_cache(config: RunConfig, plan: ModelPlan, rows: int, cache_len: int
         layers = max(map(len, split_layers(plan.args.n_layers, p.pp, p.split)))
     dtype = DTYPES[plan.dtype]
     layout = kv_layout_for(
-        plan.args, tp=p.tp or 1, dtype=dtype, block_size=cache.block_size, layers=layers
+        plan.args, tp=p.tp or 1, dtype=dtype, block_size=cache.block, layers=layers
     )
     layout.blocks_for_memory(cache.kv_cache_memory, rows=rows, max_seq_len=cache_len)
 

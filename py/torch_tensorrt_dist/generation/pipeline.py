@@ -51,4 +51,4 @@ class PipelineGenerator(Generator):
             dtype=model.blocks[0].attention_norm.weight.dtype,
             device=self.device,
         )
-        self._step = StageStep(self._step, links, self.limits)
+        self._step = StageStep(self._step, links, self.limits, mark_dynamic=self.mark_dynamic)

@@ -87,8 +87,7 @@ class PipelineExplainReport:
             "decode step:",
             *("  " + ln for ln in str(self.decode).splitlines()),
             f"  collectives on the stage's TP group: {'yes' if self.groups_ok else 'NO'}",
-            "transfers per decode step (hidden: point-to-point; logits: the last stage's "
-            "broadcast over the pipeline group):",
+            "stage-to-stage transfers per decode step:",
         ]
         rows = [
             [

@@ -135,12 +135,20 @@ class StageLinks:
 
 class StageStep:
     """The core's step function on one rank of a pipeline: ``(tokens [R, S], start [R],
-    last [R], past [R, NBp], dest [R, S]) -> logits [R, V]``, the same on every rank."""
+    last [R], past [R, NBp], dest [R, S]) -> logits [R, V]``, the same on every rank.
+    ``mark_dynamic``: mark a received hidden state's dynamic dimensions (when Dynamo traces
+    ``compiled``, as ``step_inputs`` marks the tokens')."""
 
     def __init__(
-        self, compiled: Callable[..., Tensor], links: StageLinks, limits: StepLimits
+        self,
+        compiled: Callable[..., Tensor],
+        links: StageLinks,
+        limits: StepLimits,
+        *,
+        mark_dynamic: bool = True,
     ) -> None:
         self.compiled, self.links, self.limits = compiled, links, limits
+        self.mark_dynamic = mark_dynamic
 
     def __call__(
         self, tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor
@@ -150,7 +158,8 @@ class StageStep:
         x = tokens
         if not lay.is_first:
             x = self.links.recv_hidden(r, s)  # [R, S, dim]
-            mark_hidden_dims(self.limits, x)
+            if self.mark_dynamic:
+                mark_hidden_dims(self.limits, x)
         y = self.compiled(x, start, last, past, dest)  # hidden [R, S, dim], or logits [R, V]
         if lay.is_last:
             return self.links.share_logits(y, r)

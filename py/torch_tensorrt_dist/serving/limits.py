@@ -104,14 +104,14 @@ def check_prompt_size(params: Params, limits: RequestLimits) -> None:
 
 def check_fit(prompt_tokens: int, params: Params, *, cache_len: int) -> int:
     """The tokens to generate for a prompt of ``prompt_tokens`` tokens: ``max_tokens``, or
-    (unset: chat) what the KV cache leaves; RequestError(400) naming the field that does not
-    fit."""
+    (unset: chat) what the longest request served leaves; RequestError(400) naming the field
+    that does not fit."""
     what = "messages" if params.messages is not None else "prompt"
     if prompt_tokens >= cache_len:
         raise RequestError(
             400,
-            f"the prompt has {prompt_tokens} tokens; the KV cache holds {cache_len} per request "
-            "(prompt and completion): shorten it",
+            f"the prompt has {prompt_tokens} tokens; a request holds at most {cache_len} tokens "
+            "(prompt and completion, the server's --max-seq-len): shorten it",
             param=what,
         )
     if params.max_tokens is None:
@@ -121,8 +121,8 @@ def check_fit(prompt_tokens: int, params: Params, *, cache_len: int) -> int:
         raise RequestError(
             400,
             f"{name} {params.max_tokens} + the prompt's {prompt_tokens} tokens = "
-            f"{prompt_tokens + params.max_tokens} exceeds the KV cache length {cache_len}; use "
-            f"{name} <= {cache_len - prompt_tokens}",
+            f"{prompt_tokens + params.max_tokens} exceeds the longest request served, "
+            f"{cache_len} tokens; use {name} <= {cache_len - prompt_tokens}",
             param=name,
         )
     return params.max_tokens
