@@ -172,7 +172,7 @@ def test_pipeline_explain_shows_stage_collectives_and_transfers() -> None:
     assert out.count("all_reduce  [0, 1, 2, 3]") == 5
     assert out.count("tok_embeddings") == 1
     assert "send     6  hidden" in out  # to TP rank 2 of stage 1
-    assert "recv     6  token" in out
+    assert "recv     6  logits" in out  # the last stage's logits, broadcast back
 
 
 def test_llama_with_torch_nccl_selected_names_it_for_every_collective() -> None:

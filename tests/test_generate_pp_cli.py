@@ -1,10 +1,14 @@
-"""``torchtrt-dist generate --pp 2 --tp 2`` on the shipped demo model equals ``--tp 1``."""
+"""``torchtrt-dist generate --pp`` on the shipped demo model equals ``--tp 1``: pp 2 x tp 2
+(compiled by the default engine, an uneven split), pp 2 x tp 1, and pp 2 x tp 1 with each stage
+quantizing its own layers (equal to the int8 whole model)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -18,15 +22,30 @@ def _generate(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_pp2_tp2_greedy_tokens_equal_tp1() -> None:
-    two_d = _generate("--pp", "2", "--tp", "2", "--json", "--split", "1,3")
-    one = _generate("--tp", "1", "--json")
-    assert two_d.returncode == 0, two_d.stderr[-3000:]
-    assert one.returncode == 0, one.stderr[-3000:]
-    a, b = json.loads(two_d.stdout.splitlines()[-1]), json.loads(one.stdout.splitlines()[-1])
-    assert (a["pp"], a["tp"], b["pp"], b["tp"]) == (2, 2, 1, 1)
-    assert len(a["tokens"][0]) == 12
-    assert a["tokens"] == b["tokens"] and a["text"] == b["text"]
+@functools.cache
+def _json(*args: str) -> dict[str, Any]:
+    proc = _generate(*args, "--json", "--prompt", "The for statement", "--prompt", "Python")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    return out
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [("--pp", "2", "--tp", "2", "--split", "1,3"), ("--pp", "2", "--tp", "1", "--engine", "none")],
+)
+def test_pipeline_greedy_tokens_equal_tp1(layout: tuple[str, ...]) -> None:
+    two_d, one = _json(*layout), _json("--tp", "1", "--engine", "none")
+    assert (two_d["pp"], two_d["tp"], one["pp"], one["tp"]) == (2, int(layout[3]), 1, 1)
+    assert len(two_d["tokens"][0]) == 12 and len(two_d["tokens"]) == 2
+    assert two_d["tokens"] == one["tokens"] and two_d["text"] == one["text"]
+
+
+def test_quantized_stages_equal_the_quantized_whole_model() -> None:
+    int8 = ("--quantize", "int8", "--engine", "none")
+    staged, whole = _json("--pp", "2", "--tp", "1", *int8), _json("--tp", "1", *int8)
+    assert staged["quantize"] == whole["quantize"] and staged["quantize"]["scheme"] == "int8"
+    assert staged["tokens"] == whole["tokens"]
 
 
 @pytest.mark.parametrize(

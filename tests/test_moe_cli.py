@@ -1,4 +1,5 @@
-"""``generate --ep`` and the expert-parallel example, as a user runs them."""
+"""``generate --ep`` (and ``--pp`` stages of it) and the expert-parallel example, as a user runs
+them."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_generate_moe_json_equals_transformers(
     [
         (("--ep", "3"), "ep=3 does not divide the 4 experts; use ep in [1, 2, 4]"),
         (("--ep", "2", "--tp", "3"), "tp=3 does not divide the expert FFN size 16"),
-        (("--ep", "2", "--pp", "2"), "--pp is not supported yet"),
+        (("--ep", "2", "--pp", "3"), "pp=3 stages but the model has 2 layers"),
     ],
 )
 def test_generate_moe_bad_layout_exits_2(
@@ -69,6 +70,16 @@ def test_generate_moe_bad_layout_exits_2(
 ) -> None:
     assert main([*_generate(qwen[0]), *extra]) == 2
     assert text in capsys.readouterr().err
+
+
+def test_generate_moe_stages_pp2_ep2_equal_transformers(
+    qwen: tuple[Path, list[int]], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Two pipeline stages of ep 2 (4 gloo ranks): each stage a MoE model of its layers."""
+    path, expected = qwen
+    assert main([*_generate(path), "--pp", "2", "--ep", "2", "--json"]) == 0
+    out: dict[str, Any] = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    assert out["tokens"] == [expected] and (out["pp"], out["ep"], out["tp"]) == (2, 2, 1)
 
 
 def test_ep_on_a_dense_model_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

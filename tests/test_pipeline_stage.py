@@ -1,4 +1,5 @@
-"""Stages in one process, and explain on the fake process group for a pp 2 x tp 4 mesh."""
+"""Stages in one process equal the whole model's paged step; explain on the fake process group
+for a pp 2 x tp 4 mesh."""
 
 from __future__ import annotations
 
@@ -13,42 +14,52 @@ from torch_tensorrt_dist.generation.pipeline_explain import (
     explain_pipeline,
     explain_stages,
 )
+from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.models.llama_args import ModelArgs
+from torch_tensorrt_dist.models.stage import StageRole
 from torch_tensorrt_dist.parallel.llama_load import load_llama
-from torch_tensorrt_dist.parallel.pipeline_load import load_stage
+from torch_tensorrt_dist.parallel.pipeline import split_layers
 
 from . import _llama_ckpt
 
 pytest.importorskip("transformers")
 
+LIMITS = StepLimits(rows=2, tokens=16, blocks=8, block_size=4)
+
 
 @pytest.mark.parametrize("name", ["llama_gqa", "qwen2_tied", "mistral_window"])
 def test_chained_stages_equal_whole_model(tmp_path: Path, name: str) -> None:
+    """A prefill of two rows (different lengths) then a decode step, through the whole model's
+    paged step and through each split's stages in turn (hidden states handed on): the same
+    logits, and each stage's pools hold its layers' K/V at the same blocks."""
     _llama_ckpt.save_checkpoint(name, tmp_path, num_hidden_layers=4)
-    model = load_llama(tmp_path, progress=False)
-    ref_prefill, ref_decode = _llama_ckpt._prefill_decode(model)
+    whole = load_llama(tmp_path, progress=False)
+    whole.setup_paged(9, 4, 32)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, whole.args.vocab_size, (2, 10), generator=g).tolist()
+    prefill = step_inputs([(ids[0], 0, [1, 2, 3]), (ids[1][:7], 0, [4, 5])], LIMITS, "cpu")
+    decode = step_inputs([([ids[0][-1]], 10, [1, 2, 3]), ([5], 7, [4, 5])], LIMITS, "cpu")
+    with torch.no_grad():
+        refs = [whole.paged_step(*prefill), whole.paged_step(*decode)]
     for split in (None, [1, 3], [1, 1, 2]):
         pp = 2 if split is None else len(split)
-        stages = [load_stage(tmp_path, stage=s, pp=pp, split=split) for s in range(pp)]
-        assert sum(len(s.layer_ids) for s in stages) == 4
-        assert stages[0].tok_embeddings is not None and stages[-1].output is not None
-        assert all(s.output is None for s in stages[:-1])
-        assert all(s.tok_embeddings is None for s in stages[1:])
+        ranges = split_layers(4, pp, split)
+        roles = [StageRole(s, pp, ranges[s], max(map(len, ranges))) for s in range(pp)]
+        stages = [load_llama(tmp_path, progress=False, stage=role) for role in roles]
+        assert [len(s.blocks) for s in stages] == list(map(len, ranges))
         for s in stages:
-            s.setup_caches(2, 32)
-        tokens = torch.randint(
-            0, model.args.vocab_size, (2, 10), generator=torch.Generator().manual_seed(5)
-        )
-        pad = torch.tensor([0, 3])
-        with torch.no_grad():
-            x: torch.Tensor = tokens
-            for s in stages:
-                x = s(x, torch.arange(10), pad)
-            torch.testing.assert_close(x, ref_prefill, atol=1e-5, rtol=0)
-            x = tokens[:, :1]
-            for s in stages:
-                x = s(x, torch.tensor([10]), pad)
-            torch.testing.assert_close(x, ref_decode, atol=1e-5, rtol=0)
+            s.setup_paged(9, 4, 32)
+        for inputs, ref in zip((prefill, decode), refs, strict=True):
+            x = inputs[0]
+            with torch.no_grad():
+                for s in stages:
+                    x = s.paged_step(x, *inputs[1:])
+            torch.testing.assert_close(x, ref, atol=1e-5, rtol=0)
+        for s in stages:
+            for i, block in zip(s.stage.layers, s.blocks, strict=True):
+                mine, theirs = block.attention.kv_pages, whole.blocks[i].attention.kv_pages
+                assert mine is not None and theirs is not None
+                torch.testing.assert_close(mine.k_pool, theirs.k_pool, atol=1e-5, rtol=0)
 
 
 ARGS = ModelArgs.from_name("tiny", n_layers=4, n_heads=8, n_kv_heads=4, vocab_size=250)
@@ -83,19 +94,19 @@ def test_explain_pp2_tp4_collectives_on_stage_group_and_transfers(
     assert where == expected
     assert all(list(c.group_ranks) == group for c in rep.decode.collectives)
     assert all(tuple(c.shape)[:2] == (2, 1) for c in rep.decode.collectives)
+    # the paged step: each layer reads its blocks and writes the step's K/V in place
+    assert len(rep.decode.graphs[0].paged) > 0
     peer = rank + 4 if stage == 0 else rank - 4
     moves = [(t.direction, t.peer, t.kind, t.shape, t.bytes) for t in rep.transfers]
     if stage == 0:
         assert moves == [
-            ("send", peer, "header", (1,), 8),
             ("send", peer, "hidden", (2, 1, 64), 2 * 64 * 4),
-            ("recv", peer, "token", (2,), 16),
+            ("recv", peer, "logits", (2, 250), 2 * 250 * 4),
         ]
     else:
         assert moves == [
-            ("recv", peer, "header", (1,), 8),
             ("recv", peer, "hidden", (2, 1, 64), 2 * 64 * 4),
-            ("send", peer, "token", (2,), 16),
+            ("send", peer, "logits", (2, 250), 2 * 250 * 4),
         ]
     text = str(rep)
     assert f"pipeline stage {stage} of 2 (rank {rank}" in text and f"{group}" in text

@@ -107,7 +107,7 @@ def test_a_killed_rank_ends_the_server_with_503s(moe: Any) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--pp", "2"], "pipeline parallel serving is not supported yet"),
+        (["--pp", "5"], "pp=5 stages but the model has 4 layers"),
         (["--drain-timeout", "40"], r"--drain-timeout 40 must be in \[0, 25\]"),
         (["--port", "70000"], "is not a TCP port"),
         (["--api-key", " "], "--api-key is empty"),

@@ -7,12 +7,13 @@ The layers are split into ``--pp`` stages (``--split 1,3`` for an uneven split);
 stage holds the embedding, the last the final norm and LM head. Each rank reads only its
 stage's layers and its TP slices of the checkpoint (``--model``, a Hugging Face Llama, Mistral
 or Qwen2 directory; default: the shipped demo checkpoint, or random ``tiny`` weights with 4
-layers where it is absent), compiles its stage's prefill and decode into one graph each (TP
-all-reduces on the stage's TP group) and passes activations to the next stage with send/recv.
-Rank 0 streams the text and prints one JSON line: tokens, time to first token, decode tokens/s
-and every rank's peak memory (ru_maxrss). ``--check`` also runs the unsharded model on rank 0
-and reports whether the tokens match. Runs on CPU (gloo) and GPUs (nccl; ``--engine tensorrt``
-needs TensorRT and Torch-TensorRT).
+layers where it is absent) and runs the generation core over its stage's part of the paged step
+(compiled with the TP all-reduces on the stage's TP group): hidden states go to the next stage
+with send/recv, and the last stage's logits come back to every rank by a broadcast, so every
+rank samples the same tokens. Rank 0 streams the text and prints one JSON line: tokens, time to
+first token, decode tokens/s and every rank's peak memory (ru_maxrss). ``--check`` also runs
+the unsharded model on rank 0 and reports whether the tokens match. Runs on CPU (gloo) and GPUs
+(nccl; ``--engine tensorrt`` needs TensorRT and Torch-TensorRT).
 """
 
 from __future__ import annotations
@@ -29,16 +30,11 @@ import torch.distributed as dist
 import torch_tensorrt_dist
 from torch_tensorrt_dist.generation import Generator, SamplingConfig, TextStream
 from torch_tensorrt_dist.generation.pipeline import PipelineGenerator
+from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.llama_args import ModelArgs, read_config
 from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 from torch_tensorrt_dist.parallel.llama_load import load_llama, random_llama
-from torch_tensorrt_dist.parallel.pipeline import (
-    PipelineStage,
-    check_mesh,
-    make_pipeline_mesh,
-    stage_groups,
-)
-from torch_tensorrt_dist.parallel.pipeline_load import load_stage, random_stage
+from torch_tensorrt_dist.parallel.pipeline import check_mesh, make_pipeline_mesh, stage_place
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RANDOM_ARGS = ModelArgs.from_name("tiny", n_layers=4)
@@ -53,9 +49,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine", choices=("tensorrt", "inductor", "eager", "none"), default="eager")
     p.add_argument("--prompt", default="The quick brown fox")
     p.add_argument("--batch", type=int, default=1, help="repeat the prompt this many times")
-    p.add_argument(
-        "--microbatches", type=int, default=None, help="default: pp when it divides --batch, else 1"
-    )
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=None)
@@ -83,23 +76,21 @@ def main(argv: list[str] | None = None) -> int:
     model_args = read_config(path) if path is not None else RANDOM_ARGS
     split = [int(n) for n in args.split.split(",")] if args.split else None
     check_mesh(args.pp, args.tp, info.world_size, model_args)
-    mesh = make_pipeline_mesh(args.pp, args.tp)
-    layout, group = stage_groups(mesh)
+    place = stage_place(make_pipeline_mesh(args.pp, args.tp), model_args.n_layers, split)
     dtype = DTYPES[args.dtype]
-    stage: PipelineStage
+    stage: Transformer  # this rank's stage: its layers and TP slices only
     if path is None:
-        stage = random_stage(
-            model_args, stage=layout.stage, pp=args.pp, group=group, split=split, dtype=dtype
-        ).to(info.device)
+        stage = random_llama(model_args, group=place.tp_group, dtype=dtype, stage=place.role).to(
+            info.device
+        )
     else:
-        stage = load_stage(
+        stage = load_llama(
             path,
-            stage=layout.stage,
-            pp=args.pp,
-            group=group,
-            split=split,
+            group=place.tp_group,
             dtype=dtype,
             device=info.device,
+            progress=False,
+            stage=place.role,
         )
     tok = load_tokenizer(path, vocab_size=model_args.vocab_size)
     prompts = [tok.encode(args.prompt)] * args.batch
@@ -108,19 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     need = len(prompts[0]) + args.max_new_tokens + 16
     cache_len = min(model_args.max_seq_len, 64 * -(-need // 64))
 
-    microbatches = args.microbatches or (args.pp if args.batch % args.pp == 0 else 1)
     gen = PipelineGenerator(
-        stage,
-        layout,
-        engine=args.engine,
-        max_batch_size=args.batch,
-        cache_len=cache_len,
-        microbatches=microbatches,
+        stage, place, engine=args.engine, max_batch_size=args.batch, cache_len=cache_len
     )
     compile_s = gen.warmup(len(prompts[0]), args.max_new_tokens, args.batch)
     stream = TextStream(tok, len(prompts))
 
-    def show(step_ids: list[int]) -> None:
+    def show(step_ids: list[list[int]]) -> None:
         print(stream.push(step_ids, stop_ids)[0], end="", flush=True)
 
     if info.is_main:
@@ -144,10 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         "compile_s": compile_s,
         "pp": args.pp,
         "tp": args.tp,
-        "layers": list(stage.layer_ids),
+        "layers": list(place.role.layers),
         "engine": args.engine,
         "batch": args.batch,
-        "microbatches": microbatches,
         "peak_rss_mib": [round(r, 1) for r in all_rss],
     }
     ok = True

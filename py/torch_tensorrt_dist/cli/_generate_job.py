@@ -28,7 +28,7 @@ def request(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> tuple[list[l
 
 def check(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
     prompts, cache_len = request(config, spec, plan)
-    if plan.manifest is None and plan.parallel.pp == 1:  # a pipeline keeps its own caches
+    if plan.manifest is None:  # artifacts hold the KV cache they were compiled for
         check_kv_cache(config, plan, len(prompts), cache_len)
 
 

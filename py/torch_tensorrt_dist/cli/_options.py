@@ -45,7 +45,6 @@ _ABSENT: dict[str, Any] = {
     "pp": 1,
     "ep": 1,
     "split": None,
-    "microbatches": None,
     "verify": None,
     "max_batch_size": None,
     "max_seq_len": None,
@@ -93,7 +92,7 @@ def add_layout(
     p: argparse.ArgumentParser, *, pp: str | None, ep: bool, pipeline: bool = False
 ) -> None:
     """``--tp``; ``--pp`` (with its help) and ``--ep`` where the command takes them, and
-    ``--split`` / ``--microbatches`` (``pipeline``)."""
+    ``--split`` (``pipeline``)."""
     p.add_argument(
         "--tp",
         type=int,
@@ -115,18 +114,12 @@ def add_layout(
     else:
         absent(p, "ep")
     if not pipeline:
-        absent(p, "split", "microbatches")
+        absent(p, "split")
         return
     p.add_argument(
         "--split",
         default=None,
         help="layers per pipeline stage, comma-separated (default: even), e.g. 3,5",
-    )
-    p.add_argument(
-        "--microbatches",
-        type=int,
-        default=None,
-        help="pipeline microbatches (default: pp when it divides the batch, else 1)",
     )
 
 
@@ -258,7 +251,7 @@ def _tp(ns: argparse.Namespace) -> int | None:
 def run_config(ns: argparse.Namespace, job: Job) -> RunConfig:
     """The run configuration of a parsed command line (every value checked)."""
     model = ModelOptions(ns.model, ns.artifacts, ns.dtype, ns.lm_head, ns.embedding)
-    parallel = Parallel(_tp(ns), ns.pp, ns.ep, parse_split(ns.split), ns.microbatches)
+    parallel = Parallel(_tp(ns), ns.pp, ns.ep, parse_split(ns.split))
     memory = ns.kv_cache_memory
     cache = CacheOptions(
         max_batch_size=ns.max_batch_size,

@@ -72,8 +72,10 @@ def _ready(rank: Rank, built: Built, name: str, url: str, warm_s: float) -> None
     job, p = cast(ServeJob, rank.config.job), rank.plan.parallel
     body = json.dumps({"model": name, "prompt": "The return statement", "max_tokens": 32})
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if job.api_key else ""
+    stages = f"pp={p.pp} " if p.pp > 1 else ""
     print(
-        f"serving {name} at {url}/v1 (tp={p.tp} ep={p.ep}, engine {built.generator.engine}, "
+        f"serving {name} at {url}/v1 ({stages}tp={p.tp} ep={p.ep}, engine "
+        f"{built.generator.engine}, "
         f"{built.rows} rows x {built.cache_len} tokens, warm-up {warm_s:.1f} s)",
         flush=True,
     )

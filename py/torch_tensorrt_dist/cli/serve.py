@@ -1,7 +1,9 @@
-"""``torchtrt-dist serve``: an OpenAI-compatible HTTP server over tensor / expert-parallel ranks.
+"""``torchtrt-dist serve``: an OpenAI-compatible HTTP server over tensor / expert-parallel ranks
+(and pipeline stages of them).
 
     torchtrt-dist serve --tp 2                              # the demo model, 2 ranks, port 8000
     torchtrt-dist serve --model PATH --tp 2 --engine inductor --max-batch-size 8
+    torchtrt-dist serve --pp 2 --tp 2                       # 2 pipeline stages of 2 TP ranks
     torchtrt-dist serve --model MIXTRAL --ep 2 --tp 1       # mixture of experts
     torchtrt-dist serve --tp 2 --quantize int8              # weight-only int8 (or int4)
     torchtrt-dist serve --artifacts DIR                     # from `torchtrt-dist compile`
@@ -49,7 +51,12 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model(p, artifacts="serve `torchtrt-dist compile` artifacts (no checkpoint, no compile)")
-    add_layout(p, pp="pipeline stages: only 1 is served yet", ep=True)
+    add_layout(
+        p,
+        pp="pipeline stages (default 1); the server has pp x tp (x ep) ranks, TP inner",
+        ep=True,
+        pipeline=True,
+    )
     add_engine(p)
     add_kv_cache(
         p,

@@ -81,7 +81,8 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class Parallel:
-    """How the ranks split the model: ``pp x tp`` or ``ep x tp`` ranks, TP inner."""
+    """How the ranks split the model: ``pp x ep x tp`` ranks, TP inner (``ep`` > 1: a MoE
+    model)."""
 
     tp: int | None = None
     """Tensor-parallel ranks; None until known (the launcher's world, or the artifacts')."""
@@ -89,15 +90,12 @@ class Parallel:
     ep: int = 1
     split: tuple[int, ...] | None = None
     """Layers per pipeline stage (None: even)."""
-    microbatches: int | None = None
 
     def __post_init__(self) -> None:
         if (self.tp is not None and self.tp < 1) or self.pp < 1 or self.ep < 1:
             raise ConfigError(
                 f"--tp, --pp and --ep must be >= 1, got tp={self.tp} pp={self.pp} ep={self.ep}"
             )
-        if self.microbatches is not None:
-            check_int(self.microbatches, name="--microbatches", low=1)
 
     @property
     def world(self) -> int:
@@ -109,7 +107,10 @@ class Parallel:
     def sizes(self) -> dict[str, int]:
         """The flags whose product is the world (``{"pp": 1, "tp": 2}``), for messages."""
         tp = self.world // (self.pp * self.ep)
-        return {"ep": self.ep, "tp": tp} if self.ep > 1 else {"pp": self.pp, "tp": tp}
+        if self.ep == 1:
+            return {"pp": self.pp, "tp": tp}
+        sizes = {"pp": self.pp} if self.pp > 1 else {}
+        return sizes | {"ep": self.ep, "tp": tp}
 
 
 def parse_split(text: str | None) -> tuple[int, ...] | None:

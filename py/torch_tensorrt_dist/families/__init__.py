@@ -1,5 +1,5 @@
-"""A spec per model family (dense Llama, mixture of experts, pipeline stages; compiled
-artifacts in ``artifacts/spec.py``): each owns reading its configuration, the layout check,
+"""A spec per model family (dense Llama, mixture of experts, and pipeline stages of either;
+compiled artifacts in ``artifacts/spec.py``): each owns reading its configuration, the layout check,
 loading a rank's slices and quantizing them (``spec.py`` says what a spec does).
 
     spec = checkpoint_spec(config)          # the family of --model (or the demo / preset)
@@ -38,18 +38,20 @@ __all__ = [
 
 
 def checkpoint_spec(config: RunConfig) -> ModelSpec:
-    """The spec of ``--model``'s family: MoE where its ``config.json`` says so, pipeline
-    stages for ``--pp`` > 1 (or ``--split``), else dense. ``--ep`` needs a MoE model."""
+    """The spec of ``--model``'s family: MoE where its ``config.json`` says so, else dense;
+    for ``--pp`` > 1 (or ``--split``), the pipeline stages of that family. ``--ep`` needs a MoE
+    model."""
     path, preset = resolve_model(config.model.model)
     p = config.parallel
     has_config = path is not None and (path / "config.json").is_file()
+    spec: ModelSpec
     if path is not None and has_config and is_moe_config(load_config_json(path)):
-        return MoESpec(path)
-    if p.ep != 1:
+        spec = MoESpec(path)
+    elif p.ep != 1:
         raise ConfigError(
             f"--ep {p.ep} needs a mixture-of-experts checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE); "
             f"{'the default model' if path is None else path} is a dense model: drop --ep"
         )
-    if p.pp > 1 or p.split:
-        return PipelineSpec(path, preset)
-    return DenseSpec(path, preset)
+    else:
+        spec = DenseSpec(path, preset)
+    return PipelineSpec(spec) if p.pp > 1 or p.split else spec

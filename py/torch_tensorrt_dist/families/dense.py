@@ -1,5 +1,6 @@
 """The dense Llama family (Llama 2/3, Mistral, Qwen2): ``config.json`` or a preset, the TP
-layout of ``parallel/llama.py``, each rank's slices read by ``parallel/llama_load.py``."""
+layout of ``parallel/llama.py``, each rank's slices read by ``parallel/llama_load.py`` (only
+its pipeline stage's, when ``families/pipeline.py`` gives the rank one)."""
 
 from __future__ import annotations
 
@@ -36,27 +37,31 @@ class DenseSpec(ModelSpec):
     def load(self, rank: Rank, *, progress: bool = False) -> Transformer:
         from torch_tensorrt_dist.parallel.llama_load import load_llama, random_llama
 
-        config, plan = rank.config, rank.plan
+        config, plan, place = rank.config, rank.plan, rank.stage
         dtype, layout = DTYPES[config.model.dtype], config.model
+        group = rank.group if place is None else place.tp_group
+        stage = None if place is None else place.role
         if plan.path is not None:
             model = load_llama(
                 plan.path,
-                group=rank.group,
+                group=group,
                 dtype=dtype,
                 device=rank.device,
                 lm_head=layout.lm_head,
                 embedding=layout.embedding,
                 max_seq_len=plan.args.max_seq_len,
                 progress=progress,
+                stage=stage,
             )
         else:
             model = random_llama(
                 plan.args,
                 seed=0,
-                group=rank.group,
+                group=group,
                 dtype=dtype,
                 lm_head=layout.lm_head,
                 embedding=layout.embedding,
+                stage=stage,
             ).to(rank.device)
         quantize_shard(model, config)
         return model

@@ -1,13 +1,13 @@
 """The mixture-of-experts family (Mixtral, Qwen2-MoE, Qwen3-MoE): ``ep x tp`` ranks, TP inner,
 the layout of ``parallel/moe.py``, each rank's experts and slices read by
-``parallel/moe_load.py``."""
+``parallel/moe_load.py`` (only its pipeline stage's, when ``families/pipeline.py`` gives the
+rank one: ``pp x ep x tp`` ranks)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from torch_tensorrt_dist.config.run import RunConfig
-from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Rank, quantize_shard
 from torch_tensorrt_dist.models.dtypes import DTYPES
 from torch_tensorrt_dist.models.llama import Transformer
@@ -32,8 +32,6 @@ class MoESpec(ModelSpec):
     def plan(self, config: RunConfig) -> ModelPlan:
         self.check_command(config)
         p, layout = config.parallel, config.model
-        if p.pp > 1 or p.split:
-            raise ConfigError("MoE checkpoints run with --ep and --tp; --pp is not supported yet")
         args, moe = read_moe_config(self.checkpoint)
         check_checkpoint(self.checkpoint, args, moe)
         moe_layout(
@@ -50,9 +48,13 @@ class MoESpec(ModelSpec):
         from torch_tensorrt_dist.parallel.moe import make_moe_mesh, moe_groups
         from torch_tensorrt_dist.parallel.moe_load import load_moe
 
-        config, plan = rank.config, rank.plan
+        config, plan, place = rank.config, rank.plan, rank.stage
         p = plan.parallel
-        groups = moe_groups(make_moe_mesh(p.ep, p.tp or 1)) if rank.world > 1 else None
+        groups = None
+        if place is not None:  # this stage's ep x tp ranks
+            groups = moe_groups(place.stage_mesh) if place.layout.width > 1 else None
+        elif rank.world > 1:
+            groups = moe_groups(make_moe_mesh(p.ep, p.tp or 1))
         model = load_moe(
             self.checkpoint,
             groups=groups,
@@ -62,6 +64,7 @@ class MoESpec(ModelSpec):
             embedding=config.model.embedding,
             max_seq_len=plan.args.max_seq_len,
             progress=progress,
+            stage=None if place is None else place.role,
         )
         quantize_shard(model, config)
         return model

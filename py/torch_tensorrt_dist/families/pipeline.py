@@ -1,97 +1,66 @@
-"""Pipeline stages of a dense model: ``pp x tp`` ranks, TP inner; each stage holds its layers
-(``parallel/pipeline.py``) and loads them itself (``parallel/pipeline_load.py``) when its
-generator (``generation/pipeline.py``) starts. Only ``generate`` runs them yet."""
+"""Pipeline stages of a model family: ``pp x tp`` (dense) or ``pp x ep x tp`` (MoE) ranks, the
+stage outermost. A stage is the family's own spec (``dense.py``, ``moe.py``: its layout checks,
+its loader, its quantization) over this rank's stage (``parallel/pipeline.py``), plus the
+transfers at the stage's boundaries (``generation/pipeline.py``); every rank then runs the same
+generation core, so ``generate`` and ``serve`` take ``--pp``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from torch_tensorrt_dist.config.jobs import GenerateJob
 from torch_tensorrt_dist.config.run import RunConfig
-from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.families.dense import DenseSpec
-from torch_tensorrt_dist.families.spec import ModelPlan, Rank
-from torch_tensorrt_dist.generation.sampling import SamplingConfig
-from torch_tensorrt_dist.models.dtypes import DTYPES
+from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Rank, build_generator
 from torch_tensorrt_dist.models.llama import Transformer
-from torch_tensorrt_dist.parallel.llama import tp_layout
-from torch_tensorrt_dist.parallel.pipeline import check_mesh, split_layers
+from torch_tensorrt_dist.parallel.pipeline import StagePlace, split_layers
 
 __all__ = ["PipelineSpec"]
 
 
-class PipelineSpec(DenseSpec):
+class PipelineSpec(ModelSpec):
     family = "pipeline"
     refused = {
-        "serve": "serve --pp {config.parallel.pp}: pipeline parallel serving is not supported "
-        "yet; serve with --tp (and --ep for MoE)",
-        "compile": "--pp {config.parallel.pp}: pipeline artifacts are not supported yet; compile "
-        "with --tp only, or run `torchtrt-dist generate --pp` from the checkpoint",
+        "compile": "--pp {config.parallel.pp}: pipeline artifacts are not supported yet (a "
+        "rank's package is the whole model's paged step, tokens in and logits out; a stage "
+        "would take and give hidden states); compile with --tp, or run "
+        "`torchtrt-dist generate --pp` / `serve --pp` from the checkpoint",
         "eval": "eval --pp {config.parallel.pp}: pipeline stages are not evaluated yet; use --tp",
     }
 
+    def __init__(self, inner: ModelSpec) -> None:
+        super().__init__(inner.path, inner.preset)
+        self.inner = inner
+        """The family each stage is a part of (dense or MoE)."""
+
     def plan(self, config: RunConfig) -> ModelPlan:
+        """The family's plan (its TP / EP layout, lengths, quantization), and the stages'
+        split."""
         self.check_command(config)
-        args = self.read_args()
-        p, layout = config.parallel, config.model
-        tp = p.tp or 1
-        tp_layout(args, 0, tp, layout.lm_head, layout.embedding)
-        plan = self.checkpoint_plan(config, args)
-        if config.quantize is not None:
-            raise ConfigError("--quantize with --pp is not supported yet; quantize with --tp only")
-        check_mesh(p.pp, tp, p.pp * tp, args)
-        split_layers(args.n_layers, p.pp, p.split)
+        plan = self.inner.plan(config)
+        p = plan.parallel
+        split_layers(plan.args.n_layers, p.pp, p.split)
         return plan
 
+    def place(self, rank: Rank) -> StagePlace:
+        """This rank's stage on a new ``(pp, [ep,] tp)`` mesh (every rank, in the same order)."""
+        from torch_tensorrt_dist.parallel.pipeline import make_pipeline_mesh, stage_place
+
+        p = rank.plan.parallel
+        ep = p.ep if rank.plan.moe is not None else None
+        mesh = make_pipeline_mesh(p.pp, p.tp or 1, ep=ep)
+        return stage_place(mesh, rank.plan.args.n_layers, p.split)
+
     def load(self, rank: Rank, *, progress: bool = False) -> Transformer:
-        raise ConfigError("a pipeline stage is loaded by its generator, not alone")
+        """This rank's stage: the family's loader over the stage's parts and groups (each
+        stage quantizes its own layers)."""
+        if rank.plan.parallel.pp == 1:  # one stage (--split N alone): the whole model
+            return self.inner.load(rank, progress=progress)
+        place = rank.stage if rank.stage is not None else self.place(rank)
+        return self.inner.load(replace(rank, stage=place), progress=progress)
 
     def generator(self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False) -> Any:
-        return PipelineGeneration(rank, cache_len)
-
-
-class PipelineGeneration:
-    """``generate_pipeline`` behind the calls the ``generate`` job makes of a generator: each
-    stage loads its layers and warms up inside it."""
-
-    def __init__(self, rank: Rank, cache_len: int) -> None:
-        self.rank, self.cache_len = rank, cache_len
-        self.engine = rank.config.engine
-
-    def warmup(self, *sizes: int) -> None:
-        return None  # generate_pipeline compiles (and warms up) every stage itself
-
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int,
-        sampling: SamplingConfig,
-        stop_ids: Sequence[int],
-        on_step: Callable[[list[int]], None] | None,
-    ) -> Any:
-        from torch_tensorrt_dist.generation.pipeline import generate_pipeline
-
-        config, plan = self.rank.config, self.rank.plan
-        job = config.job
-        p = plan.parallel
-        return generate_pipeline(
-            plan.path or plan.args,
-            prompts,
-            pp=p.pp,
-            tp=p.tp or 1,
-            engine=config.engine,
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            stop_ids=stop_ids,
-            split=list(p.split) if p.split else None,
-            dtype=DTYPES[config.model.dtype],
-            lm_head=config.model.lm_head,
-            embedding=config.model.embedding,
-            cache_len=self.cache_len,
-            warmup=job.warmup if isinstance(job, GenerateJob) else True,
-            microbatches=p.microbatches,
-            on_step=on_step,
-            verify=config.verify,
-        )
+        if rank.plan.parallel.pp == 1:
+            return self.inner.generator(rank, rows=rows, cache_len=cache_len, progress=progress)
+        place = self.place(rank)
+        model = self.inner.load(replace(rank, stage=place), progress=progress)
+        return build_generator(model, rank.config, rows, cache_len, stage=place)

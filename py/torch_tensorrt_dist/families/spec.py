@@ -17,7 +17,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -29,6 +29,9 @@ from torch_tensorrt_dist.models.llama_args import PRESETS, ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs
 from torch_tensorrt_dist.models.tokenizer import Tokenizer, load_tokenizer
 from torch_tensorrt_dist.quantization.scheme import check_engine_group, check_group_slices
+
+if TYPE_CHECKING:
+    from torch_tensorrt_dist.parallel.pipeline import StagePlace
 
 __all__ = [
     "ModelPlan",
@@ -128,6 +131,9 @@ class Rank:
     group: Any = None
     """The world's process group when ``world > 1``."""
     threads: int = 1
+    stage: StagePlace | None = None
+    """This rank's pipeline stage and its groups (set by ``families/pipeline.py``); None: the
+    rank holds every layer."""
 
     def model(self, *, progress: bool = False) -> Transformer:
         """This rank's shard of the model, quantized when asked (``spec.load``)."""
@@ -218,12 +224,27 @@ class ModelSpec:
         )
 
 
-def build_generator(model: Transformer, config: RunConfig, rows: int, cache_len: int) -> Any:
+def build_generator(
+    model: Transformer,
+    config: RunConfig,
+    rows: int,
+    cache_len: int,
+    stage: StagePlace | None = None,
+) -> Any:
     """The rank's :class:`Generator` over its loaded shard: ``rows`` rows at once, requests of
     up to ``cache_len`` tokens, the KV cache of ``config.cache`` (memory, blocks, prefill
-    budget, prefix caching), compiled by ``config.engine``."""
+    budget, prefix caching), compiled by ``config.engine``; over a pipeline ``stage``, its
+    ``PipelineGenerator``."""
     cache = config.cache
-    return Generator(
+    if stage is None:
+        make: Any = Generator
+    else:
+        from functools import partial
+
+        from torch_tensorrt_dist.generation.pipeline import PipelineGenerator
+
+        make = partial(PipelineGenerator, place=stage)
+    return make(
         model,
         engine=config.engine,
         max_batch_size=rows,
@@ -245,13 +266,21 @@ def model_salt(config: RunConfig) -> bytes:
 
 def check_kv_cache(config: RunConfig, plan: ModelPlan, rows: int, cache_len: int) -> None:
     """``--kv-cache-memory`` holds one request of ``cache_len`` tokens on every rank (checked
-    before any rank starts: ConfigError naming the size needed)."""
+    before any rank starts: ConfigError naming the size needed; a pipeline's ranks hold the
+    KV of the deepest stage's layers)."""
     from torch_tensorrt_dist.generation.kv_memory import kv_layout_for
     from torch_tensorrt_dist.models.dtypes import DTYPES
 
-    cache = config.cache
-    tp = plan.parallel.tp or 1
-    layout = kv_layout_for(plan.args, tp=tp, dtype=DTYPES[plan.dtype], block_size=cache.block)
+    cache, p = config.cache, plan.parallel
+    layers = None
+    if p.pp > 1 or p.split:  # every stage's pool is the deepest stage's
+        from torch_tensorrt_dist.parallel.pipeline import split_layers
+
+        layers = max(map(len, split_layers(plan.args.n_layers, p.pp, p.split)))
+    dtype = DTYPES[plan.dtype]
+    layout = kv_layout_for(
+        plan.args, tp=p.tp or 1, dtype=dtype, block_size=cache.block, layers=layers
+    )
     layout.blocks_for_memory(cache.kv_cache_memory, rows=rows, max_seq_len=cache_len)
 
 

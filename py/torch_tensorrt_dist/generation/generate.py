@@ -190,7 +190,7 @@ class Generator:
         self.prefix_caching, self.salt = prefix_caching, salt
         self.mark_dynamic = engine != "none"  # plain PyTorch: nothing traces the step
         model.setup_paged(self.num_blocks, block_size, self.cache_len)
-        self.device = model.tok_embeddings.weight.device
+        self.device = next(model.parameters()).device
         self.limits = StepLimits(
             rows=max_batch_size,
             tokens=max(2, min(max_prefill_tokens, self.cache_len)),

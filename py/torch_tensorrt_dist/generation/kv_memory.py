@@ -71,16 +71,20 @@ class KVLayout:
         return blocks + 1
 
 
-def kv_layout_for(args: ModelArgs, *, tp: int, dtype: torch.dtype, block_size: int) -> KVLayout:
+def kv_layout_for(
+    args: ModelArgs, *, tp: int, dtype: torch.dtype, block_size: int, layers: int | None = None
+) -> KVLayout:
     """The layout of a rank of a ``tp``-way tensor-parallel model (KV heads are split, or
-    replicated when tp exceeds their count), before any model is built."""
+    replicated when tp exceeds their count), before any model is built; ``layers``: a
+    pipeline stage's (its deepest stage's, ``StageRole.kv_layers``), default all."""
     kv = args.n_kv_heads // tp if args.n_kv_heads >= tp else 1
     size = torch.empty((), dtype=dtype).element_size()
-    return KVLayout(args.n_layers, kv, args.head_dim, size, block_size)
+    return KVLayout(layers or args.n_layers, kv, args.head_dim, size, block_size)
 
 
 def kv_layout(model: Transformer, block_size: int) -> KVLayout:
-    """The layout of ``model`` as built on this rank (its local KV heads, its dtype)."""
-    attn = model.blocks[0].attention
-    size = model.norm.weight.element_size()
-    return KVLayout(len(model.blocks), attn.n_kv_heads, attn.head_dim, size, block_size)
+    """The layout of ``model`` as built on this rank (its local KV heads, its dtype; a
+    pipeline stage counts the layers of the deepest stage: ``StageRole.kv_layers``)."""
+    block = model.blocks[0]
+    attn, size = block.attention, block.attention_norm.weight.element_size()
+    return KVLayout(model.stage.kv_layers, attn.n_kv_heads, attn.head_dim, size, block_size)

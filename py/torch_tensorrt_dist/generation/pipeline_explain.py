@@ -1,12 +1,13 @@
 """``explain_pipeline``: what one rank of a ``(pp, tp)`` job compiles and sends, in one process.
 
     report = explain_pipeline(ModelArgs.from_name("llama-3.1-8b", n_layers=4), pp=2, tp=4, rank=5)
-    print(report)   # the stage's layers, its decode graph's TP collectives, its p2p messages
+    print(report)   # the stage's layers, its decode graph's TP collectives, its transfers
 
 It joins a fake process group as ``rank`` of ``pp * tp``, builds only that rank's stage (weights
-left uninitialised: only shapes matter), compiles the stage's decode step with ``explain`` and
-lists the stage-to-stage transfers of one decode step from the same plan the generation loop
-follows. Every collective must stay on the stage's TP group; ``groups_ok`` says whether it does.
+left uninitialised: only shapes matter), compiles the stage's part of the paged decode step
+(``--batch`` rows, each over its own KV blocks; ``generation/stage_step.py``) with ``explain``
+and lists the transfers of one decode step from the same plan the step function follows. Every
+collective in the graph must stay on the stage's TP group; ``groups_ok`` says whether it does.
 """
 
 from __future__ import annotations
@@ -21,18 +22,22 @@ from torch_tensorrt_dist.backend.explain import ExplainReport, explain
 from torch_tensorrt_dist.backend.fake_world import fake_world
 from torch_tensorrt_dist.backend.report import format_table
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.pipeline import stage_steps
-from torch_tensorrt_dist.generation.pipeline_transfers import Transfer, step_transfers
+from torch_tensorrt_dist.generation.generate import decode_example, paged_step, setup_example
+from torch_tensorrt_dist.generation.stage_step import (
+    Transfer,
+    mark_hidden_dims,
+    step_transfers,
+)
+from torch_tensorrt_dist.generation.step_inputs import StepLimits
+from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.parallel.llama import Embedding, LMHead
+from torch_tensorrt_dist.models.stage import cut_stage
+from torch_tensorrt_dist.parallel.llama import Embedding, LMHead, apply_tp
 from torch_tensorrt_dist.parallel.pipeline import (
     PipelineLayout,
-    PipelineStage,
     check_mesh,
     make_pipeline_mesh,
-    shard_stage,
-    split_layers,
-    stage_groups,
+    stage_place,
 )
 
 __all__ = ["PipelineExplainReport", "explain_pipeline", "explain_stages"]
@@ -103,14 +108,6 @@ class PipelineExplainReport:
         return "\n".join(lines)
 
 
-def _empty_stage(
-    args: ModelArgs, layout: PipelineLayout, split: Sequence[int] | None, dtype: torch.dtype
-) -> PipelineStage:
-    layers = split_layers(args.n_layers, layout.pp, split)[layout.stage]
-    with torch.device("meta"):
-        return PipelineStage(args, stage=layout.stage, pp=layout.pp, layers=layers)
-
-
 def explain_pipeline(
     args: ModelArgs,
     *,
@@ -125,29 +122,32 @@ def explain_pipeline(
     embedding: Embedding = "vocab_parallel",
 ) -> PipelineExplainReport:
     """Explain rank ``rank`` of a ``pp x tp`` job on a fake process group (needs a process where
-    torch.distributed is not initialised)."""
+    torch.distributed is not initialised): its stage's decode step of ``batch`` rows, each at
+    half of ``cache_len`` over its own blocks."""
     check_mesh(pp, tp, pp * tp, args)
-    layout = PipelineLayout.of(rank, pp, tp)
+    PipelineLayout.of(rank, pp, tp)
     with fake_world(rank, pp * tp):
-        mesh = make_pipeline_mesh(pp, tp, "cpu")
-        layout, group = stage_groups(mesh)
-        stage = _empty_stage(args, layout, split, dtype)
-        shard_stage(stage, group, lm_head=lm_head, embedding=embedding)
-        stage = stage.to(dtype).to_empty(device="cpu").requires_grad_(False).eval()
+        place = stage_place(make_pipeline_mesh(pp, tp, "cpu"), args.n_layers, split)
+        layout = place.layout
+        with torch.device("meta"):
+            model = Transformer(args)
+        apply_tp(model, place.tp_group, lm_head=lm_head, embedding=embedding)
+        cut_stage(model, place.role)
+        model = model.to(dtype).to_empty(device="cpu").requires_grad_(False).eval()
         with torch.no_grad():
-            for p in stage.parameters():
+            for p in model.parameters():
                 p.zero_()
-        stage.setup_caches(batch, cache_len)
-        _, decode = stage_steps(stage)
-        if layout.is_first:
-            x = torch.zeros(batch, 1, dtype=torch.long)
-        else:
+        setup_example(model, batch, cache_len)
+        tokens, *rest = decode_example(batch, cache_len)
+        x = tokens
+        if not layout.is_first:  # the previous stage's hidden states
             x = torch.zeros(batch, 1, args.dim, dtype=dtype)
-        pos = torch.tensor([cache_len // 2], dtype=torch.long)
-        pad = torch.zeros(batch, dtype=torch.long)
-        report = explain(decode, x, pos, pad)
-    transfers = step_transfers(layout, batch=batch, seq=1, dim=args.dim, dtype=dtype)
-    return PipelineExplainReport(layout, list(stage.layer_ids), report, transfers)
+            mark_hidden_dims(StepLimits(batch, 1, 1, 1), x)
+        report = explain(paged_step(model), x, *rest)
+    transfers = step_transfers(
+        layout, rows=batch, tokens=1, dim=args.dim, vocab=args.vocab_size, dtype=dtype
+    )
+    return PipelineExplainReport(layout, list(place.role.layers), report, transfers)
 
 
 def explain_stages(

@@ -19,13 +19,12 @@ says how many leading slots of each row are left padding: they are masked out an
 The generation core (``generation/core.py``) runs the paged form: ``setup_paged`` gives every
 layer a pool of KV blocks, and ``paged_step(tokens [R, S], start [R], last [R], table [R, NB])``
 runs R rows, each a decode token or a prompt chunk over its own blocks, and returns the logits
-of each row's last token (``models/paged.py``). Pipeline stages and perplexity run the static
-form above.
+of each row's last token (``models/paged.py``). A pipeline stage is this model with only its
+parts (``models/stage.py``): its paged step takes and gives hidden states at its boundaries.
+The static form above is what the quantization bench runs.
 """
 
 from __future__ import annotations
-
-from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -43,6 +42,7 @@ from torch_tensorrt_dist.models.paged import (
     paged_slots,
 )
 from torch_tensorrt_dist.models.rope import apply_rope, rope_inv_freq, rope_tables
+from torch_tensorrt_dist.models.stage import StageRole
 from torch_tensorrt_dist.models.vocab import VocabEmbedding, embed_tokens, lm_logits
 
 __all__ = [
@@ -246,6 +246,8 @@ class Transformer(nn.Module):
         self.max_batch_size = -1
         self.max_seq_len = -1
         self.block_size = -1  # set by setup_paged
+        #: the part of the decoder this rank runs (``models/stage.cut_stage``): all of it
+        self.stage = StageRole.whole(args.n_layers)
 
     def setup_caches(
         self, max_batch_size: int, max_seq_len: int, *, dtype: torch.dtype | None = None
@@ -256,7 +258,7 @@ class Transformer(nn.Module):
                 f"max_seq_len={max_seq_len} exceeds the model's limit {self.args.max_seq_len} "
                 "(max_position_embeddings); ask for fewer tokens"
             )
-        weight = self.norm.weight  # the model dtype (a quantized embedding holds int8)
+        weight = self._model_weight()  # the model dtype (a quantized embedding holds int8)
         dtype = dtype or weight.dtype
         for block in self.blocks:
             attn = block.attention
@@ -273,7 +275,12 @@ class Transformer(nn.Module):
 
     @property
     def blocks(self) -> list[TransformerBlock]:
-        return [cast(TransformerBlock, layer) for layer in self.layers]
+        """The decoder layers this rank holds (all of them, unless it is a pipeline stage)."""
+        return [layer for layer in self.layers if isinstance(layer, TransformerBlock)]
+
+    def _model_weight(self) -> Tensor:
+        # a weight every stage holds, never quantized: the model's dtype and device
+        return self.blocks[0].attention_norm.weight
 
     def forward(
         self,
@@ -312,7 +319,7 @@ class Transformer(nn.Module):
                 f"max_seq_len={max_seq_len} exceeds the model's limit {self.args.max_seq_len} "
                 "(max_position_embeddings); ask for fewer tokens"
             )
-        weight = self.norm.weight
+        weight = self._model_weight()
         dtype = dtype or weight.dtype
         for block in self.blocks:
             attn = block.attention
@@ -329,16 +336,21 @@ class Transformer(nn.Module):
     ) -> Tensor:
         """One step of R rows over the paged cache -> the logits of each row's last token [R, V].
 
-        tokens: [R, S] (a decode row: its last token, S = 1; a prefill chunk: right-padded);
+        tokens: [R, S] (a decode row: its last token, S = 1; a prefill chunk: right-padded; a
+        pipeline stage after the first: the previous stage's hidden states [R, S, dim]);
         start: [R] (the row's tokens already in its blocks: the position of tokens[:, 0]);
         last: [R] (the index of the row's last real token); past: [R, NBp] (the blocks that hold
         positions < start, padded with the null block); dest: [R, S] (each token's block, the
-        null block for padding). See ``models/paged.py``.
+        null block for padding). See ``models/paged.py``. A pipeline stage before the last
+        returns its hidden states [R, S, dim] for the next stage.
         """
         x, slots = self._paged_hidden(tokens, start, last, past, dest)  # [R, S, dim]
-        r = x.shape[0]
-        x = x.gather(1, last[:, None, None].expand(r, 1, x.shape[-1]))  # [R, 1, dim]
-        logits = self._logits(x)[:, 0]
+        if self.stage.last:
+            r = x.shape[0]
+            x = x.gather(1, last[:, None, None].expand(r, 1, x.shape[-1]))  # [R, 1, dim]
+            out = self._logits(x)[:, 0]
+        else:
+            out = x
         # the step's K/V into the pools, last: nothing above reads them, and every write comes
         # after every op that is not one (one TensorRT engine, then these writes in place)
         flat = [
@@ -349,7 +361,7 @@ class Transformer(nn.Module):
             pages = block.attention.kv_pages
             assert pages is not None  # checked by every layer above
             pages(slots.blocks, slots.offsets, k, v)
-        return logits
+        return out
 
     def paged_scores(
         self,
@@ -376,10 +388,11 @@ class Transformer(nn.Module):
             raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
         pos, slots = paged_slots(start, last, past, dest, self.block_size)  # pos: [R, S]
         mask = paged_mask(self.args, start, pos, past.shape[1] * self.block_size)
-        x = self.tok_embeddings(tokens)  # [R, S, dim]
+        # tokens [R, S], or (a later pipeline stage) the previous stage's hidden [R, S, dim]
+        x = self.tok_embeddings(tokens) if self.stage.first else tokens  # [R, S, dim]
         cos = self.rope_cos[pos].to(x.dtype)  # [R, S, D]
         sin = self.rope_sin[pos].to(x.dtype)
-        for layer in self.layers:
+        for layer in self.blocks:
             x = layer(x, cos, sin, mask, slots)
         return x, slots
 

@@ -26,6 +26,7 @@ from torch_tensorrt_dist.models.checkpoint_files import weight_map
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.models.llama_args import read_config
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
+from torch_tensorrt_dist.models.stage import StageRole, cut_stage
 from torch_tensorrt_dist.models.weights_check import check_checkpoint
 from torch_tensorrt_dist.parallel.llama import (
     Embedding,
@@ -141,8 +142,10 @@ def load_llama(
     embedding: Embedding = "vocab_parallel",
     max_seq_len: int | None = None,
     progress: bool = True,
+    stage: StageRole | None = None,
 ) -> Transformer:
-    """Build the (sharded) model of checkpoint ``path``, reading only this rank's slices."""
+    """Build the (sharded) model of checkpoint ``path``, reading only this rank's slices
+    (``stage``: only a pipeline stage's parts, ``models/stage.py``)."""
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist")
@@ -156,6 +159,8 @@ def load_llama(
     full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     full_shapes["output.weight"] = (args.vocab_size, args.dim)
     apply_tp(model, pg, lm_head=lm_head, embedding=embedding)
+    if stage is not None:
+        cut_stage(model, stage)
     model = model.to(dtype).to_empty(device=device)
     fill_parameters(model, root, args, layout, full_shapes, progress=progress)
     logger.info("loaded %s (tp rank %d of %d, %s)", root, rank, size, dtype)
@@ -171,8 +176,10 @@ def random_llama(
     dtype: torch.dtype = torch.float32,
     lm_head: LMHead = "vocab_parallel",
     embedding: Embedding = "vocab_parallel",
+    stage: StageRole | None = None,
 ) -> Transformer:
-    """A model with deterministic random weights (same on every rank), then sharded."""
+    """A model with deterministic random weights (same on every rank), then sharded (and cut to
+    a pipeline ``stage``: the whole model's weights, so a stage equals its part of it)."""
     gen = torch.Generator().manual_seed(seed)
     model = Transformer(args)
     with torch.no_grad():
@@ -182,4 +189,6 @@ def random_llama(
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5 / p.shape[-1] ** 0.5)
     apply_tp(model, resolve_tp_group(group, mesh_dim), lm_head=lm_head, embedding=embedding)
+    if stage is not None:
+        cut_stage(model, stage)
     return model.to(dtype).requires_grad_(False).eval()

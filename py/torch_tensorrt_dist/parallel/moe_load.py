@@ -28,6 +28,7 @@ from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe import MoETransformer, SparseMoE
 from torch_tensorrt_dist.models.moe_args import MoEArgs, read_moe_config
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader, TensorInfo
+from torch_tensorrt_dist.models.stage import StageRole, cut_stage
 from torch_tensorrt_dist.models.weights_check import check_checkpoint
 from torch_tensorrt_dist.parallel.llama import Embedding, LMHead, ShardSlice, shard_slice, tp_layout
 from torch_tensorrt_dist.parallel.llama_load import hf_name, load_into
@@ -107,8 +108,8 @@ def _expert_jobs(
     [E, 2I, D] / ``experts.down_proj`` [E, D, I], read as ``key@e``."""
     jobs: list[Job] = []
     moe, d, size = model.moe, model.args.dim, model.moe.expert_size
-    for i, block in enumerate(model.blocks):
-        ffn = block.feed_forward
+    for i, layer in enumerate(model.layers):  # global indices (a pipeline stage holds some)
+        ffn = getattr(layer, "feed_forward", None)
         if not isinstance(ffn, SparseMoE):
             continue
         fused = f"model.layers.{i}.mlp.experts"
@@ -234,9 +235,11 @@ def load_moe(
     embedding: Embedding = "vocab_parallel",
     max_seq_len: int | None = None,
     progress: bool = True,
+    stage: StageRole | None = None,
 ) -> MoETransformer:
-    """Build the (sharded) MoE model of checkpoint ``path``, reading only this rank's bytes.
-    ``model.bytes_read`` says how many bytes of the checkpoint this rank read."""
+    """Build the (sharded) MoE model of checkpoint ``path``, reading only this rank's bytes
+    (``stage``: only a pipeline stage's parts, ``models/stage.py``). ``model.bytes_read`` says
+    how many bytes of the checkpoint this rank read."""
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist")
@@ -258,6 +261,8 @@ def load_moe(
     full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     full_shapes["output.weight"] = (args.vocab_size, args.dim)
     apply_moe_parallel(model, g, lm_head=lm_head, embedding=embedding)
+    if stage is not None:
+        cut_stage(model, stage)
     model = model.to(dtype).to_empty(device=device)
     model.bytes_read = fill_moe_parameters(
         model, root, layout, full_shapes, lm_head=lm_head, embedding=embedding, progress=progress
@@ -275,8 +280,10 @@ def random_moe(
     dtype: torch.dtype = torch.float32,
     lm_head: LMHead = "vocab_parallel",
     embedding: Embedding = "vocab_parallel",
+    stage: StageRole | None = None,
 ) -> MoETransformer:
-    """A MoE model with deterministic random weights (the same on every rank), then sharded."""
+    """A MoE model with deterministic random weights (the same on every rank), then sharded
+    (and cut to a pipeline ``stage``)."""
     gen = torch.Generator().manual_seed(seed)
     model = MoETransformer(args, moe)
     with torch.no_grad():
@@ -286,4 +293,6 @@ def random_moe(
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5 / p.shape[-1] ** 0.5)
     apply_moe_parallel(model, groups or _SINGLE, lm_head=lm_head, embedding=embedding)
+    if stage is not None:
+        cut_stage(model, stage)
     return model.to(dtype).requires_grad_(False).eval()

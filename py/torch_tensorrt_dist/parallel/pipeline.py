@@ -1,18 +1,18 @@
-"""Pipeline x tensor parallel layout: stages of layers on a 2-D ``(pp, tp)`` mesh.
+"""Pipeline x tensor (x expert) parallel layout: stages of layers on a ``(pp, [ep,] tp)`` mesh.
 
-    ranges = split_layers(32, 4)                  # [range(0, 8), range(8, 16), ...]
-    layout = PipelineLayout.of(rank=5, pp=2, tp=4) # stage 1, tp rank 1, peers
-    stage = PipelineStage(args, stage=1, pp=2, layers=ranges[1])
-    shard_stage(stage, tp_group)                   # the TP plan of parallel/llama.py
+    ranges = split_layers(32, 4)                    # [range(0, 8), range(8, 16), ...]
+    layout = PipelineLayout.of(rank=5, pp=2, tp=4)  # stage 1, tp rank 1, its peers
+    mesh = make_pipeline_mesh(pp=2, tp=4)           # every rank, same order
+    place = stage_place(mesh, n_layers=32)          # layout, role, TP and pipeline groups
 
-Global rank ``r`` sits at stage ``r // tp`` and TP rank ``r % tp`` (TP is the inner, fastest
-varying mesh dimension, so a stage's TP ranks are neighbours). Activations go from TP rank i of
-stage s to TP rank i of stage s + 1: after a layer's all-reduce every TP rank of a stage holds
-the same hidden state, so pairing rank for rank is exact and needs no collective between stages.
-
-The first stage holds the token embedding, the last one the final norm and LM head; every stage
-holds only its layers (under their global index, so checkpoint names map one to one) and the KV
-cache of those layers.
+Global rank ``r`` sits at stage ``r // width`` (``width = ep x tp``: the ranks of one stage)
+and at ``r % width`` inside it; TP is the innermost mesh dimension, so a stage's TP ranks are
+neighbours. Each stage is the model of its family (dense or MoE) with only its layers
+(``models/stage.py``), sharded by the family's own plan over the stage's groups. Rank ``i`` of
+stage ``s`` sends its hidden states to rank ``i`` of stage ``s + 1``: after a layer's last
+collective every rank of a stage holds the same hidden state, so pairing them is exact; the
+ranks ``i`` of every stage form a pipeline group, over which the last stage broadcasts the
+step's logits (``generation/pipeline.py``).
 """
 
 from __future__ import annotations
@@ -22,36 +22,23 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torch_tensorrt_dist.errors import ConfigError, GroupResolutionError
-from torch_tensorrt_dist.models.llama import (
-    KVCache,
-    RMSNorm,
-    TransformerBlock,
-    VocabEmbedding,
-    lm_logits,
-    mask_and_positions,
-    rope_tables,
-)
 from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.parallel.llama import (
-    Embedding,
-    LMHead,
-    shard_modules,
-    tp_layout,
-)
+from torch_tensorrt_dist.models.stage import StageRole
+from torch_tensorrt_dist.parallel.llama import tp_layout
+from torch_tensorrt_dist.parallel.mesh import mesh_device_type
 
 __all__ = [
     "PipelineLayout",
-    "PipelineStage",
-    "RowKVCache",
+    "StagePlace",
     "check_mesh",
     "make_pipeline_mesh",
-    "shard_stage",
     "split_layers",
-    "stage_groups",
+    "stage_place",
+    "stage_role",
+    "stage_tensor_names",
 ]
 
 
@@ -107,21 +94,28 @@ def check_mesh(pp: int, tp: int, world_size: int, args: ModelArgs | None = None)
 
 @dataclass(frozen=True)
 class PipelineLayout:
-    """Where global ``rank`` sits on the ``(pp, tp)`` mesh and whom it talks to (pure)."""
+    """Where global ``rank`` sits on the ``(pp, ep, tp)`` mesh and whom it talks to (pure)."""
 
     rank: int
     pp: int
     tp: int
+    ep: int = 1
 
     @classmethod
-    def of(cls, rank: int, pp: int, tp: int) -> PipelineLayout:
-        if not 0 <= rank < pp * tp:
-            raise ConfigError(f"rank {rank} is not on a pp={pp} x tp={tp} mesh")
-        return cls(rank, pp, tp)
+    def of(cls, rank: int, pp: int, tp: int, ep: int = 1) -> PipelineLayout:
+        if not 0 <= rank < pp * ep * tp:
+            where = f"pp={pp} x tp={tp}" if ep == 1 else f"pp={pp} x ep={ep} x tp={tp}"
+            raise ConfigError(f"rank {rank} is not on a {where} mesh")
+        return cls(rank, pp, tp, ep)
+
+    @property
+    def width(self) -> int:
+        """Ranks per stage (``ep x tp``)."""
+        return self.ep * self.tp
 
     @property
     def stage(self) -> int:
-        return self.rank // self.tp
+        return self.rank // self.width
 
     @property
     def tp_rank(self) -> int:
@@ -137,182 +131,111 @@ class PipelineLayout:
 
     @property
     def tp_ranks(self) -> list[int]:
-        """Global ranks of this stage's TP group."""
-        return [self.stage * self.tp + t for t in range(self.tp)]
+        """Global ranks of this rank's TP group."""
+        first = self.rank - self.tp_rank
+        return list(range(first, first + self.tp))
+
+    @property
+    def pp_ranks(self) -> list[int]:
+        """Global ranks of this rank's pipeline group: its place in every stage, first to last."""
+        return [s * self.width + self.rank % self.width for s in range(self.pp)]
 
     @property
     def prev(self) -> int | None:
-        """The rank activations come from (same TP rank, previous stage)."""
-        return None if self.is_first else self.rank - self.tp
+        """The rank hidden states come from (the same place in the previous stage)."""
+        return None if self.is_first else self.rank - self.width
 
     @property
     def next(self) -> int | None:
-        """The rank activations go to (same TP rank, next stage)."""
-        return None if self.is_last else self.rank + self.tp
+        """The rank hidden states go to (the same place in the next stage)."""
+        return None if self.is_last else self.rank + self.width
 
     @property
-    def token_peer(self) -> int | None:
-        """Last stage: the first-stage rank it returns sampled tokens to; first stage: the
-        last-stage rank they come from. None for middle stages, or when pp == 1."""
-        if self.pp == 1:
-            return None
-        if self.is_last:
-            return self.tp_rank
-        if self.is_first:
-            return (self.pp - 1) * self.tp + self.tp_rank
-        return None
+    def logits_source(self) -> int:
+        """The last-stage rank whose logits this rank's pipeline group receives."""
+        return self.pp_ranks[-1]
 
 
-def make_pipeline_mesh(pp: int, tp: int, device_type: str | None = None) -> DeviceMesh:
-    """``init_device_mesh(device, (pp, tp), mesh_dim_names=("pp", "tp"))`` after checking sizes."""
+def stage_role(n_layers: int, layout: PipelineLayout, split: Sequence[int] | None) -> StageRole:
+    """The stage this rank runs: its index and its layers."""
+    ranges = split_layers(n_layers, layout.pp, split)
+    return StageRole(layout.stage, layout.pp, ranges[layout.stage], max(map(len, ranges)))
+
+
+def make_pipeline_mesh(
+    pp: int, tp: int, device_type: str | None = None, *, ep: int | None = None
+) -> DeviceMesh:
+    """``init_device_mesh(device, (pp, tp))`` (dims ``pp``, ``tp``), or with ``ep`` (a MoE
+    model's stages, 1 included) ``(pp, ep, tp)``, after checking the world's size."""
     if not dist.is_initialized():
         raise ConfigError(
             "a pipeline mesh needs torch.distributed initialised (init_distributed())"
         )
-    check_mesh(pp, tp, dist.get_world_size())
-    if device_type is None:
-        device_type = (
-            "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+    world = dist.get_world_size()
+    if ep is None:
+        check_mesh(pp, tp, world)
+    elif pp * ep * tp != world:
+        raise ConfigError(
+            f"mesh pp={pp} x ep={ep} x tp={tp} needs {pp * ep * tp} ranks, but the world size "
+            f"is {world}"
         )
-    return init_device_mesh(device_type, (pp, tp), mesh_dim_names=("pp", "tp"))
+    device_type = device_type or mesh_device_type()
+    if ep is None:
+        return init_device_mesh(device_type, (pp, tp), mesh_dim_names=("pp", "tp"))
+    return init_device_mesh(device_type, (pp, ep, tp), mesh_dim_names=("pp", "ep", "tp"))
 
 
-def stage_groups(mesh: DeviceMesh) -> tuple[PipelineLayout, dist.ProcessGroup | None]:
-    """This rank's layout and TP group, with the group's ranks checked against the layout."""
-    if mesh.mesh_dim_names != ("pp", "tp"):
-        raise ConfigError(f"expected a ('pp', 'tp') mesh, got dims {mesh.mesh_dim_names}")
-    pp, tp = mesh.shape
-    layout = PipelineLayout.of(dist.get_rank(), pp, tp)
-    if tp == 1:
-        return layout, None
-    group = mesh.get_group("tp")
-    ranks = dist.get_process_group_ranks(group)
-    if ranks != layout.tp_ranks:
-        raise GroupResolutionError(
-            f"rank {layout.rank}: the mesh's TP group holds ranks {ranks}, but stage "
-            f"{layout.stage} of pp={pp} x tp={tp} owns {layout.tp_ranks}; build the mesh with "
-            "make_pipeline_mesh (TP must be the inner mesh dimension)"
-        )
-    return layout, group
+@dataclass(frozen=True)
+class StagePlace:
+    """One rank's stage: where it sits, what it runs, and its groups."""
 
-
-class RowKVCache(KVCache):
-    """A KV cache whose batch rows come from ``rows`` (a buffer shared by a stage's layers)."""
-
-    rows: Tensor
-
-    def __init__(
-        self,
-        max_batch_size: int,
-        n_kv_heads: int,
-        max_seq_len: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device | str | None,
-        rows: Tensor,
-    ) -> None:
-        super().__init__(max_batch_size, n_kv_heads, max_seq_len, head_dim, dtype, device)
-        self.register_buffer("rows", rows, persistent=False)
-
-    def update(self, cache_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        # cache_pos: [S]; k, v: [b, H_kv, S, D] -> this microbatch's caches [b, H_kv, L, D]
-        rows = self.rows[: k.shape[0]]
-        where = (rows[:, None], slice(None), cache_pos[None, :])  # value: [b, S, H_kv, D]
-        self.k_cache[where] = k.transpose(1, 2)
-        self.v_cache[where] = v.transpose(1, 2)
-        return self.k_cache.index_select(0, rows), self.v_cache.index_select(0, rows)
-
-
-class PipelineStage(nn.Module):
-    """The part of a Llama decoder that one pipeline stage runs.
-
-    First stage: ``tokens [B, S] int64 -> hidden [B, S, dim]``; middle: ``hidden -> hidden``;
-    last: ``hidden -> logits [B, S|1, V]`` (pp == 1: tokens -> logits). Layers keep their global
-    index (``layers["5"]``), so parameter names are those of the whole model.
-    """
-
-    rope_cos: Tensor
-    rope_sin: Tensor
-    key_slots: Tensor
-    cache_rows: Tensor
-
-    def __init__(self, args: ModelArgs, *, stage: int, pp: int, layers: range) -> None:
-        super().__init__()
-        self.args, self.stage, self.pp, self.layer_ids = args, stage, pp, layers
-        self.is_first, self.is_last = stage == 0, stage == pp - 1
-        emb = VocabEmbedding(args.vocab_size, args.dim) if self.is_first else None
-        self.tok_embeddings = emb
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in layers})
-        self.norm = RMSNorm(args.dim, args.norm_eps) if self.is_last else None
-        # always its own matrix: a tied head is loaded from the embedding (own copy when pp > 1)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False) if self.is_last else None
-        self.group: dist.ProcessGroup | None = None  # set when the LM head is vocab-parallel
-        self.max_seq_len = -1
+    layout: PipelineLayout
+    role: StageRole
+    mesh: DeviceMesh
+    tp_group: dist.ProcessGroup | None
+    """The stage's TP group (None at tp 1)."""
+    pp_group: dist.ProcessGroup
+    """This rank's pipeline group (``layout.pp_ranks``): the logits' broadcast."""
 
     @property
-    def blocks(self) -> list[TransformerBlock]:
-        return [b for b in self.layers.values() if isinstance(b, TransformerBlock)]
+    def stage_mesh(self) -> DeviceMesh:
+        """The ``(ep, tp)`` mesh of this rank's stage (a ``(pp, ep, tp)`` mesh): where a MoE
+        stage finds its groups."""
+        if self.mesh.mesh_dim_names != ("pp", "ep", "tp"):
+            raise ConfigError("a MoE stage needs a (pp, ep, tp) mesh: make_pipeline_mesh(ep=...)")
+        return self.mesh["ep", "tp"]
 
-    def setup_caches(self, max_batch_size: int, max_seq_len: int, *, microbatches: int = 1) -> None:
-        """KV caches of this stage's layers only, and the RoPE tables.
 
-        With ``microbatches`` > 1 the caches are addressed by row: :meth:`select_rows` picks the
-        cache rows of the microbatch the next call runs, so every microbatch shares one graph.
-        """
-        if max_seq_len > self.args.max_seq_len:
-            raise ConfigError(
-                f"max_seq_len={max_seq_len} exceeds the model's limit {self.args.max_seq_len}"
+def stage_place(mesh: DeviceMesh, n_layers: int, split: Sequence[int] | None = None) -> StagePlace:
+    """This rank's place on a :func:`make_pipeline_mesh` mesh, its groups checked against the
+    layout (TP must be the inner dimension)."""
+    names = mesh.mesh_dim_names
+    if names not in (("pp", "tp"), ("pp", "ep", "tp")):
+        raise ConfigError(f"expected a ('pp', ['ep',] 'tp') mesh, got dims {names}")
+    pp, tp = mesh.size(0), mesh.size(-1)
+    ep = mesh.size(1) if len(names) == 3 else 1
+    layout = PipelineLayout.of(dist.get_rank(), pp, tp, ep)
+    group = mesh.get_group("tp") if tp > 1 else None
+    pp_group = mesh.get_group("pp")
+    for what, g, want in (("TP", group, layout.tp_ranks), ("pipeline", pp_group, layout.pp_ranks)):
+        ranks = dist.get_process_group_ranks(g) if g is not None else want
+        if ranks != want:
+            raise GroupResolutionError(
+                f"rank {layout.rank}: the mesh's {what} group holds ranks {ranks}, but its "
+                f"layout owns {want}; build the mesh with make_pipeline_mesh (TP inner)"
             )
-        param = next(self.parameters())
-        rows = torch.arange(max_batch_size, device=param.device)
-        self.register_buffer("cache_rows", rows, persistent=False)
-        for block in self.blocks:
-            attn = block.attention
-            shape = (max_batch_size, attn.n_kv_heads, max_seq_len, attn.head_dim)
-            if microbatches > 1:
-                attn.kv_cache = RowKVCache(*shape, param.dtype, param.device, self.cache_rows)
-            else:
-                attn.kv_cache = KVCache(*shape, param.dtype, param.device)
-        cos, sin = rope_tables(self.args, max_seq_len)
-        self.register_buffer("rope_cos", cos.to(param.device), persistent=False)
-        self.register_buffer("rope_sin", sin.to(param.device), persistent=False)
-        slots = torch.arange(max_seq_len, device=param.device)
-        self.register_buffer("key_slots", slots, persistent=False)
-        self.max_seq_len = max_seq_len
-
-    def select_rows(self, start: int, count: int) -> None:
-        """Route the next call's KV reads and writes to cache rows [start, start + count)."""
-        self.cache_rows[:count].copy_(torch.arange(start, start + count))
-
-    def forward(self, x: Tensor, cache_pos: Tensor, pad: Tensor, last_only: bool = False) -> Tensor:
-        if self.max_seq_len < 0:
-            raise ConfigError("call PipelineStage.setup_caches(...) before running the stage")
-        mask, positions = mask_and_positions(self.args, self.key_slots, cache_pos, pad)
-        if self.tok_embeddings is not None:
-            x = self.tok_embeddings(x)  # [B, S] -> [B, S, dim]
-        cos = self.rope_cos[positions].to(x.dtype)  # [B, S, D]
-        sin = self.rope_sin[positions].to(x.dtype)
-        for block in self.blocks:
-            x = block(x, cos, sin, mask, cache_pos)
-        if self.norm is None or self.output is None:
-            return x  # hidden [B, S, dim] for the next stage
-        if last_only:
-            x = x[:, -1:]
-        return lm_logits(self.norm(x), self.output.weight, self.group, self.args.vocab_size)
+    return StagePlace(layout, stage_role(n_layers, layout, split), mesh, group, pp_group)
 
 
-def shard_stage(
-    stage: PipelineStage,
-    group: dist.ProcessGroup | None,
-    *,
-    lm_head: LMHead = "vocab_parallel",
-    embedding: Embedding = "vocab_parallel",
-) -> PipelineStage:
-    """Apply the TP plan of ``parallel/llama.py`` to a stage (meta or real weights), in place."""
-    if group is None or dist.get_world_size(group) == 1:
-        return stage
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
-    layout = tp_layout(stage.args, rank, size, lm_head, embedding)
-    shard_modules(stage, stage.blocks, stage.tok_embeddings, layout, group)
-    stage.group = group if stage.is_last and lm_head == "vocab_parallel" else None
-    return stage
+def stage_tensor_names(
+    args: ModelArgs, stage: int, pp: int, split: Sequence[int] | None = None
+) -> list[str]:
+    """The checkpoint tensors stage ``stage`` reads (pure: for tests and planning)."""
+    from torch_tensorrt_dist.models.llama import Transformer
+    from torch_tensorrt_dist.models.stage import cut_stage
+    from torch_tensorrt_dist.parallel.llama_load import hf_name
+
+    with torch.device("meta"):
+        model = Transformer(args)
+    cut_stage(model, StageRole(stage, pp, split_layers(args.n_layers, pp, split)[stage]))
+    return sorted({hf_name(name, args) for name, _ in model.named_parameters()})
