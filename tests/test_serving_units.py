@@ -22,7 +22,7 @@ from torch_tensorrt_dist.parallel.llama_load import random_llama
 
 pytest.importorskip("fastapi")
 
-from torch_tensorrt_dist.serving import control, protocol
+from torch_tensorrt_dist.serving import control, protocol, schema
 from torch_tensorrt_dist.serving.bridge import (
     Cancel,
     Failed,
@@ -39,7 +39,7 @@ from torch_tensorrt_dist.serving.loop import Leader, StepLoop
 
 
 def test_request_defaults_and_checks() -> None:
-    p = protocol.parse_request({"prompt": "hi"}, chat=False)
+    p = schema.parse_request({"prompt": "hi"}, chat=False)
     assert (p.max_tokens, p.temperature, p.top_p, p.seed, p.stop, p.stream) == (
         16,
         1.0,
@@ -48,7 +48,10 @@ def test_request_defaults_and_checks() -> None:
         (),
         False,
     )
-    c = protocol.parse_request(
+    # unknown fields are ignored; known ones at their default ("off") pass
+    extra = {"prompt": "hi", "user": "u", "x-trace": [1], "suffix": "", "tools": []}
+    assert schema.parse_request(extra, chat=False).sampling() == p.sampling()
+    c = schema.parse_request(
         {
             "messages": [
                 {
@@ -63,9 +66,9 @@ def test_request_defaults_and_checks() -> None:
         },
         chat=True,
     )
-    assert c.messages == [{"role": "user", "content": "a\nb"}] and c.max_tokens == 5
+    assert c.messages == [{"role": "user", "content": "a\nb"}] and c.max_new == 5
     assert c.stop == ("x",) and c.include_usage
-    assert protocol.parse_request({"prompt": [[1, 2]]}, chat=False).prompt == [1, 2]
+    assert schema.parse_request({"prompt": [[1, 2]]}, chat=False).prompts == ((1, 2),)
     bad = [
         ({"prompt": "x", "seed": 2**64}, r"seed must be an integer in \[0, 2\*\*64\)"),
         ({"prompt": "x", "temperature": 0.0001}, r"temperature must be 0 \(greedy\) or in"),
@@ -74,40 +77,39 @@ def test_request_defaults_and_checks() -> None:
         ({"prompt": "x", "temperature": float("nan")}, "temperature must be a finite number"),
         ({"prompt": ""}, "non-empty string"),
         ({"prompt": "x", "stream": "yes"}, "stream must be true or false"),
-        ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty is not supported"),
+        ({"prompt": "x", "suffix": "y"}, "suffix is not supported"),
         ([1, 2], "must be a JSON object"),
     ]
     for body, message in bad:
         with pytest.raises(protocol.RequestError, match=message) as err:
-            protocol.parse_request(body, chat=False)
+            schema.parse_request(body, chat=False)
         assert err.value.status == 400 and err.value.body()["error"]["type"]
     with pytest.raises(protocol.RequestError, match=r"role 'robot' is not one of"):
-        protocol.parse_request({"messages": [{"role": "robot", "content": "x"}]}, chat=True)
+        schema.parse_request({"messages": [{"role": "robot", "content": "x"}]}, chat=True)
     with pytest.raises(protocol.RequestError, match="content part 'image_url'"):
-        protocol.parse_request(
+        schema.parse_request(
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, chat=True
         )
 
 
 def test_response_and_chunk_shapes() -> None:
-    chat = protocol.parse_request({"messages": [{"role": "user", "content": "x"}]}, chat=True)
     head = {"rid": "chatcmpl-1", "created": 7, "model": "m"}
-    body = protocol.response(chat, text="hi", finish="stop", usage=protocol.usage(3, 2), **head)
+    one = protocol.choice(True, index=0, text="hi", finish="stop")
+    body = protocol.response(True, choices=[one], usage=protocol.usage(3, 2), **head)
     assert body["object"] == "chat.completion" and body["usage"]["total_tokens"] == 5
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
-    first = protocol.chunk(chat, text="", first=True, **head)
+    first = protocol.chunk(True, text="", first=True, **head)
     assert first["object"] == "chat.completion.chunk"
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    end = protocol.chunk(chat, text=None, finish="length", **head)
+    end = protocol.chunk(True, text=None, index=2, finish="length", **head)
     assert end["choices"][0] == {
-        "index": 0,
+        "index": 2,
         "delta": {},
         "logprobs": None,
         "finish_reason": "length",
     }
-    plain = protocol.parse_request({"prompt": "x"}, chat=False)
-    assert protocol.chunk(plain, text="a", **head)["object"] == "text_completion"
-    assert protocol.chunk(plain, text=None, usage={"x": 1}, **head)["choices"] == []
+    assert protocol.chunk(False, text="a", **head)["object"] == "text_completion"
+    assert protocol.chunk(False, text=None, usage={"x": 1}, **head)["choices"] == []
 
 
 def test_control_payload_round_trip() -> None:
