@@ -4,20 +4,35 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from torch_tensorrt_dist.artifacts import compile_artifacts, load_generator
 from torch_tensorrt_dist.artifacts.manifest import manifest_digest
 from torch_tensorrt_dist.generation import Generator
+from torch_tensorrt_dist.generation.kv_memory import kv_layout_for
+from torch_tensorrt_dist.models.llama_args import read_config
 from torch_tensorrt_dist.parallel.llama_load import load_llama
 
 from ._core_fns import Job, run_schedule
 
 MAX_SEQ = 64
+#: 2 rows, blocks of 4 tokens, 8 prompt tokens a step: prompts are chunked, rows cross blocks
+OPTIONS: dict[str, Any] = {
+    "max_seq_len": MAX_SEQ,
+    "max_batch_size": 2,
+    "block_size": 4,
+    "max_prefill_tokens": 8,
+}
+#: the pool (20 blocks and the null block): two 60-token requests (15 blocks each) preempt
+KV_BLOCKS = 20
+#: modules whose presence after the first calls from artifacts would mean a compile
+COMPILERS = ("torch._inductor.compile_fx", "torch._dynamo")
 
 
 def flip_byte(path: Path) -> None:
@@ -29,9 +44,9 @@ def flip_byte(path: Path) -> None:
 
 #: Defects of one rank's file: variant -> the file whose middle byte is flipped.
 FLIPPED = {
-    "corrupt": "rank-1/decode.pt2",
+    "corrupt": "rank-1/step.pt2",
     "weights": "rank-1/weights.safetensors",
-    "prefill": "rank-0/prefill-16.pt2",
+    "package": "rank-0/step.pt2",
     "entry": "rank-0/rank.json",
 }
 
@@ -50,7 +65,7 @@ def _variant(src: Path, dest: Path, edit: str) -> None:
     elif edit == "groups":
         manifest["groups"][0]["ranks"] = [1, 0]
     elif edit == "format":
-        manifest["format_version"] = 99
+        manifest["format_version"] = 3  # the per-bucket graphs of earlier versions
     elif edit == "manifest":
         manifest["cache_len"] += 1
     if edit != "manifest":
@@ -61,31 +76,71 @@ def _variant(src: Path, dest: Path, edit: str) -> None:
 VARIANTS = (*FLIPPED, "missing", "version", "groups", "format", "manifest")
 
 
-def compile_and_generate(
+def kv_memory(ckpt: str, world: int) -> int:
+    """Bytes of ``KV_BLOCKS`` blocks on each of ``world`` ranks."""
+    layout = kv_layout_for(
+        read_config(Path(ckpt)), tp=world, dtype=torch.float32, block_size=OPTIONS["block_size"]
+    )
+    return KV_BLOCKS * layout.bytes_per_block
+
+
+def compile_rank(rank: int, world: int, ckpt: str, out: str) -> float:
+    """Compile the artifacts (every rank); the seconds this rank took."""
+    result = compile_artifacts(
+        ckpt, out, kv_cache_memory=kv_memory(ckpt, world), wrapper_opt_level="O0", **OPTIONS
+    )
+    return result.seconds
+
+
+def _error(fn: Any) -> str:
+    try:
+        fn()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def load_and_generate(
     rank: int, world: int, ckpt: str, out: str, prompts: list[list[int]], max_new: int
 ) -> dict[str, Any]:
-    """Compile artifacts, load them back and generate; generate from the checkpoint too; then
-    try loading each defective copy (every refusal) and requests beyond the compiled shapes."""
-    result = compile_artifacts(
-        ckpt, out, max_seq_len=MAX_SEQ, max_batch_size=2, buckets=[16], wrapper_opt_level="O0"
-    )
+    """In fresh ranks: load the artifacts and generate (the first calls compile nothing; every
+    shape class runs); generate from the checkpoint with the same options; run a serving
+    schedule (joins, a cancel, a prefix hit, preemptions) on both; then try loading each
+    defective copy (every refusal) and a request beyond the compiled length."""
     start = time.perf_counter()
     gen = load_generator(out)
     load_s = time.perf_counter() - start
+    classes: set[tuple[bool, bool]] = set()  # (several rows, several tokens) of each call
+    step = gen._step
+
+    def recording(tokens: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        classes.add((tokens.shape[0] > 1, tokens.shape[1] > 1))
+        return step(tokens, *rest)
+
+    gen._step = recording
+    start = time.perf_counter()
     from_artifacts = gen.generate(prompts, max_new_tokens=max_new).tokens
-    single = gen.generate(prompts[:1], max_new_tokens=max_new).tokens  # fewer rows than compiled
+    first_s = time.perf_counter() - start
+    imported = [m for m in COMPILERS if m in sys.modules]
+    single = gen.generate(prompts[:1], max_new_tokens=max_new).tokens  # one row
+    queued = [*prompts, [6, 6, 6]]  # more prompts than rows: the third waits for a row
+    from_queued = gen.generate(queued, max_new_tokens=max_new).tokens
+
     model = load_llama(ckpt, group=dist.group.WORLD, progress=False)
-    reference = Generator(model, max_batch_size=2, cache_len=MAX_SEQ)
+    reference = Generator(model, kv_cache_memory=kv_memory(ckpt, world), **_generator_options())
     from_ckpt = reference.generate(prompts, max_new_tokens=max_new).tokens
-    # the serving core over the loaded graphs: requests join and leave at different steps
+    queued_ckpt = reference.generate(queued, max_new_tokens=max_new).tokens
+    long = [(7 * i) % 120 + 1 for i in range(40)]
     jobs = [
         Job(0, prompts[0], max_new),
         Job(1, prompts[1], 4),
         Job(2, [6, 6], 7, cancel_at=5),
-        Job(3, [1], 5),
+        Job(3, prompts[0], 5),  # the first job's prompt again: a prefix-cache hit
+        Job(4, long, 20),
+        Job(5, long[::-1], 20),  # with job 4: more blocks than the pool holds
     ]
-    served = run_schedule(gen, jobs, ())["tokens"]
-    served_ckpt = run_schedule(reference, jobs, ())["tokens"]
+    served = run_schedule(gen, jobs, ())
+    served_ckpt = run_schedule(reference, jobs, ())
 
     errors: dict[str, str] = {}
     if rank == 0:
@@ -95,14 +150,16 @@ def compile_and_generate(
     for name in VARIANTS:
         errors[name] = _error(lambda n=name: load_generator(Path(out).parent / n))
     errors["layout"] = _error(lambda: load_generator(out, tp=1, pp=2))
-    errors["batch"] = _error(lambda: gen.generate([[1, 2]] * 3, max_new_tokens=2))
-    errors["bucket"] = _error(lambda: gen.generate([[1] * 20], max_new_tokens=2))
     errors["length"] = _error(lambda: gen.generate([[1] * 10], max_new_tokens=60))
     return {
-        "compile_s": result.seconds,
         "load_s": load_s,
+        "first_s": first_s,
+        "imported": imported,
+        "classes": sorted(classes),
         "artifacts": from_artifacts,
         "single": single,
+        "queued": from_queued,
+        "queued_checkpoint": queued_ckpt,
         "checkpoint": from_ckpt,
         "served": served,
         "served_checkpoint": served_ckpt,
@@ -110,9 +167,8 @@ def compile_and_generate(
     }
 
 
-def _error(fn: Any) -> str:
-    try:
-        fn()
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return ""
+def _generator_options() -> dict[str, Any]:
+    """``OPTIONS`` as :class:`Generator` takes them."""
+    opts = dict(OPTIONS)
+    opts["cache_len"] = opts.pop("max_seq_len")
+    return opts

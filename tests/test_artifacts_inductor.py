@@ -1,10 +1,13 @@
 """Compile once, run many (AOTInductor, 2 gloo ranks): the same greedy tokens as the checkpoint,
 and every refusal of a defective directory or an out-of-shape request, with its message.
 
-One spawn compiles the artifacts (a tiny tied-embedding checkpoint, one prefill bucket) and
-checks everything that needs live ranks, among them a byte flipped in each kind of file, on
-each rank; the CLI tests reuse the directory and its defective copies (a rank-1 refusal under
-torchrun and mpirun reaches the user; the manifest and tokenizer are refused before any rank).
+One spawn compiles the artifacts (a tiny tied-embedding checkpoint: one step package per rank,
+a pool of 20 blocks of 4 tokens); a second spawn, in fresh processes, loads them and checks
+everything that needs live ranks: the first calls compile nothing, every shape class runs, the
+core's schedule (joins, a cancel, a prefix hit, preemptions) gives the checkpoint's tokens, and
+a byte flipped in each kind of file is refused on each rank. The CLI tests reuse the directory
+and its defective copies (a rank-1 refusal under torchrun and mpirun reaches the user; the
+manifest and tokenizer are refused before any rank).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import pytest
 
 from torch_tensorrt_dist.artifacts import read_manifest
+from torch_tensorrt_dist.artifacts.graphs import GraphEntry
 from torch_tensorrt_dist.artifacts.manifest import manifest_digest, sha256_file
 from torch_tensorrt_dist.cli import main
 from torch_tensorrt_dist.errors import ArtifactError
@@ -41,18 +45,15 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("artifacts")
     hf = _llama_ckpt.save_checkpoint("qwen2_tied", root / "ckpt")
     out = root / "out"
+    ckpt = str(root / "ckpt")
+    compile_s = run_on_ranks(_artifact_fns.compile_rank, 2, ckpt, str(out), timeout=420)
     res = run_on_ranks(
-        _artifact_fns.compile_and_generate,
-        2,
-        str(root / "ckpt"),
-        str(out),
-        PROMPTS,
-        MAX_NEW,
-        timeout=420,
+        _artifact_fns.load_and_generate, 2, ckpt, str(out), PROMPTS, MAX_NEW, timeout=300
     )
     return {
         "out": out,
         "ranks": res,
+        "compile_s": compile_s,
         "hf": [_llama_ckpt.hf_greedy(hf, p, MAX_NEW) for p in PROMPTS],
     }
 
@@ -60,9 +61,27 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_same_tokens_as_checkpoint_and_transformers(built: dict[str, Any]) -> None:
     for r in built["ranks"]:
         assert r["artifacts"] == r["checkpoint"] == built["hf"]
-        assert r["single"] == built["hf"][:1]  # one row through the 2-row graphs
-        # the serving core (joins, leaves, a cancel, slot reuse) over the loaded graphs
-        assert r["served"] == r["served_checkpoint"] and r["served"][0] == built["hf"][0]
+        assert r["single"] == built["hf"][:1]  # one row through the 2-row graph
+        assert r["queued"] == r["queued_checkpoint"] and r["queued"][:2] == built["hf"]
+        # one package ran every shape class: decode or prefill, one row or several
+        assert r["classes"] == [(False, False), (False, True), (True, False), (True, True)]
+
+
+def test_the_core_schedule_matches_the_checkpoint(built: dict[str, Any]) -> None:
+    """Joins, leaves, a cancel, a prefix-cache hit and preemptions (a pool of 20 blocks for two
+    15-block requests): the tokens of the checkpoint's generator with the same options."""
+    for r in built["ranks"]:
+        art, ckpt = r["served"], r["served_checkpoint"]
+        assert art["tokens"] == ckpt["tokens"] and art["tokens"][0] == built["hf"][0]
+        assert art["tokens"][3] == built["hf"][0][:5]
+        assert art["cached"] == ckpt["cached"] and art["cached"].get(3, 0) > 0
+        assert art["preemptions"] == ckpt["preemptions"] > 0
+
+
+def test_loading_compiles_nothing(built: dict[str, Any]) -> None:
+    for r in built["ranks"]:
+        assert r["imported"] == []  # neither Inductor's compiler nor Dynamo was imported
+        assert r["load_s"] < 30 and r["first_s"] < 30  # generous: a loaded 2-core machine
 
 
 def test_manifest_records_layout_groups_and_files(built: dict[str, Any]) -> None:
@@ -70,13 +89,19 @@ def test_manifest_records_layout_groups_and_files(built: dict[str, Any]) -> None
     m = read_manifest(out)
     assert (m.world_size, m.tp, m.pp, m.engine, m.device) == (2, 2, 1, "inductor", "cpu")
     assert [(g.name, g.ranks) for g in m.groups] == [("0", [0, 1])]
-    assert m.buckets == [16] and m.cache_len == 64 and m.max_batch_size == 2
+    assert (m.cache_len, m.max_batch_size, m.block_size, m.max_prefill_tokens) == (64, 2, 4, 8)
+    assert m.num_blocks == _artifact_fns.KV_BLOCKS + 1  # and the null block
+    # one graph: rows 1..2, tokens 1..8 (the prefill budget), tables of 2..16 blocks (64 / 4)
+    assert m.graphs == [GraphEntry("step", [1, 2], [1, 8], [2, 16])]
     for entry in m.ranks:
-        assert set(entry.files) == {"prefill-16", "decode", "weights", "entry"}
+        assert set(entry.files) == {"step", "weights", "entry"}
         assert entry.files["entry"].path == f"rank-{entry.rank}/rank.json"
         # 2 all-reduces per layer + the embedding's + the vocab-parallel head's
-        assert len(entry.schedules["decode"]) == 2 * 2 + 2
-        assert all(s.startswith("all_reduce(sum,0)") for s in entry.schedules["decode"])
+        assert len(entry.schedules["step"]) == 2 * 2 + 2
+        assert all(s.startswith("all_reduce(sum,0)") for s in entry.schedules["step"])
+        # each layer's pools: 21 blocks of 4 tokens of this rank's 1 KV head of 16
+        assert entry.state["model.layers.1.attention.kv_pages.v_pool"] == [21, 4, 1, 16]
+        assert len(entry.state) == 2 * 2
         for f in entry.files.values():
             mode = stat.S_IMODE(os.stat(out / f.path).st_mode)
             assert mode == 0o644, (f.path, oct(mode))
@@ -101,12 +126,16 @@ def test_refusals_by_name(built: dict[str, Any]) -> None:
         assert "compiled with torch 2.0.0" in ranks_errors["version"]
         assert "process group '0' (tp) of the artifacts" in ranks_errors["groups"]
         assert "ranks [1, 0]" in ranks_errors["groups"]
-        assert "manifest.json: artifact format version 99" in ranks_errors["format"]
+        assert ranks_errors["format"].endswith(
+            "manifest.json: artifact format version 3, but this torch_tensorrt_dist reads "
+            "version 4; recompile with `torchtrt-dist compile`"
+        )
         assert "manifest.json does not match its digest" in ranks_errors["manifest"]
     assert "this run has world size 2 (pp 2 x tp 1)" in errors["layout"]
-    assert "3 prompts, but the artifacts were compiled for batch 2" in errors["batch"]
-    assert "no compiled prefill bucket fits a 20-token prompt" in errors["bucket"]
-    assert "exceeds the compiled sequence length 64" in errors["length"]
+    assert errors["length"] == (
+        "ArtifactError: prompt (10 tokens) + max_new_tokens (60) = 70 exceeds the compiled "
+        "sequence length 64; use max_new_tokens <= 54, or recompile with a larger --max-seq-len"
+    )
 
 
 def test_one_process_is_refused_before_any_collective(built: dict[str, Any]) -> None:
@@ -151,7 +180,12 @@ def test_serve_from_artifacts(built: dict[str, Any], capsys: pytest.CaptureFixtu
 
     out = str(built["out"])
     assert main(["serve", "--artifacts", out, "--max-batch-size", "3"]) == 2
-    assert "compiled for 2 rows; leave it unset" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "error: --max-batch-size 3: the artifacts were compiled for 2 rows; leave it unset or "
+        "recompile with `torchtrt-dist compile --max-batch-size 3`\n"
+    )
+    assert main(["serve", "--artifacts", out, "--max-seq-len", "128"]) == 2
+    assert "compiled for sequences of 64 tokens; leave it unset" in capsys.readouterr().err
     srv = start_server(["--artifacts", out])
     try:
         assert "engine artifacts:inductor, 2 rows x 64 tokens" in srv.output()
@@ -165,8 +199,9 @@ def test_serve_from_artifacts(built: dict[str, Any], capsys: pytest.CaptureFixtu
         for res, ref in zip(results, built["hf"]):
             assert res.json()["usage"]["completion_tokens"] == len(ref)
             assert res.json()["choices"][0]["text"] == bytes(ref).decode(errors="replace")
-        too_long = ask(list(range(1, 20)))  # 19 tokens: no compiled bucket (16) holds them
-        assert too_long.status_code == 400 and "buckets [16]" in too_long.text
+        too_long = ask(list(range(1, 60)))  # 59 tokens + 8: beyond the compiled 64
+        assert too_long.status_code == 400
+        assert "exceeds the longest request served, 64 tokens" in too_long.text
         assert srv.stop() == 0
     finally:
         srv.kill()
@@ -216,7 +251,7 @@ def test_cli_rank_0_refusal_stops_every_rank_before_any_text(
 
 @pytest.mark.mpi
 def test_cli_rank_1_refusal_under_mpirun(built: dict[str, Any]) -> None:
-    bad = built["out"].parent / "corrupt"  # rank-1/decode.pt2: one byte flipped
+    bad = built["out"].parent / "corrupt"  # rank-1/step.pt2: one byte flipped
     launcher_vars = ("OMPI_", "PMIX_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(launcher_vars)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT / "py"), env.get("PYTHONPATH"))))
@@ -248,7 +283,7 @@ def test_cli_rank_1_refusal_under_mpirun(built: dict[str, Any]) -> None:
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stdout == ""
     error, named = out.stderr.strip().splitlines()[-2:]
-    assert error.startswith("rank 1: ArtifactError: rank-1/decode.pt2 (decode) is corrupt: sha256")
+    assert error.startswith("rank 1: ArtifactError: rank-1/step.pt2 (step) is corrupt: sha256")
     assert named.startswith("torchtrt-dist run (mpi): rank 1 of 2")
     assert "mpirun detected" not in out.stderr  # Open MPI's banner: only under -v
 
@@ -304,6 +339,17 @@ def test_cli_compile_refuses_pipeline_and_tensorrt(
     assert "--pp 2: pipeline artifacts are not supported yet" in capsys.readouterr().err
     assert main(["compile", "--model", "tiny", "--engine", "tensorrt", "--out", str(tmp_path)]) == 2
     assert "TensorRT artifacts are not built yet" in capsys.readouterr().err
+    assert main(["compile", "--model", "tiny", "--buckets", "16,64", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        "error: --buckets: artifacts no longer hold a prefill graph per bucket; one step graph "
+        "takes any prompt chunk up to --max-prefill-tokens tokens: drop --buckets\n"
+    )
+    # tiny: 8 KiB a block of 16 tokens; a 256-token sequence needs 16 of them
+    args = ["compile", "--model", "tiny", "--kv-cache-memory", "64KiB"]
+    assert main([*args, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --kv-cache-memory 65536 (64.0 KiB) holds 8 blocks of 16 tokens")
+    assert "(256 tokens) needs 16: give at least 131072 (128.0 KiB)" in err
     assert main(["compile", "--model", "nope", "--tp", "2", "--out", str(tmp_path)]) == 2
     assert "'nope' is neither a checkpoint directory nor a preset" in capsys.readouterr().err
     assert not (tmp_path / "manifest.json").exists()

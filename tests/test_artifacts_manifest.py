@@ -1,4 +1,6 @@
-"""The artifact manifest (pure): round trip, atomic write, and every refusal with its message."""
+"""The artifact manifest (pure): round trip, atomic write, and every refusal with its message;
+the graph table (which compiled graph takes a call) and the run options checked against the
+compiled ones."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from torch_tensorrt_dist.artifacts.fingerprint import checkpoint_hash, running_versions
+from torch_tensorrt_dist.artifacts.graphs import GraphEntry, limits_of, pick_graph, step_graphs
+from torch_tensorrt_dist.artifacts.load import check_options
 from torch_tensorrt_dist.artifacts.manifest import (
     FORMAT_VERSION,
     FileEntry,
@@ -18,25 +22,29 @@ from torch_tensorrt_dist.artifacts.manifest import (
     atomic_write_bytes,
     check_device,
     check_layout,
+    check_length,
     check_versions,
     manifest_digest,
-    pick_bucket,
     read_manifest,
     sha256_file,
     verify_files,
     write_manifest,
 )
-from torch_tensorrt_dist.errors import ArtifactError
+from torch_tensorrt_dist.errors import ArtifactError, ConfigError
+from torch_tensorrt_dist.generation.step_inputs import StepLimits
+from torch_tensorrt_dist.models.llama import ModelArgs
+
+TINY = ModelArgs.from_name("tiny")
 
 
 def _manifest(root: Path, *, world: int = 2, schedules: list[str] | None = None) -> Manifest:
     ranks = []
     for r in range(world):
-        f = root / f"rank-{r}" / "decode.pt2"
+        f = root / f"rank-{r}" / "step.pt2"
         atomic_write_bytes(f, f"graph of rank {r}".encode())
         entry = FileEntry(str(f.relative_to(root)), sha256_file(f), f.stat().st_size)
         sched = schedules if schedules is not None and r == world - 1 else ["all_reduce(sum,0)"]
-        ranks.append(RankEntry(r, {"decode": entry}, {"decode": sched}, {"k": [1, 2]}))
+        ranks.append(RankEntry(r, {"step": entry}, {"step": sched}, {"k": [1, 2]}))
     return Manifest(
         engine="inductor",
         world_size=world,
@@ -45,10 +53,13 @@ def _manifest(root: Path, *, world: int = 2, schedules: list[str] | None = None)
         groups=[GroupEntry("0", list(range(world)), "tp")],
         ranks=ranks,
         dtype="fp32",
-        buckets=[16, 32],
         max_batch_size=2,
         cache_len=64,
-        model_args={"dim": 8},
+        block_size=16,
+        num_blocks=9,
+        max_prefill_tokens=32,
+        graphs=step_graphs(StepLimits(rows=2, tokens=32, blocks=4, block_size=16)),
+        model_args=json.loads(json.dumps(dataclasses.asdict(TINY))),  # as read back
         checkpoint={"source": "preset:tiny", "sha256": "ab"},
         options={"lm_head": "vocab_parallel", "embedding": "vocab_parallel"},
         tokenizer=None,
@@ -93,13 +104,17 @@ def test_corrupt_manifest_json(tmp_path: Path) -> None:
 
 def test_incompatible_format_version(tmp_path: Path) -> None:
     data = json.loads(_manifest(tmp_path).to_json())
-    data["format_version"] = 99
-    (tmp_path / "manifest.json").write_text(json.dumps(data))
-    with pytest.raises(
-        ArtifactError,
-        match=rf"manifest.json: artifact format version 99.*reads version {FORMAT_VERSION}",
-    ):
-        read_manifest(tmp_path)
+    for old in (3, 99):  # 3: the per-bucket prefill graphs over per-row caches
+        data["format_version"] = old
+        (tmp_path / "manifest.json").write_text(json.dumps(data))
+        with pytest.raises(ArtifactError) as err:
+            read_manifest(tmp_path)
+        assert str(err.value) == (
+            f"{tmp_path}/manifest.json: artifact format version {old}, but this "
+            f"torch_tensorrt_dist reads version {FORMAT_VERSION}; recompile with "
+            "`torchtrt-dist compile`"
+        )
+    assert FORMAT_VERSION == 4
     data["format"] = "something else"
     (tmp_path / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(ArtifactError, match="not a torch_tensorrt_dist artifact manifest"):
@@ -108,10 +123,15 @@ def test_incompatible_format_version(tmp_path: Path) -> None:
 
 def test_missing_field(tmp_path: Path) -> None:
     data = json.loads(_manifest(tmp_path).to_json())
-    del data["buckets"]
+    del data["num_blocks"]
     data["digest"] = manifest_digest(data)  # written so, not changed afterwards
     (tmp_path / "manifest.json").write_text(json.dumps(data))
-    with pytest.raises(ArtifactError, match=r"lacks or mistypes a field.*buckets"):
+    with pytest.raises(ArtifactError, match=r"lacks or mistypes a field.*num_blocks"):
+        read_manifest(tmp_path)
+    del data["graphs"]
+    data["digest"] = manifest_digest(data)
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=r"lacks or mistypes a field.*graphs"):
         read_manifest(tmp_path)
 
 
@@ -150,6 +170,13 @@ def test_incomplete_rank_list(tmp_path: Path) -> None:
     assert not (tmp_path / "manifest.json").exists()
 
 
+def test_a_rank_without_a_graph_file(tmp_path: Path) -> None:
+    m = _manifest(tmp_path)
+    two = [*m.graphs, GraphEntry("decode", [1, 2], [1, 1], [2, 4])]
+    with pytest.raises(ArtifactError, match=r"rank 0 lists no file for the graphs \['decode'\]"):
+        dataclasses.replace(m, graphs=two).check_consistent()
+
+
 def test_different_schedules_in_a_group(tmp_path: Path) -> None:
     m = _manifest(tmp_path, schedules=["all_gather_into_tensor(2,0)"])
     with pytest.raises(ArtifactError, match=r"ranks 0 and 1 of group '0'.*different collective"):
@@ -169,19 +196,19 @@ def test_world_size_and_layout_mismatch(tmp_path: Path) -> None:
 def test_missing_and_corrupt_rank_files(tmp_path: Path) -> None:
     m = _manifest(tmp_path)
     files = m.rank_entry(0).files
-    (tmp_path / files["decode"].path).write_bytes(b"graph of rank X")  # same size, other bytes
-    digest = sha256_file(tmp_path / files["decode"].path)
+    (tmp_path / files["step"].path).write_bytes(b"graph of rank X")  # same size, other bytes
+    digest = sha256_file(tmp_path / files["step"].path)
     with pytest.raises(
         ArtifactError,
-        match=rf"rank-0/decode.pt2 \(decode\) is corrupt: sha256 {digest[:16]}\.\.\., the "
-        rf"manifest records {files['decode'].sha256[:16]}\.\.\.; copy it again or recompile",
+        match=rf"rank-0/step.pt2 \(step\) is corrupt: sha256 {digest[:16]}\.\.\., the "
+        rf"manifest records {files['step'].sha256[:16]}\.\.\.; copy it again or recompile",
     ):
         verify_files(tmp_path, files)
-    (tmp_path / files["decode"].path).write_bytes(b"graph")
+    (tmp_path / files["step"].path).write_bytes(b"graph")
     with pytest.raises(ArtifactError, match=r"is corrupt: 5 bytes, the manifest records 15"):
         verify_files(tmp_path, files)
-    (tmp_path / files["decode"].path).unlink()
-    with pytest.raises(ArtifactError, match=r"rank-0/decode.pt2 \(decode\) is missing"):
+    (tmp_path / files["step"].path).unlink()
+    with pytest.raises(ArtifactError, match=r"rank-0/step.pt2 \(step\) is missing"):
         verify_files(tmp_path, files)
     with pytest.raises(ArtifactError, match="no entry for rank 5"):
         m.rank_entry(5)
@@ -196,18 +223,75 @@ def test_version_mismatch(tmp_path: Path) -> None:
         check_versions(dataclasses.replace(m, engine="tensorrt"), running_versions())
 
 
-def test_request_beyond_compiled_shapes(tmp_path: Path) -> None:
-    m = _manifest(tmp_path)  # buckets 16, 32; cache 64; batch 2
-    assert pick_bucket(m, [3, 9], 10) == 16
-    assert pick_bucket(m, [17], 10) == 32
-    assert pick_bucket(m, [3], 40) == 16
-    with pytest.raises(ArtifactError, match=r"3 prompts.*compiled for batch 2.*--max-batch 3"):
-        pick_bucket(m, [3, 3, 3], 4)
-    with pytest.raises(ArtifactError, match=r"exceeds the compiled sequence length 64"):
-        pick_bucket(m, [30], 40)
-    assert pick_bucket(m, [17], 40) == 32  # the prompt's padding is overwritten by decode
-    with pytest.raises(ArtifactError, match=r"no compiled prefill bucket.*buckets \[16, 32\]"):
-        pick_bucket(m, [33], 10)  # fits the cache, but no bucket holds 33 tokens
+def test_request_beyond_the_compiled_length(tmp_path: Path) -> None:
+    m = _manifest(tmp_path)  # sequences of 64 tokens; more prompts than rows queue
+    check_length(m, 9, 55)
+    check_length(m, 63, 1)
+    with pytest.raises(ArtifactError) as err:
+        check_length(m, 30, 40)
+    assert str(err.value) == (
+        "prompt (30 tokens) + max_new_tokens (40) = 70 exceeds the compiled sequence length 64; "
+        "use max_new_tokens <= 34, or recompile with a larger --max-seq-len"
+    )
+
+
+def test_the_graph_table() -> None:
+    """One graph takes every call within the limits (R and S from 1, NB from 2: the core pads
+    a table to 2 blocks); a call beyond them names the ranges."""
+    graphs = step_graphs(StepLimits(rows=4, tokens=64, blocks=16, block_size=16))
+    assert graphs == [GraphEntry("step", [1, 4], [1, 64], [2, 16])]
+    assert limits_of(graphs, 16) == StepLimits(rows=4, tokens=64, blocks=16, block_size=16)
+    for rows, tokens, blocks in [(1, 1, 2), (4, 1, 16), (1, 64, 3), (3, 17, 16)]:
+        assert pick_graph(graphs, rows=rows, tokens=tokens, blocks=blocks).role == "step"
+    # a second graph (a decode one, say) is picked where it holds the call, first come first
+    decode = GraphEntry("decode", [1, 4], [1, 1], [2, 16])
+    assert pick_graph([decode, *graphs], rows=2, tokens=1, blocks=5) is decode
+    assert pick_graph([decode, *graphs], rows=2, tokens=2, blocks=5) is graphs[0]
+    with pytest.raises(ArtifactError) as err:
+        pick_graph(graphs, rows=5, tokens=1, blocks=2)
+    assert str(err.value) == (
+        "no compiled step graph takes 5 rows x 1 tokens over 2 blocks (step: rows 1..4, "
+        "tokens 1..64, blocks 2..16); recompile with a larger --max-batch-size, "
+        "--max-prefill-tokens or --max-seq-len"
+    )
+    # the smallest limits still give a table of 2 blocks and a chunk of 1 token
+    assert step_graphs(StepLimits(1, 1, 1, 16)) == [GraphEntry("step", [1, 1], [1, 1], [2, 2])]
+    with pytest.raises(ArtifactError, match="lists no step graph"):
+        limits_of([], 16)
+
+
+def test_run_options_against_the_compiled_ones(tmp_path: Path) -> None:
+    """serve / generate --artifacts: an option the graphs fix is refused with the fix where it
+    differs; None (not given) and equal values pass; a memory that buys the pool passes."""
+    m = _manifest(tmp_path)  # tiny, tp 2: 4 KiB a block of 16 tokens; 9 blocks with the null
+    same = {"max_batch_size": 2, "max_seq_len": 64, "block_size": 16, "max_prefill_tokens": 32}
+    check_options(m, same)
+    check_options(m, dict.fromkeys(same))
+    check_options(m, {"kv_cache_memory": 8 * 4096})
+    check_options(m, {"kv_cache_memory": 9 * 4096 - 1})  # still 8 blocks
+    refusals = {
+        "max_batch_size": (
+            3,
+            "--max-batch-size 3: the artifacts were compiled for 2 rows; leave it unset or "
+            "recompile with `torchtrt-dist compile --max-batch-size 3`",
+        ),
+        "max_seq_len": (128, "compiled for sequences of 64 tokens; leave it unset"),
+        "block_size": (32, "--block-size 32: the artifacts were compiled for blocks of 16 tokens"),
+        "max_prefill_tokens": (512, "compiled for 32 prompt tokens per step"),
+        "kv_cache_memory": (
+            1 << 20,
+            "--kv-cache-memory 1048576 (1.0 MiB) makes a pool of 257 blocks, but the artifacts "
+            "were compiled with 9 (32.0 KiB of KV cache per rank; the pool is part of the "
+            "graphs); leave it unset, or recompile with `torchtrt-dist compile "
+            "--kv-cache-memory 1048576`",
+        ),
+    }
+    for name, (value, message) in refusals.items():
+        with pytest.raises(ArtifactError) as err:
+            check_options(m, {name: value})
+        assert message in str(err.value), str(err.value)
+    with pytest.raises(ConfigError, match=r"holds 1 blocks of 16 tokens.*needs 4"):
+        check_options(m, {"kv_cache_memory": 4096})
 
 
 def test_running_versions_and_checkpoint_hash(tmp_path: Path) -> None:

@@ -34,11 +34,14 @@ def _manifest(quantization: dict[str, object] | None) -> Manifest:
         tp=1,
         pp=1,
         groups=[],
-        ranks=[RankEntry(0, {}, {"decode": []})],
+        ranks=[RankEntry(0, {}, {"step": []})],
         dtype="fp32",
-        buckets=[16],
         max_batch_size=1,
         cache_len=64,
+        block_size=16,
+        num_blocks=5,
+        max_prefill_tokens=64,
+        graphs=[],
         model_args=dataclasses.asdict(ARGS),
         checkpoint={"source": "preset:tiny", "sha256": "ab"},
         options={},
@@ -91,8 +94,11 @@ def test_the_weight_shard_holds_codes_and_scales_read_back_aligned(tmp_path: Pat
     torch.manual_seed(0)
     model = Transformer(ARGS).eval()
     quantize_model(model, QuantConfig("int8"))
-    model.setup_caches(1, 16)
-    saved, _ = inductor.constants_of(model)
+    model.setup_paged(5, 4, 16)
+    saved, state = inductor.constants_of(model)
+    # the pools are state (zeros at load), not saved; the RoPE tables are saved
+    assert state["model.layers.0.attention.kv_pages.k_pool"] == [5, 4, 2, 16]
+    assert len(state) == 2 * ARGS.n_layers and "model.rope_cos" in saved
     _save_weights(tmp_path / "weights.safetensors", saved)
     back = read_weights(tmp_path / "weights.safetensors", torch.device("cpu"))
     assert back.keys() == saved.keys()

@@ -2,10 +2,11 @@
 
 ``compile_artifacts`` (every rank) writes ``DIR/rank-R/`` and rank 0 ``DIR/manifest.json``;
 ``load_generator`` (every rank) checks them and returns a generator that needs no checkpoint
-and no compiler. ``manifest`` is the pure format (build, write, read, validate).
+and no compiler. ``manifest`` is the pure format (build, write, read, validate); ``graphs``
+the step graphs and the calls each takes.
 """
 
-from torch_tensorrt_dist.artifacts.build import CompileResult, compile_artifacts, default_buckets
+from torch_tensorrt_dist.artifacts.build import CompileResult, compile_artifacts
 from torch_tensorrt_dist.artifacts.load import ArtifactGenerator, load_generator, open_artifacts
 from torch_tensorrt_dist.artifacts.manifest import Manifest, read_manifest, write_manifest
 
@@ -14,7 +15,6 @@ __all__ = [
     "CompileResult",
     "Manifest",
     "compile_artifacts",
-    "default_buckets",
     "load_generator",
     "open_artifacts",
     "read_manifest",

@@ -2,7 +2,11 @@
 
     torchrun --nproc-per-node 2 -m torch_tensorrt_dist compile --model PATH --out DIR
     # or, on every rank of an initialised world:
-    compile_artifacts("PATH", "DIR", max_seq_len=256, buckets=[16, 64])
+    compile_artifacts("PATH", "DIR", max_seq_len=256, max_batch_size=8, kv_cache_memory=1 << 30)
+
+The pool of KV blocks is part of what is compiled (its size is a constant of the graphs):
+``kv_cache_memory`` bytes per rank, or room for ``max_batch_size`` sequences of
+``max_seq_len`` tokens, as :class:`~torch_tensorrt_dist.generation.Generator` sizes it.
 
 Order of writes: every rank loads its shard (as ``torchtrt-dist compile``: the family's spec,
 ``families/``); rank 0 checks the output directory and removes an old ``manifest.json``; every
@@ -22,7 +26,6 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,6 +34,7 @@ import torch.distributed as dist
 
 from torch_tensorrt_dist.artifacts import inductor
 from torch_tensorrt_dist.artifacts.fingerprint import args_hash, checkpoint_hash, running_versions
+from torch_tensorrt_dist.artifacts.graphs import GraphEntry, step_graphs
 from torch_tensorrt_dist.artifacts.manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -45,7 +49,11 @@ from torch_tensorrt_dist.config.jobs import CompileJob
 from torch_tensorrt_dist.config.run import CacheOptions, Layout, ModelOptions, Parallel, RunConfig
 from torch_tensorrt_dist.errors import ArtifactError, ConfigError
 from torch_tensorrt_dist.families.spec import ModelPlan, Rank
-from torch_tensorrt_dist.generation.buckets import MIN_BUCKET
+from torch_tensorrt_dist.generation.generate import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_PREFILL_TOKENS,
+    Generator,
+)
 from torch_tensorrt_dist.models.dtypes import DTYPES, dtype_name
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.quantization import QuantConfig
@@ -57,7 +65,6 @@ __all__ = [
     "check_compile",
     "check_output_dir",
     "compile_artifacts",
-    "default_buckets",
     "write_artifacts",
 ]
 
@@ -80,13 +87,10 @@ class CompileResult:
     """Wall time of this rank's compile (load, export, compile, write)."""
 
 
-def default_buckets(cache_len: int) -> list[int]:
-    """Powers of two from MIN_BUCKET up to half the sequence length (at most 128)."""
-    out, b = [], MIN_BUCKET
-    while b <= min(128, cache_len // 2):
-        out.append(b)
-        b *= 2
-    return out or [min(MIN_BUCKET, cache_len - 1)]
+#: The sequence length compiled where ``--max-seq-len`` is not given (at most the model's).
+DEFAULT_MAX_SEQ = 256
+#: The rows compiled where ``--max-batch-size`` is not given (as ``serve``'s default).
+DEFAULT_ROWS = 8
 
 
 def check_artifact_quantization(quantize: QuantConfig | None) -> None:
@@ -160,12 +164,7 @@ def _copy_tokenizer(src: Path | None, root: Path) -> dict[str, FileEntry] | None
 
 
 def _build_rank(
-    model: Transformer,
-    root: Path,
-    rank: int,
-    buckets: Sequence[int],
-    batch: int,
-    wrapper_opt_level: str,
+    model: Transformer, root: Path, rank: int, graphs: list[GraphEntry], wrapper_opt_level: str
 ) -> RankEntry:
     rank_dir = root / f"rank-{rank}"
     if rank_dir.exists():
@@ -174,16 +173,12 @@ def _build_rank(
     files: dict[str, FileEntry] = {}
     schedules: dict[str, list[str]] = {}
     head_group = inductor.detach_head_group(model)
-    # a prefill writes one prompt into its own cache row; decode runs every row
-    graphs = [(f"prefill-{b}", True, b) for b in buckets] + [("decode", False, 1)]
-    for role, prefill, length in graphs:
-        ep, schedule = inductor.export_step(
-            model, prefill=prefill, batch=batch, length=length, head_group=head_group
-        )
-        path = rank_dir / f"{role}.pt2"
+    for graph in graphs:
+        ep, schedule = inductor.export_step(model, graph, head_group=head_group)
+        path = rank_dir / f"{graph.role}.pt2"
         secs = inductor.compile_graph(ep, path, wrapper_opt_level=wrapper_opt_level)
-        logger.info("rank %d: compiled %s in %.1f s", rank, role, secs)
-        files[role], schedules[role] = _entry(root, path), schedule
+        logger.info("rank %d: compiled %s in %.1f s", rank, graph.role, secs)
+        files[graph.role], schedules[graph.role] = _entry(root, path), schedule
     saved, state = inductor.constants_of(model)
     _save_weights(rank_dir / "weights.safetensors", saved)
     files["weights"] = _entry(root, rank_dir / "weights.safetensors")
@@ -205,10 +200,13 @@ def _read_rank(root: Path, rank: int) -> RankEntry:
     )
 
 
-def check_compile(config: RunConfig, plan: ModelPlan) -> tuple[int, list[int]]:
+def check_compile(config: RunConfig, plan: ModelPlan) -> tuple[int, int]:
     """What a compile refuses before any weight is read (the launching process and every rank
-    check it); returns the cache length (default 256, at most the model's positions) and the
-    prefill buckets."""
+    check it): the engine, the quantization, a KV-cache memory that cannot hold one sequence.
+    Returns (rows, sequence length): ``--max-batch-size`` (default 8) and ``--max-seq-len``
+    (default 256, at most the model's positions)."""
+    from torch_tensorrt_dist.families.spec import check_kv_cache
+
     if config.engine != "inductor":
         raise ConfigError(
             f"--engine {config.engine}: TensorRT artifacts are not built yet (a TensorRT engine "
@@ -216,17 +214,10 @@ def check_compile(config: RunConfig, plan: ModelPlan) -> tuple[int, list[int]]:
             "inductor"
         )
     check_artifact_quantization(config.quantize)
-    cache_len = config.cache.max_seq_len or min(plan.args.max_seq_len, 256)
-    job = config.job
-    asked = job.buckets if isinstance(job, CompileJob) else None
-    buckets = sorted(set(asked or default_buckets(cache_len)))
-    bad = [b for b in buckets if not 0 < b < cache_len]
-    if bad:
-        raise ConfigError(
-            f"buckets {bad} do not fit the sequence length {cache_len}: each must be in "
-            f"[1, {cache_len - 1}]"
-        )
-    return cache_len, buckets
+    rows = config.cache.max_batch_size or DEFAULT_ROWS
+    cache_len = config.cache.max_seq_len or min(plan.args.max_seq_len, DEFAULT_MAX_SEQ)
+    check_kv_cache(config, plan, rows, cache_len)
+    return rows, cache_len
 
 
 def write_artifacts(
@@ -240,11 +231,11 @@ def write_artifacts(
     every rank (TP over the whole world); rank 0 writes the manifest last."""
     start = time.perf_counter() if started is None else started
     config, plan = rank.config, rank.plan
-    cache_len, buckets = check_compile(config, plan)
+    rows, cache_len = check_compile(config, plan)
     job = config.job
     if not isinstance(job, CompileJob):
         raise ConfigError(f"{config.command} does not write artifacts")
-    root, rows = Path(job.out), config.cache.max_batch_size or 1
+    root, cache = Path(job.out), config.cache
     # every step a rank does alone ends in a verdict of all ranks (runtime.agree): a rank that
     # fails stops every rank with its error, and no rank waits for it in a collective
     with agreed("creating the output directory"):
@@ -254,19 +245,29 @@ def write_artifacts(
             (root / MANIFEST_NAME).unlink(missing_ok=True)  # the old set is no longer complete
     # each rank writes its files and rank.json; rank 0 reads every entry back from disk
     with agreed("writing the artifacts"):  # every rank's files and rank.json are in place
-        net.setup_caches(rows, cache_len)
-        _build_rank(net, root, rank.index, buckets, rows, wrapper_opt_level)
+        # the checkpoint path's generator, uncompiled: its pool (set up on the model) and its
+        # step limits are what the graphs are built for
+        gen = Generator(
+            net,
+            max_batch_size=rows,
+            cache_len=cache_len,
+            kv_cache_memory=cache.kv_cache_memory,
+            block_size=cache.block,
+            max_prefill_tokens=cache.prefill_budget,
+        )
+        graphs = step_graphs(gen.limits)
+        _build_rank(net, root, rank.index, graphs, wrapper_opt_level)
     manifest_path = root / MANIFEST_NAME
     with agreed("writing the manifest"):  # nobody returns before the manifest exists
         if rank.index == 0:
-            write_manifest(root, _manifest(rank, root, buckets, rows, cache_len))
+            write_manifest(root, _manifest(rank, root, gen, graphs))
             logger.info("wrote %s", manifest_path)
     if not manifest_path.is_file():
         raise ArtifactError(f"rank 0 did not write {manifest_path}")
     return CompileResult(manifest_path, time.perf_counter() - start)
 
 
-def _manifest(rank: Rank, root: Path, buckets: list[int], rows: int, cache_len: int) -> Manifest:
+def _manifest(rank: Rank, root: Path, gen: Generator, graphs: list[GraphEntry]) -> Manifest:
     config, plan, world, group = rank.config, rank.plan, rank.world, rank.group
     path, args = plan.path, plan.args
     return Manifest(
@@ -277,9 +278,12 @@ def _manifest(rank: Rank, root: Path, buckets: list[int], rows: int, cache_len: 
         groups=[GroupEntry(group.group_name, list(range(world)), "tp")] if group else [],
         ranks=[_read_rank(root, r) for r in range(world)],
         dtype=config.model.dtype,
-        buckets=list(buckets),
-        max_batch_size=rows,
-        cache_len=cache_len,
+        max_batch_size=gen.max_batch_size,
+        cache_len=gen.cache_len,
+        block_size=gen.block_size,
+        num_blocks=gen.num_blocks,
+        max_prefill_tokens=gen.max_prefill_tokens,
+        graphs=graphs,
         model_args=asdict(args),
         checkpoint={
             "source": str(path.resolve()) if path is not None else f"preset:{plan.preset}",
@@ -300,8 +304,10 @@ def compile_artifacts(
     engine: str = "inductor",
     dtype: torch.dtype = torch.float32,
     max_seq_len: int | None = None,
-    max_batch_size: int = 1,
-    buckets: Sequence[int] | None = None,
+    max_batch_size: int | None = None,
+    kv_cache_memory: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
     lm_head: Layout = "vocab_parallel",
     embedding: Layout = "vocab_parallel",
     pp: int = 1,
@@ -311,7 +317,11 @@ def compile_artifacts(
     """Compile this rank's graphs into ``out``; call on every rank (TP over the whole world).
 
     ``model``: a checkpoint directory or a preset name (random weights, seed 0), read and
-    loaded as ``torchtrt-dist compile`` does (the dense family's spec).
+    loaded as ``torchtrt-dist compile`` does (the dense family's spec). ``max_seq_len``
+    (default 256), ``max_batch_size`` (default 8), ``kv_cache_memory`` (bytes of KV cache per
+    rank; default: ``max_batch_size`` sequences of ``max_seq_len`` tokens), ``block_size``,
+    ``max_prefill_tokens``: as for :class:`~torch_tensorrt_dist.generation.Generator`; the
+    manifest records them and loading runs with them.
     ``quantize``: weight-only quantization of this rank's shard before export (the codes and
     scales are what ``weights.safetensors`` holds; the manifest records the scheme).
     ``wrapper_opt_level``: see :func:`inductor.compile_graph` (the tests use ``O0``).
@@ -329,10 +339,16 @@ def compile_artifacts(
             None if model is None else str(model), dtype=name, lm_head=lm_head, embedding=embedding
         ),
         Parallel(tp=world, pp=pp),
-        CompileJob(str(out), None if buckets is None else tuple(buckets)),
+        CompileJob(str(out)),
         engine=engine,
         quantize=quantize,
-        cache=CacheOptions(max_batch_size=max_batch_size, max_seq_len=max_seq_len),
+        cache=CacheOptions(
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
+            kv_cache_memory=kv_cache_memory,
+            block_size=block_size,
+            max_prefill_tokens=max_prefill_tokens,
+        ),
     )
     spec = checkpoint_spec(config)
     plan = spec.plan(config)

@@ -1,12 +1,14 @@
-"""AOTInductor artifacts: export the sharded prefill/decode steps, compile, package, load.
+"""AOTInductor artifacts: export the sharded paged step, compile, package, load.
 
-Each graph is a ``torch.export`` of this rank's sharded step (its collectives stay
-``_c10d_functional`` ops naming the process group) compiled by
+A graph is a ``torch.export`` of this rank's sharded ``Transformer.paged_step`` with the rows,
+tokens and blocks of a call as dynamic dimensions over the ranges of its
+:class:`~torch_tensorrt_dist.artifacts.graphs.GraphEntry` (its collectives stay
+``_c10d_functional`` ops naming the process group), compiled by
 ``torch._inductor.aoti_compile_and_package`` **without** its constants
 (``aot_inductor.package_constants_in_so=False``). At load time every package gets the same
 tensors through ``load_constants(..., user_managed=True)``: the weights read once from the
-rank's safetensors shard, and one set of KV caches that the prefill graphs write and the
-decode graph reads, in place.
+rank's safetensors shard, and one set of KV block pools (zeros, fixed size) that every call
+writes and reads in place.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torch_tensorrt_dist.artifacts.fingerprint import collective_schedule
+from torch_tensorrt_dist.artifacts.graphs import GraphEntry
 from torch_tensorrt_dist.artifacts.manifest import publish
 from torch_tensorrt_dist.errors import ArtifactError
 from torch_tensorrt_dist.models.llama import Transformer
@@ -44,9 +48,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Constants that start as zeros and are written by the graphs (not saved with the weights).
-STATE_SUFFIXES = (".k_cache", ".v_cache")
+STATE_SUFFIXES = (".k_pool", ".v_pool")
 
 _INDUCTOR_CONFIGS = {"aot_inductor.package_constants_in_so": False}
+#: Sizes the example inputs take where a range allows (none is 0 or 1, and no two are equal,
+#: so that tracing neither specialises nor ties dimensions).
+_EXAMPLE = {"rows": 3, "tokens": 5, "blocks": 4}
 
 StepFn = Callable[..., Tensor]
 
@@ -58,8 +65,8 @@ def detach_head_group(model: Transformer) -> dist.ProcessGroup | None:
 
 
 class StepModule(nn.Module):
-    """An exportable step of the generation core: ``prefill`` ``(tokens [1, S], slot [1],
-    last [1])`` or ``decode`` ``(tokens [B, 1], pos [B])`` -> logits [B, V].
+    """An exportable step of the generation core: ``(tokens [R, S], start [R], last [R],
+    past [R, NBp], dest [R, S]) -> logits [R, V]`` (``Transformer.paged_step``).
 
     With a vocabulary-parallel head (``head_group``, taken off the model by
     :func:`detach_head_group`) the shards are assembled by an all-reduce of zero-padded logits
@@ -68,30 +75,20 @@ class StepModule(nn.Module):
     that the running graph holds (a hang). ``all_reduce`` has a C shim; adding zeros is exact.
     """
 
-    def __init__(
-        self,
-        model: Transformer,
-        *,
-        prefill: bool,
-        head_group: dist.ProcessGroup | None = None,
-    ) -> None:
+    def __init__(self, model: Transformer, *, head_group: dist.ProcessGroup | None = None) -> None:
         super().__init__()
         self.model = model
-        self.prefill = prefill
         self.head_group = head_group
 
-    def forward(self, tokens: Tensor, where: Tensor, last: Tensor | None = None) -> Tensor:
-        if self.prefill:
-            if last is None:
-                raise ArtifactError("a prefill step needs the index of the prompt's last token")
-            logits = self.model.prefill_slot(tokens, where, last)  # [1, V|Vs]
-        else:
-            logits = self.model.decode_rows(tokens, where)  # [B, V|Vs]
+    def forward(
+        self, tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor
+    ) -> Tensor:
+        logits = self.model.paged_step(tokens, start, last, past, dest)  # [R, V|Vs]
         if self.head_group is None:
             return logits
         tp, rank = dist.get_world_size(self.head_group), dist.get_rank(self.head_group)
         vs = logits.shape[-1]
-        # [B, tp * Vs + 1]: this rank's shard at its offset, zeros elsewhere. The extra column
+        # [R, tp * Vs + 1]: this rank's shard at its offset, zeros elsewhere. The extra column
         # makes the returned logits a view, never the reduced tensor itself: a tensor that
         # Python holds must not be the one a gloo work frees later (that, too, needs the GIL).
         full = F.pad(logits, (rank * vs, (tp - 1 - rank) * vs + 1))
@@ -99,36 +96,57 @@ class StepModule(nn.Module):
         return full[:, : self.model.args.vocab_size]
 
 
+def _size(name: str, bounds: list[int]) -> tuple[int, Any]:
+    """(example size, export dimension) of one dimension: static where its range is one size."""
+    lo, hi = bounds
+    if lo == hi:
+        return lo, None
+    return min(max(_EXAMPLE[name], lo), hi), torch.export.Dim(name, min=lo, max=hi)
+
+
 def example_inputs(
-    batch: int, length: int, device: torch.device, *, prefill: bool
-) -> tuple[Tensor, ...]:
-    """Inputs of a prefill of bucket ``length`` (one row) or a decode step of ``batch`` rows."""
-    if prefill:
-        return (
-            torch.zeros(1, length, dtype=torch.long, device=device),
-            torch.zeros(1, dtype=torch.long, device=device),
-            torch.tensor([length - 1], device=device),
-        )
-    return (
-        torch.zeros(batch, 1, dtype=torch.long, device=device),
-        torch.zeros(batch, dtype=torch.long, device=device),
+    graph: GraphEntry, device: torch.device
+) -> tuple[tuple[Tensor, ...], tuple[dict[int, Any], ...]]:
+    """Example inputs of ``graph`` (a call within its ranges, on the null block) and their
+    ``dynamic_shapes`` for ``torch.export``."""
+    (r, rows), (s, tokens), (nb, blocks) = (
+        _size("rows", graph.rows),
+        _size("tokens", graph.tokens),
+        _size("blocks", graph.blocks),
     )
+
+    def dynamic(*axes: tuple[int, Any]) -> dict[int, Any]:  # (axis, Dim or None) -> {axis: Dim}
+        return {axis: dim for axis, dim in axes if dim is not None}
+
+    inputs = (
+        torch.zeros(r, s, dtype=torch.long, device=device),
+        torch.zeros(r, dtype=torch.long, device=device),
+        torch.full((r,), s - 1, dtype=torch.long, device=device),
+        torch.zeros(r, nb, dtype=torch.long, device=device),
+        torch.zeros(r, s, dtype=torch.long, device=device),
+    )
+    shapes = (
+        dynamic((0, rows), (1, tokens)),
+        dynamic((0, rows)),
+        dynamic((0, rows)),
+        dynamic((0, rows), (1, blocks)),
+        dynamic((0, rows), (1, tokens)),
+    )
+    return inputs, shapes
 
 
 def export_step(
     model: Transformer,
+    graph: GraphEntry,
     *,
-    prefill: bool,
-    batch: int,
-    length: int,
     head_group: dist.ProcessGroup | None = None,
 ) -> tuple[torch.export.ExportedProgram, list[str]]:
-    """Export one step at a static shape; also return its collective schedule."""
+    """Export the paged step over ``graph``'s ranges; also return its collective schedule."""
     device = model.tok_embeddings.weight.device
-    step = StepModule(model, prefill=prefill, head_group=head_group)
+    step = StepModule(model, head_group=head_group)
+    inputs, shapes = example_inputs(graph, device)
     with torch.no_grad():
-        inputs = example_inputs(batch, length, device, prefill=prefill)
-        ep = torch.export.export(step, inputs, strict=False)
+        ep = torch.export.export(step, inputs, dynamic_shapes=shapes, strict=False)
     return ep, collective_schedule(ep.graph_module)
 
 
@@ -166,8 +184,8 @@ def _is_state(name: str) -> bool:
 
 def constants_of(model: Transformer) -> tuple[dict[str, Tensor], dict[str, list[int]]]:
     """The constants a step package needs, named as in the package (``model.`` prefix):
-    saved tensors (weights, RoPE tables, key slots) and the zero-initialised state's shapes."""
-    step = StepModule(model, prefill=False)
+    saved tensors (weights, RoPE tables) and the zero-initialised state's shapes (the pools)."""
+    step = StepModule(model)
     saved: dict[str, Tensor] = {}
     state: dict[str, list[int]] = {}
     for name, t in [*step.named_parameters(), *step.named_buffers()]:

@@ -10,15 +10,16 @@ the same ranks (graphs call collectives by group name); its own files (``rank.js
 the tokenizer files match their sha256. It then loads its shard and graphs, and only when every
 rank has passed all of that (one exchange through the c10d store) does any rank go on; a rank's
 refusal stops every rank with its message. The weights come from the rank's safetensors shard
-(no pickle), the graphs from their packages; :class:`ArtifactGenerator` plugs them into
-:class:`Generator`'s loop.
+(no pickle), the graphs from their packages, and the KV block pools start as zeros of the
+compiled size; :class:`ArtifactGenerator` is a :class:`Generator` whose step runs those graphs,
+so ``generate``, ``core()``, ``scheduler()`` and ``warmup_all()`` are the checkpoint path's.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,18 +28,19 @@ import torch.distributed as dist
 from torch import Tensor
 
 from torch_tensorrt_dist.artifacts.fingerprint import running_versions
+from torch_tensorrt_dist.artifacts.graphs import limits_of, pick_graph
 from torch_tensorrt_dist.artifacts.manifest import (
     Manifest,
     check_device,
     check_layout,
+    check_length,
     check_versions,
-    pick_bucket,
     read_manifest,
     verify_files,
 )
-from torch_tensorrt_dist.errors import ArtifactError, ConfigError
-from torch_tensorrt_dist.generation.buckets import check_request
+from torch_tensorrt_dist.errors import ArtifactError
 from torch_tensorrt_dist.generation.generate import Generator, StepFn
+from torch_tensorrt_dist.generation.kv_memory import KVLayout, format_bytes, kv_layout_for
 from torch_tensorrt_dist.models.dtypes import DTYPES
 from torch_tensorrt_dist.models.llama_args import ModelArgs, RopeScaling
 from torch_tensorrt_dist.ops.groups import check_group_ranks
@@ -47,6 +49,8 @@ from torch_tensorrt_dist.runtime.agree import agreed
 __all__ = [
     "ArtifactGenerator",
     "check_groups",
+    "check_options",
+    "kv_layout_of",
     "load_generator",
     "model_args",
     "open_artifacts",
@@ -105,59 +109,104 @@ def open_artifacts(root: str | Path, *, tp: int | None = None, pp: int | None = 
     return Opened(path, manifest, rank)
 
 
-class ArtifactGenerator(Generator):
-    """:class:`Generator` over loaded graphs: one prefill per compiled bucket, one decode.
+def kv_layout_of(manifest: Manifest) -> KVLayout:
+    """The KV-cache layout of each rank of the artifacts (bytes per block)."""
+    dtype = DTYPES[manifest.dtype]
+    return kv_layout_for(
+        model_args(manifest), tp=manifest.tp, dtype=dtype, block_size=manifest.block_size
+    )
 
-    Requests are checked against the compiled shapes; a prompt takes the smallest compiled
-    bucket that holds it.
-    """
+
+def check_options(manifest: Manifest, given: Mapping[str, int | None]) -> None:
+    """Run options (``max_batch_size``, ``max_seq_len``, ``kv_cache_memory``, ``block_size``,
+    ``max_prefill_tokens``; None: not given) equal the compiled ones, else
+    :class:`ArtifactError` with the fix. The pool's size and the step's ranges are constants
+    of the graphs; a ``kv_cache_memory`` that buys the compiled pool is accepted."""
+    compiled = {
+        "max_batch_size": (manifest.max_batch_size, f"{manifest.max_batch_size} rows"),
+        "max_seq_len": (manifest.cache_len, f"sequences of {manifest.cache_len} tokens"),
+        "block_size": (manifest.block_size, f"blocks of {manifest.block_size} tokens"),
+        "max_prefill_tokens": (
+            manifest.max_prefill_tokens,
+            f"{manifest.max_prefill_tokens} prompt tokens per step",
+        ),
+    }
+    for name, value in given.items():
+        if value is None:
+            continue
+        option = "--" + name.replace("_", "-")
+        if name == "kv_cache_memory":
+            layout = kv_layout_of(manifest)
+            blocks = layout.blocks_for_memory(
+                value, rows=manifest.max_batch_size, max_seq_len=manifest.cache_len
+            )
+            if blocks != manifest.num_blocks:
+                have = (manifest.num_blocks - 1) * layout.bytes_per_block
+                raise ArtifactError(
+                    f"{option} {value} ({format_bytes(value)}) makes a pool of {blocks} blocks, "
+                    f"but the artifacts were compiled with {manifest.num_blocks} "
+                    f"({format_bytes(have)} of KV cache per rank; the pool is part of the "
+                    f"graphs); leave it unset, or recompile with `torchtrt-dist compile "
+                    f"{option} {value}`"
+                )
+            continue
+        if name not in compiled:
+            raise ValueError(f"check_options: unknown option {name!r}")
+        want, described = compiled[name]
+        if value != want:
+            raise ArtifactError(
+                f"{option} {value}: the artifacts were compiled for {described}; leave it unset "
+                f"or recompile with `torchtrt-dist compile {option} {value}`"
+            )
+
+
+class ArtifactGenerator(Generator):
+    """:class:`Generator` over loaded graphs: ``_step`` runs the compiled graph that takes the
+    call's rows, tokens and blocks (``graphs.pick_graph``); the pool and limits are the
+    manifest's. Requests are checked against the compiled sequence length."""
 
     def __init__(
         self,
         manifest: Manifest,
-        prefill: dict[int, StepFn],
-        decode: StepFn,
+        graphs: Mapping[str, StepFn],
         *,
         device: torch.device,
         constants: dict[str, Tensor] | None = None,
         load_s: float = 0.0,
+        prefix_caching: bool = True,
+        salt: bytes = b"",
     ) -> None:  # Generator.__init__ builds and compiles a model: not called on purpose
+        missing = sorted({g.role for g in manifest.graphs} - set(graphs))
+        if missing:
+            raise ArtifactError(f"the graphs {missing} of the manifest were not loaded; recompile")
         self.manifest = manifest
         self.constants = constants or {}  # the graphs read these tensors in place: keep them
         self.args = model_args(manifest)
         self.engine = f"artifacts:{manifest.engine}"
         self.max_batch_size = manifest.max_batch_size
         self.cache_len = manifest.cache_len
+        self.max_prefill_tokens = manifest.max_prefill_tokens
+        self.block_size, self.num_blocks = manifest.block_size, manifest.num_blocks
+        self.layout = kv_layout_of(manifest)
+        self.prefix_caching, self.salt = prefix_caching, salt
         self.device = device
+        self.limits = limits_of(manifest.graphs, manifest.block_size)
         self.load_s = load_s
-        graphs = dict(prefill)
+        self._graphs = dict(graphs)
+        self._step = self._run_graph
+        self.mark_dynamic = False  # packages: nothing traces the step (no Dynamo import)
 
-        def prefill_any(tokens: Tensor, slot: Tensor, last: Tensor) -> Tensor:
-            return graphs[tokens.shape[1]](tokens, slot, last)
-
-        self._prefill = prefill_any
-        self._decode = decode
-
-    def bucket(self, prompt_len: int) -> int:
-        return pick_bucket(self.manifest, [prompt_len], 1)
-
-    def buckets(self) -> list[int]:
-        return sorted(self.manifest.buckets)
+    def _run_graph(
+        self, tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor
+    ) -> Tensor:
+        r, s = tokens.shape
+        graph = pick_graph(self.manifest.graphs, rows=r, tokens=s, blocks=past.shape[1])
+        return self._graphs[graph.role](tokens, start, last, past, dest)
 
     def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ConfigError("a prompt is empty; give at least one token of text")
-        if max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        bucket = pick_bucket(self.manifest, [len(p) for p in prompts], max_new_tokens)
-        check_request(  # token ids in range (shapes were checked above)
-            prompts,
-            max_new_tokens,
-            max_batch_size=self.max_batch_size,
-            vocab_size=self.args.vocab_size,
-            cache_len=self.cache_len,
-        )
-        return bucket
+        if max_new_tokens >= 1:  # the length, named as compiled; the rest as from a checkpoint
+            check_length(self.manifest, max((len(p) for p in prompts), default=0), max_new_tokens)
+        return super().check(prompts, max_new_tokens)
 
 
 def read_weights(path: Path, device: torch.device) -> dict[str, Tensor]:
@@ -176,15 +225,20 @@ def load_generator(
     tp: int | None = None,
     pp: int | None = None,
     device: torch.device | str | None = None,
+    prefix_caching: bool = True,
+    salt: bytes = b"",
 ) -> ArtifactGenerator:
     """Check the artifacts, load this rank's shard and graphs, return a ready generator.
 
     Every rank checks and loads its own part, then the ranks agree (``runtime.agree``): if any
     rank refused or failed, every rank raises before any graph runs, the others with a
-    :class:`RankFailedError` quoting that rank's message."""
+    :class:`RankFailedError` quoting that rank's message. ``prefix_caching``: reuse the full
+    blocks of earlier prompts (a property of the run, not of the artifacts); ``salt``: the
+    model's identity in prefix-cache keys."""
     start = time.perf_counter()
     with agreed("the artifact check"):
-        gen = _load_generator(root, tp=tp, pp=pp, device=device)
+        gen = _load_generator(root, tp=tp, pp=pp, device=device, prefix_caching=prefix_caching)
+        gen.salt = salt
     gen.load_s = time.perf_counter() - start
     logger.info(
         "rank %d: loaded the artifacts of %s in %.2f s",
@@ -201,6 +255,7 @@ def _load_generator(
     tp: int | None,
     pp: int | None,
     device: torch.device | str | None,
+    prefix_caching: bool,
 ) -> ArtifactGenerator:
     opened = open_artifacts(root, tp=tp, pp=pp)
     manifest, entry = opened.manifest, opened.manifest.rank_entry(opened.rank)
@@ -218,15 +273,11 @@ def _load_generator(
     dtype = DTYPES[manifest.dtype]
     for name, shape in entry.state.items():
         constants[name] = torch.zeros(shape, dtype=dtype, device=dev)
-    roles = [r for r in entry.files if r == "decode" or r.startswith("prefill-")]
-    paths = {r: opened.root / entry.files[r].path for r in roles}
+    # the manifest lists a file for every graph on every rank (Manifest.check_consistent)
+    paths = {g.role: opened.root / entry.files[g.role].path for g in manifest.graphs}
     from torch_tensorrt_dist.artifacts.inductor import load_graphs
 
     graphs = load_graphs(paths, constants, dev)
-    prefill = {int(r.removeprefix("prefill-")): g for r, g in graphs.items() if r != "decode"}
-    if "decode" not in graphs or sorted(prefill) != sorted(manifest.buckets):
-        raise ArtifactError(
-            f"rank {opened.rank} lists graphs {sorted(graphs)}, but the manifest compiled "
-            f"buckets {manifest.buckets} and a decode graph; recompile"
-        )
-    return ArtifactGenerator(manifest, prefill, graphs["decode"], device=dev, constants=constants)
+    return ArtifactGenerator(
+        manifest, graphs, device=dev, constants=constants, prefix_caching=prefix_caching
+    )

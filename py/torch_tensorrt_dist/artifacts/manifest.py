@@ -5,8 +5,7 @@
     DIR/manifest.json
     DIR/tokenizer/...              copied from the checkpoint (when it has one)
     DIR/rank-R/weights.safetensors this rank's weight shard (and RoPE tables)
-    DIR/rank-R/prefill-16.pt2      one package per prefill bucket
-    DIR/rank-R/decode.pt2          one package for every decode step
+    DIR/rank-R/step.pt2            the step graph: every call of the generation core
     DIR/rank-R/rank.json           the rank's entry, as the rank wrote it
 
 Every file is listed with its sha256 (``rank.json`` and the tokenizer files included), so a
@@ -14,7 +13,7 @@ missing or corrupt file is found before loading it, and the manifest carries a `
 its own content (sha256 of its canonical JSON without that field), so a changed manifest is
 refused too. Nothing here touches torch.distributed or a compiler: build a
 :class:`Manifest`, write it atomically, read it back, and check it against a run with
-:func:`check_layout`, :func:`check_versions` and :func:`pick_bucket`.
+:func:`check_layout`, :func:`check_versions` and :func:`check_length`.
 """
 
 from __future__ import annotations
@@ -23,11 +22,12 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torch_tensorrt_dist.artifacts.graphs import GraphEntry
 from torch_tensorrt_dist.errors import ArtifactError
 
 __all__ = [
@@ -35,17 +35,18 @@ __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
     "FileEntry",
+    "GraphEntry",
     "GroupEntry",
     "Manifest",
     "RankEntry",
     "atomic_write_bytes",
     "check_device",
     "check_layout",
+    "check_length",
     "check_quantization",
     "check_versions",
     "describe_run",
     "manifest_digest",
-    "pick_bucket",
     "publish",
     "read_manifest",
     "sha256_file",
@@ -54,10 +55,11 @@ __all__ = [
 ]
 
 FORMAT = "torch_tensorrt_dist.artifacts"
-FORMAT_VERSION = 3
-"""3: the graphs of the generation core (a prefill writes one slot, decode runs every row at its
-own position); 2: the manifest carries its own ``digest``, and each rank lists its
-``rank.json``. Older directories are refused: recompile."""
+FORMAT_VERSION = 4
+"""4: the paged step (one graph for every call of the generation core, over a pool of KV blocks
+whose size is fixed at compile); 3: a prefill graph per bucket and a decode graph over per-row
+caches; 2: the manifest carries its own ``digest``, and each rank lists its ``rank.json``.
+Other versions are refused: recompile."""
 MANIFEST_NAME = "manifest.json"
 DIGEST_FIELD = "digest"
 #: Digits of a sha256 shown in a message (enough to tell two files apart at a glance).
@@ -90,11 +92,11 @@ class GroupEntry:
 class RankEntry:
     rank: int
     files: dict[str, FileEntry]
-    """Role -> file: ``weights``, ``prefill-<bucket>``, ``decode``."""
+    """Role -> file: ``weights``, ``entry`` (``rank.json``) and each graph's role (``step``)."""
     schedules: dict[str, list[str]]
     """Graph role -> its collectives in order (``op(group)``): the schedule fingerprint."""
     state: dict[str, list[int]] = field(default_factory=dict)
-    """Zero-initialised constants (the KV caches): name -> shape."""
+    """Zero-initialised constants (the KV block pools): name -> shape."""
 
 
 @dataclass(frozen=True)
@@ -106,9 +108,18 @@ class Manifest:
     groups: list[GroupEntry]
     ranks: list[RankEntry]
     dtype: str
-    buckets: list[int]
     max_batch_size: int
+    """Rows one step runs (``--max-batch-size``)."""
     cache_len: int
+    """The longest sequence, prompt and generated tokens (``--max-seq-len``)."""
+    block_size: int
+    """Tokens per KV block (``--block-size``)."""
+    num_blocks: int
+    """Blocks in each layer's pool, the null block included (from ``--kv-cache-memory``)."""
+    max_prefill_tokens: int
+    """Prompt tokens computed per step (``--max-prefill-tokens``)."""
+    graphs: list[GraphEntry]
+    """The step graphs and the call shapes each takes (``graphs.step_graphs``)."""
     model_args: dict[str, Any]
     checkpoint: dict[str, str]
     """``source`` (a path or ``preset:NAME``) and ``sha256`` (see fingerprint.checkpoint_hash)."""
@@ -153,6 +164,7 @@ class Manifest:
             )
         try:
             groups = [GroupEntry(**g) for g in data["groups"]]
+            graphs = [GraphEntry(**g) for g in data["graphs"]]
             ranks = [
                 RankEntry(
                     rank=r["rank"],
@@ -163,10 +175,11 @@ class Manifest:
                 for r in data["ranks"]
             ]
             tok = data.get("tokenizer")
-            skip = ("groups", "ranks", "tokenizer", DIGEST_FIELD)
+            skip = ("groups", "graphs", "ranks", "tokenizer", DIGEST_FIELD)
             fields = {k: v for k, v in data.items() if k not in skip}
             manifest = cls(
                 groups=groups,
+                graphs=graphs,
                 ranks=ranks,
                 tokenizer=None if tok is None else {k: FileEntry(**f) for k, f in tok.items()},
                 **fields,
@@ -180,7 +193,8 @@ class Manifest:
         return manifest
 
     def check_consistent(self) -> None:
-        """The manifest agrees with itself: every rank once, equal schedules within a group."""
+        """The manifest agrees with itself: every rank once with a file per graph, equal
+        schedules within a group."""
         if self.world_size != self.tp * self.pp:
             raise ArtifactError(
                 f"manifest: world_size {self.world_size} != pp {self.pp} x tp {self.tp}"
@@ -190,6 +204,14 @@ class Manifest:
                 f"manifest lists ranks {sorted(e.rank for e in self.ranks)}, expected "
                 f"0..{self.world_size - 1}; the compile did not finish: recompile"
             )
+        roles = [g.role for g in self.graphs]
+        for entry in self.ranks:
+            lacking = [r for r in roles if r not in entry.files]
+            if lacking:
+                raise ArtifactError(
+                    f"manifest: rank {entry.rank} lists no file for the graphs {lacking}; the "
+                    "compile did not finish: recompile"
+                )
         by_rank = {e.rank: e for e in self.ranks}
         for group in self.groups:
             first = by_rank[group.ranks[0]].schedules
@@ -376,26 +398,13 @@ def check_device(manifest: Manifest, device_type: str) -> None:
         )
 
 
-def pick_bucket(manifest: Manifest, prompt_lens: Sequence[int], max_new_tokens: int) -> int:
-    """The smallest compiled prefill bucket that fits the request, else :class:`ArtifactError`."""
-    if len(prompt_lens) > manifest.max_batch_size:
-        raise ArtifactError(
-            f"{len(prompt_lens)} prompts, but the artifacts were compiled for batch "
-            f"{manifest.max_batch_size}; send at most {manifest.max_batch_size} or recompile "
-            f"with --max-batch {len(prompt_lens)}"
-        )
-    longest = max(prompt_lens)
+def check_length(manifest: Manifest, longest: int, max_new_tokens: int) -> None:
+    """The longest prompt and its new tokens fit the compiled sequence length, else
+    :class:`ArtifactError` naming it. (More prompts than rows queue: no limit on their count.)"""
     if longest + max_new_tokens > manifest.cache_len:
         raise ArtifactError(
-            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-            f"compiled sequence length {manifest.cache_len}; ask for fewer tokens or recompile "
-            "with a larger --max-seq-len"
+            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) = "
+            f"{longest + max_new_tokens} exceeds the compiled sequence length "
+            f"{manifest.cache_len}; use max_new_tokens <= {max(manifest.cache_len - longest, 0)}, "
+            "or recompile with a larger --max-seq-len"
         )
-    for bucket in sorted(manifest.buckets):
-        if bucket >= longest and bucket <= manifest.cache_len:
-            return bucket  # a prompt fills its slot from 0: padding is overwritten by decode
-    raise ArtifactError(
-        f"no compiled prefill bucket fits a {longest}-token prompt (buckets "
-        f"{sorted(manifest.buckets)}, sequence length {manifest.cache_len}); "
-        "shorten the prompt or recompile with --buckets including a larger length"
-    )

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from torch_tensorrt_dist.artifacts.load import load_generator, model_args
+from torch_tensorrt_dist.artifacts.load import check_options, load_generator, model_args
 from torch_tensorrt_dist.artifacts.manifest import (
     check_layout,
+    check_length,
     check_quantization,
-    pick_bucket,
     read_manifest,
     verify_files,
 )
@@ -48,16 +48,17 @@ class ArtifactsSpec(ModelSpec):
             world = (p.tp or manifest.tp) * p.pp
         check_layout(manifest, world_size=world, tp=p.tp, pp=p.pp)
         check_quantization(manifest, None if config.quantize is None else config.quantize.to_dict())
-        for flag, asked, compiled, fix in (
-            ("--max-batch-size", cache.max_batch_size, manifest.max_batch_size, "--max-batch"),
-            ("--max-seq-len", cache.max_seq_len, manifest.cache_len, "--max-seq-len"),
-        ):
-            if asked not in (None, compiled):
-                what = "rows" if flag == "--max-batch-size" else "tokens per row"
-                raise ConfigError(
-                    f"{flag} {asked}: the artifacts were compiled for {compiled} {what}; leave "
-                    f"it unset or recompile with {fix} {asked}"
-                )
+        # the rows, lengths, blocks and pool are constants of the compiled graphs
+        check_options(
+            manifest,
+            {
+                "max_batch_size": cache.max_batch_size,
+                "max_seq_len": cache.max_seq_len,
+                "kv_cache_memory": cache.kv_cache_memory,
+                "block_size": cache.block_size,
+                "max_prefill_tokens": cache.max_prefill_tokens,
+            },
+        )
         if manifest.tokenizer:  # before the tokenizer is parsed: a damaged file is named
             verify_files(self.root, manifest.tokenizer)
         tokenizer = self.root / "tokenizer"
@@ -81,10 +82,10 @@ class ArtifactsSpec(ModelSpec):
         prompts: Sequence[Sequence[int]],
         max_new_tokens: int,
     ) -> int:
-        """The compiled length, once a compiled bucket holds the request."""
+        """The compiled length, once it holds the request."""
         if any(not p for p in prompts):
             raise ConfigError("a prompt is empty; give at least one token of text")
-        pick_bucket(plan.manifest, [len(p) for p in prompts], max_new_tokens)
+        check_length(plan.manifest, max(len(p) for p in prompts), max_new_tokens)
         return int(plan.manifest.cache_len)
 
     def load(self, rank: Rank, *, progress: bool = False) -> Transformer:
@@ -92,5 +93,13 @@ class ArtifactsSpec(ModelSpec):
 
     def generator(self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False) -> Any:
         """The compiled graphs of this rank (its rows and length are the manifest's)."""
-        p = rank.plan.parallel
-        return load_generator(self.root, tp=p.tp, pp=p.pp)
+        from torch_tensorrt_dist.families.spec import model_salt
+
+        p, config = rank.plan.parallel, rank.config
+        return load_generator(
+            self.root,
+            tp=p.tp,
+            pp=p.pp,
+            prefix_caching=config.cache.prefix_caching,
+            salt=model_salt(config),
+        )

@@ -1,10 +1,11 @@
 """Cold start: generating from compiled artifacts vs compiling from the checkpoint, same run.
 
 On 2 gloo ranks with the demo checkpoint (or the ``tiny`` preset where it is absent), each
-rank times (a) the usual start: read its shard of the checkpoint, compile the prefill and
-decode graphs with the Inductor engine (``torch.compile``), run one prefill and one decode
-step; then (b) builds the artifacts once (``compile_artifacts``); then (c) a start from them:
-``load_generator`` (manifest checks, file hashes, shard, packages) and the same two steps.
+rank times (a) the usual start: read its shard of the checkpoint, compile the step graphs a
+prompt needs with the Inductor engine (``torch.compile``: prefill and decode of one row), run
+one prefill and one decode step; then (b) builds the artifacts once (``compile_artifacts``: one
+AOTInductor package for every step); then (c) a start from them: ``load_generator`` (manifest
+checks, file hashes, shard, packages) and the same two steps.
 Both starts generate the same prompt; the tokens are compared.
 """
 
@@ -54,7 +55,7 @@ def _rank(rank: int, world: int, model: str, out: str) -> dict[str, Any]:
     ckpt_tokens = gen.generate([PROMPT], max_new_tokens=NEW).tokens
     del gen, net
 
-    built = compile_artifacts(model, out, max_seq_len=MAX_SEQ, max_batch_size=1, buckets=[16])
+    built = compile_artifacts(model, out, max_seq_len=MAX_SEQ, max_batch_size=1)
     dist.barrier()
     start = time.perf_counter()
     loaded = load_generator(out)

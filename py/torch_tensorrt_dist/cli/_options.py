@@ -50,8 +50,8 @@ _ABSENT: dict[str, Any] = {
     "max_batch_size": None,
     "max_seq_len": None,
     "kv_cache_memory": None,
-    "block_size": DEFAULT_BLOCK_SIZE,
-    "max_prefill_tokens": DEFAULT_MAX_PREFILL_TOKENS,
+    "block_size": None,
+    "max_prefill_tokens": None,
     "prefix_caching": True,
 }
 
@@ -184,10 +184,15 @@ def add_quantize(p: argparse.ArgumentParser) -> None:
 
 
 def add_kv_cache(
-    p: argparse.ArgumentParser, *, max_seq_len: str | None, max_batch_size: str | None = None
+    p: argparse.ArgumentParser,
+    *,
+    max_seq_len: str | None,
+    max_batch_size: str | None = None,
+    prefix_caching: bool = True,
 ) -> None:
-    """The KV cache's memory, blocks, prefill budget and prefix reuse; ``--max-seq-len`` and
-    ``--max-batch-size`` (with their help) where the command takes them."""
+    """The KV cache's memory, blocks, prefill budget (and prefix reuse, where the command runs
+    requests); ``--max-seq-len`` and ``--max-batch-size`` (with their help) where the command
+    takes them."""
     for flag, help_ in (("--max-batch-size", max_batch_size), ("--max-seq-len", max_seq_len)):
         if help_ is not None:
             p.add_argument(flag, type=int, default=None, help=help_)
@@ -204,18 +209,20 @@ def add_kv_cache(
     p.add_argument(
         "--block-size",
         type=int,
-        default=DEFAULT_BLOCK_SIZE,
+        default=None,
         help="tokens per KV-cache block, a power of two in [1, 256] (default "
-        f"{DEFAULT_BLOCK_SIZE})",
+        f"{DEFAULT_BLOCK_SIZE}; --artifacts: the compiled one)",
     )
     p.add_argument(
         "--max-prefill-tokens",
         type=int,
-        default=DEFAULT_MAX_PREFILL_TOKENS,
+        default=None,
         help="prompt tokens one step prefills at most: longer prompts are prefilled in chunks "
         "while the running rows keep decoding (default "
         f"{DEFAULT_MAX_PREFILL_TOKENS}; at least --block-size)",
     )
+    if not prefix_caching:
+        return
     p.add_argument(
         "--prefix-caching",
         action=argparse.BooleanOptionalAction,

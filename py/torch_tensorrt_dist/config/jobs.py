@@ -153,8 +153,6 @@ class CompileJob:
     """``compile``: write each rank's compiled graphs and weight shard, and the manifest."""
 
     out: str
-    buckets: tuple[int, ...] | None = None
-    """Prefill lengths (None: powers of two from 16 up to half the length)."""
     json: bool = False
 
 

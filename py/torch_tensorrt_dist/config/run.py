@@ -135,10 +135,12 @@ class CacheOptions:
     kv_cache_memory: int | None = None
     """Bytes of KV cache per rank (None: enough for ``max_batch_size`` rows of
     ``max_seq_len``)."""
-    block_size: int = DEFAULT_BLOCK_SIZE
-    """Tokens per KV-cache block (a power of two in [1, 256])."""
-    max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
-    """Prompt tokens a step prefills at most (chunks of longer prompts); at least a block."""
+    block_size: int | None = None
+    """Tokens per KV-cache block (a power of two in [1, 256]; None: the default, or what
+    artifacts were compiled with)."""
+    max_prefill_tokens: int | None = None
+    """Prompt tokens a step prefills at most (chunks of longer prompts); at least a block
+    (None: the default, or what artifacts were compiled with)."""
     prefix_caching: bool = True
     """Keep full blocks after their request ends and reuse them for the same prefix."""
 
@@ -149,18 +151,33 @@ class CacheOptions:
             check_int(self.max_seq_len, name="--max-seq-len", low=1)
         if self.kv_cache_memory is not None:
             check_int(self.kv_cache_memory, name="--kv-cache-memory", low=1)
-        if self.block_size not in BLOCK_SIZES:
+        if self.block_size is not None and self.block_size not in BLOCK_SIZES:
             raise ConfigError(
                 f"--block-size {self.block_size} is not a power of two in [1, 256]: give one of "
                 f"{', '.join(map(str, BLOCK_SIZES))} (default {DEFAULT_BLOCK_SIZE})"
             )
-        check_int(self.max_prefill_tokens, name="--max-prefill-tokens", low=1)
-        if self.max_prefill_tokens < self.block_size:
+        if self.max_prefill_tokens is not None:
+            check_int(self.max_prefill_tokens, name="--max-prefill-tokens", low=1)
+        block, budget = self.block, self.prefill_budget
+        if budget < block:
             raise ConfigError(
-                f"--max-prefill-tokens {self.max_prefill_tokens} is below --block-size "
-                f"{self.block_size}: a step must be able to prefill a whole block; give at least "
-                f"{self.block_size}"
+                f"--max-prefill-tokens {budget} is below --block-size {block}: a step must be "
+                f"able to prefill a whole block; give at least {block}"
             )
+
+    @property
+    def block(self) -> int:
+        """``block_size``, or the default where it is not given."""
+        return DEFAULT_BLOCK_SIZE if self.block_size is None else self.block_size
+
+    @property
+    def prefill_budget(self) -> int:
+        """``max_prefill_tokens``, or the default where it is not given."""
+        return (
+            DEFAULT_MAX_PREFILL_TOKENS
+            if self.max_prefill_tokens is None
+            else self.max_prefill_tokens
+        )
 
 
 @dataclass(frozen=True)

@@ -230,8 +230,8 @@ def build_generator(model: Transformer, config: RunConfig, rows: int, cache_len:
         cache_len=cache_len,
         verify=config.verify,
         kv_cache_memory=cache.kv_cache_memory,
-        block_size=cache.block_size,
-        max_prefill_tokens=cache.max_prefill_tokens,
+        block_size=cache.block,
+        max_prefill_tokens=cache.prefill_budget,
         prefix_caching=cache.prefix_caching,
         salt=model_salt(config),
     )
@@ -251,7 +251,7 @@ def check_kv_cache(config: RunConfig, plan: ModelPlan, rows: int, cache_len: int
 
     cache = config.cache
     tp = plan.parallel.tp or 1
-    layout = kv_layout_for(plan.args, tp=tp, dtype=DTYPES[plan.dtype], block_size=cache.block_size)
+    layout = kv_layout_for(plan.args, tp=tp, dtype=DTYPES[plan.dtype], block_size=cache.block)
     layout.blocks_for_memory(cache.kv_cache_memory, rows=rows, max_seq_len=cache_len)
 
 

@@ -140,10 +140,13 @@ class GenerationCore:
         tokenizer: Tokenizer | None = None,
         text: bool = False,
         salt: bytes = b"",
+        mark_dynamic: bool = True,
     ) -> None:
         """``limits``: the largest rows / tokens / blocks a call may have (the step graph's
         dynamic dimensions); ``text``: produce each request's text (rank 0 of a server);
-        ``salt``: the model's identity, part of every prefix-cache key."""
+        ``salt``: the model's identity, part of every prefix-cache key; ``mark_dynamic``:
+        mark the step's dynamic dimensions for Dynamo (``step_inputs``; off where the step
+        is not traced by Dynamo)."""
         if text and tokenizer is None:
             raise ConfigError("GenerationCore(text=True) needs a tokenizer")
         self._step, self.pool, self.limits = step_fn, pool, limits
@@ -163,6 +166,7 @@ class GenerationCore:
         #: with a grammar fail on join
         self.grammars: Grammars | None = None
         self._masks: MaskFiller | None = None
+        self.mark_dynamic = mark_dynamic
         self._unrendered: list[tuple[Emitted, StopText, int | None]] = []
         self.sequences: dict[int, Sequence] = {}
         self.running: list[Sequence] = []
@@ -285,7 +289,7 @@ class GenerationCore:
             (seq.tokens[seq.computed : seq.computed + n], seq.computed, seq.blocks)
             for seq, n in rows
         ]
-        inputs = step_inputs(spans, self.limits, self.device)
+        inputs = step_inputs(spans, self.limits, self.device, mark_dynamic=self.mark_dynamic)
         logits = self._step(*inputs)  # [R, V]
         out = []
         for i, (seq, n) in enumerate(rows):

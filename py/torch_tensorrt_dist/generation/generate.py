@@ -152,7 +152,8 @@ class Generator:
     What the methods use (a subclass over other graphs sets the same, see
     ``artifacts/load.ArtifactGenerator``): ``args``, ``engine``, ``max_batch_size``,
     ``cache_len``, ``max_prefill_tokens``, ``block_size``, ``num_blocks``, ``prefix_caching``,
-    ``salt``, ``device``, ``limits`` and the step function ``_step``."""
+    ``salt``, ``device``, ``limits``, the step function ``_step`` and ``mark_dynamic`` (whether
+    Dynamo traces ``_step``: its inputs' dynamic dimensions are marked)."""
 
     def __init__(
         self,
@@ -187,12 +188,13 @@ class Generator:
             kv_cache_memory, rows=max_batch_size, max_seq_len=self.cache_len
         )
         self.prefix_caching, self.salt = prefix_caching, salt
+        self.mark_dynamic = engine != "none"  # plain PyTorch: nothing traces the step
         model.setup_paged(self.num_blocks, block_size, self.cache_len)
         self.device = model.tok_embeddings.weight.device
         self.limits = StepLimits(
             rows=max_batch_size,
             tokens=max(2, min(max_prefill_tokens, self.cache_len)),
-            blocks=blocks_for(self.cache_len, block_size),
+            blocks=max(2, blocks_for(self.cache_len, block_size)),  # tables have >= 2 blocks
             block_size=block_size,
         )
         if engine != "none":  # a handful of graphs (shape classes): let Dynamo keep them all
@@ -213,6 +215,7 @@ class Generator:
             tokenizer=tokenizer,
             text=text,
             salt=self.salt,
+            mark_dynamic=self.mark_dynamic,
         )
 
     def scheduler(self, core: GenerationCore) -> Scheduler:

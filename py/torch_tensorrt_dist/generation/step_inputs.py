@@ -58,11 +58,17 @@ def step_inputs(
     rows: Sequence[tuple[Sequence[int], int, Sequence[int]]],
     limits: StepLimits,
     device: torch.device,
+    *,
+    mark_dynamic: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``rows``: (the row's tokens, its start position, its blocks: those of its past and of
     these tokens) -> tokens [R, S] (right padded with 0), start [R], last [R], past [R, NBp]
     (the blocks of positions < start, padded with the null block), dest [R, S] (each token's
-    block; the null block for padding)."""
+    block; the null block for padding).
+
+    ``mark_dynamic``: mark the dynamic dimensions for Dynamo (:func:`mark_step_dims`); off
+    for a step Dynamo never traces (plain PyTorch, AOTInductor packages): marking imports
+    ``torch._dynamo``, seconds on the first call."""
     bs = limits.block_size
     r = len(rows)
     s = max(len(ids) for ids, _, _ in rows)
@@ -81,5 +87,6 @@ def step_inputs(
     start = torch.tensor([p for _, p, _ in rows], dtype=torch.long)
     last = torch.tensor([len(ids) - 1 for ids, _, _ in rows], dtype=torch.long)
     out = (tokens.to(device), start.to(device), last.to(device), past.to(device), dest.to(device))
-    mark_step_dims(limits, *out)
+    if mark_dynamic:
+        mark_step_dims(limits, *out)
     return out
