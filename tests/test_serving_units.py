@@ -5,6 +5,7 @@ process (joins into free rows, cancels, refusals, the drain)."""
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,48 @@ def test_control_payload_round_trip() -> None:
     assert back == StepPlan(**{**plan.__dict__, "stop": True})
     assert StepPlan().steady and not StepPlan(cancels=[1]).steady
     assert control.decode_plan(b"") == StepPlan()
+
+
+def test_each_sampling_setting_is_one_definition_from_http_to_every_rank() -> None:
+    """Every ``SamplingConfig`` field outside ``schema.HTTP_FORM`` is a request field with the
+    config's default and the config's check (the same 400 message, naming it); what a body sets
+    reaches the settings and comes out of the control channel equal on the other ranks."""
+    for f in fields(SamplingConfig):
+        if f.name in schema.HTTP_FORM:
+            continue
+        assert schema.CompletionRequest.model_fields[f.name].default == f.default, f.name
+        assert schema.ChatRequest.model_fields[f.name].default == f.default, f.name
+        with pytest.raises(ConfigError) as want:
+            SamplingConfig(**{f.name: "?"})  # type: ignore[arg-type]
+        with pytest.raises(protocol.RequestError) as got:
+            schema.parse_request({"prompt": "x", f.name: "?"}, chat=False)
+        assert (got.value.message, got.value.param) == (str(want.value), f.name)
+    sent = {
+        "presence_penalty": 0.5,
+        "frequency_penalty": -1,
+        "repetition_penalty": 1.25,
+        "logit_bias": {"7": -100, "3": 2.5},
+        "min_tokens": 3,
+        "ignore_eos": True,
+        "stop_token_ids": [9, 4, 9],
+    }
+    assert set(sent) == {f.name for f in fields(SamplingConfig)} - set(schema.HTTP_FORM)
+    body = {"messages": [{"role": "user", "content": "x"}], "seed": 5, "top_k": -1, **sent}
+    cfg = schema.parse_request(body | {"logprobs": True, "top_logprobs": 2}, chat=True).sampling()
+    assert cfg == SamplingConfig(
+        temperature=1.0,
+        presence_penalty=0.5,
+        frequency_penalty=-1.0,
+        repetition_penalty=1.25,
+        logit_bias=((3, 2.5), (7, -100.0)),
+        min_tokens=3,
+        ignore_eos=True,
+        stop_token_ids=(9, 4),
+        logprobs=2,
+    )
+    req = Request(1, (5, 6), 8, cfg, cfg.end_ids((2,)), ())
+    back = control.decode_plan(control.encode_plan(StepPlan(joins=[req])))
+    assert back.joins == [req] and back.joins[0].stop_ids == (9, 4)  # ignore_eos: no 2
 
 
 def test_a_rank_out_of_step_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,11 +5,14 @@ from which the sampling settings and the grammar flow to every rank.
     cfg = req.sampling()                     # SamplingConfig: every field of it the request has
     grammar = req.grammar()                  # (GrammarSpec, the field it came from) or None
 
-Each field is declared once, with its type, default and check; a field whose name is a
-:class:`~torch_tensorrt_dist.generation.sampling.SamplingConfig` field flows into the sampling
-settings by that name (:meth:`RequestFields.sampling`), and the settings travel to every rank as
-JSON (``SamplingConfig.to_json``): a new sampling setting is its ``SamplingConfig`` field (with
-its check, ``sampling.check_field``, which the field here reuses) and one line here.
+Each field is declared once, with its type, default and check. The sampling settings are
+declared by :class:`~torch_tensorrt_dist.generation.sampling.SamplingConfig` itself: each of its
+fields is a request field of the same name, default and check (``sampling.check_field``), except
+the few whose HTTP form differs and which are declared here (``HTTP_FORM``: OpenAI's temperature
+range, ``top_k`` -1, the seed rank 0 picks, ``logprobs``' two shapes). They flow into the
+settings by name (:meth:`RequestFields.sampling`), and the settings travel to every rank as JSON
+(``SamplingConfig.to_json``): a new sampling setting is one edit, its ``SamplingConfig`` field
+and its check; the HTTP field, the control channel and every rank's settings follow.
 
 The checks are this package's validators (``request_fields.py``, ``validation.py``,
 ``sampling.check_field``), so every refusal says what was found and what is accepted;
@@ -21,10 +24,19 @@ name unless left at their default.
 
 from __future__ import annotations
 
+from dataclasses import Field as DataclassField
 from dataclasses import fields
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.grammar import GrammarSpec
@@ -54,6 +66,7 @@ from torch_tensorrt_dist.serving.request_fields import (
 from torch_tensorrt_dist.validation import check_bool, check_int, check_seed
 
 __all__ = [
+    "HTTP_FORM",
     "MAX_STOP_CHARS",
     "ChatRequest",
     "CompletionRequest",
@@ -85,6 +98,9 @@ _UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
 }
 _GRAMMAR_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice")
 _SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingConfig))
+#: ``SamplingConfig`` fields whose HTTP form differs from the config's (declared in
+#: ``_Fields``); every other one is a request field as the config declares it
+HTTP_FORM = ("temperature", "top_k", "top_p", "seed", "logprobs")
 
 
 class FieldError(ConfigError):
@@ -108,8 +124,9 @@ def _sampling(name: str) -> Any:
     return PlainValidator(lambda v: check_field(name, v))
 
 
-class RequestFields(BaseModel):
-    """The fields both endpoints take (OpenAI's, and vLLM's sampling extensions)."""
+class _Fields(BaseModel):
+    """The fields both endpoints take that ``SamplingConfig`` does not declare as they are
+    sent (see :data:`RequestFields`)."""
 
     model_config = ConfigDict(extra="ignore", arbitrary_types_allowed=True)
     chat: ClassVar[bool] = False
@@ -125,13 +142,6 @@ class RequestFields(BaseModel):
     best_of: Annotated[int | None, _int("best_of", 1)] = None
     stream: Annotated[bool, _bool("stream")] = False
     stream_options: Annotated[StreamOptions | None, PlainValidator(check_stream_options)] = None
-    presence_penalty: Annotated[float, _sampling("presence_penalty")] = 0.0
-    frequency_penalty: Annotated[float, _sampling("frequency_penalty")] = 0.0
-    repetition_penalty: Annotated[float, _sampling("repetition_penalty")] = 1.0
-    logit_bias: Annotated[tuple[tuple[int, float], ...], _sampling("logit_bias")] = ()
-    min_tokens: Annotated[int, _sampling("min_tokens")] = 0
-    ignore_eos: Annotated[bool, _sampling("ignore_eos")] = False
-    stop_token_ids: Annotated[tuple[int, ...], _sampling("stop_token_ids")] = ()
     response_format: Annotated[GrammarSpec | None, PlainValidator(check_response_format)] = None
     guided_json: Annotated[GrammarSpec | None, PlainValidator(check_guided_json)] = None
     guided_regex: Annotated[GrammarSpec | None, PlainValidator(check_guided_regex)] = None
@@ -145,7 +155,7 @@ class RequestFields(BaseModel):
         return {k: v for k, v in data.items() if v is not None}
 
     @model_validator(mode="after")
-    def _together(self) -> RequestFields:
+    def _together(self) -> _Fields:
         """What a field means beside the others."""
         if self.best_of is not None and self.best_of < self.n:
             raise FieldError("best_of", f"best_of ({self.best_of}) must be >= n ({self.n})")
@@ -203,6 +213,24 @@ class RequestFields(BaseModel):
             if spec is not None:
                 return spec, name
         return None
+
+
+def _config_field(f: DataclassField[Any]) -> tuple[Any, Any]:
+    """A ``SamplingConfig`` field as a request field: its check, its default."""
+    return Annotated[Any, _sampling(f.name)], f.default
+
+
+if TYPE_CHECKING:  # the fields added below are read by name only (``sampling()``)
+    RequestFields = _Fields
+else:
+    RequestFields = create_model(
+        "RequestFields",
+        __base__=_Fields,
+        __module__=__name__,
+        **{f.name: _config_field(f) for f in fields(SamplingConfig) if f.name not in HTTP_FORM},
+    )
+    RequestFields.__doc__ = """The fields both endpoints take (OpenAI's, and vLLM's sampling
+    extensions): ``_Fields`` and every ``SamplingConfig`` field outside ``HTTP_FORM``."""
 
 
 class CompletionRequest(RequestFields):
