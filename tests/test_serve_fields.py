@@ -287,6 +287,42 @@ def test_n_choices_are_seeded_and_reproducible(client: Any) -> None:
     assert by_index == two
 
 
+def test_streams_carry_each_choices_index_and_logprobs(client: Any) -> None:
+    """A stream's pieces, gathered by ``index``, are the choices and logprobs of the same
+    request not streamed (chat, n=2; completions: ``text_offset`` continues across pieces)."""
+    chat = {
+        "model": "demo",
+        "messages": CHAT,
+        "max_tokens": 8,
+        "temperature": 1.0,
+        "seed": 11,
+        "n": 2,
+        "logprobs": True,
+        "top_logprobs": 1,
+    }
+    whole = client.chat.completions.create(**chat)
+    texts: list[str] = ["", ""]
+    values: list[list[float]] = [[], []]
+    for chunk in client.chat.completions.create(**chat, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.logprobs is not None:
+                values[c.index] += [t.logprob for t in c.logprobs.content]
+    assert texts == [c.message.content for c in whole.choices] and texts[0] != texts[1]
+    for got, c in zip(values, whole.choices):
+        assert got == pytest.approx([t.logprob for t in c.logprobs.content], abs=1e-5)
+    plain = {"model": "demo", "prompt": "Lists", "max_tokens": 8, "temperature": 0, "logprobs": 2}
+    want = client.completions.create(**plain).choices[0].logprobs
+    tokens: list[str] = []
+    offsets: list[int] = []
+    for chunk in client.completions.create(**plain, stream=True):
+        lp = chunk.choices[0].logprobs if chunk.choices else None
+        if lp is not None:
+            tokens += lp.tokens
+            offsets += lp.text_offset
+    assert (tokens, offsets) == (want.tokens, want.text_offset)
+
+
 def test_best_of_returns_the_highest_cumulative_logprob(client: Any) -> None:
     def ask(**kw: Any) -> Any:
         return client.completions.create(
