@@ -99,7 +99,7 @@ def _mask_s(grammars: Grammars, spec: GrammarSpec, tok: Any, repeats: int = 50) 
     return statistics.median(times)
 
 
-def grammar_cost(*, engine: str = "inductor", steps: int = 24, blocks: int = 3) -> list[Figure]:
+def grammar_cost(*, engine: str = "inductor", steps: int = 16, blocks: int = 5) -> list[Figure]:
     from torch_tensorrt_dist.models.demo import demo_checkpoint_path
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
     from torch_tensorrt_dist.parallel.llama_load import load_llama
