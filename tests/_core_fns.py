@@ -12,6 +12,7 @@ import torch
 
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.generation.core import Request
+from torch_tensorrt_dist.generation.grammar import GrammarSpec
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
 
 ROWS = 3
@@ -41,18 +42,32 @@ class Job:
     max_new: int
     cancel_at: int | None = None  # a step at which the client goes away
     sampling: dict[str, Any] = field(default_factory=dict)
+    grammar: dict[str, Any] | None = None  # a GrammarSpec's JSON (structured output)
+    follows: int | None = None  # another choice of that job's prompt (n > 1)
 
     def request(self, rid: int, stop_ids: tuple[int, ...]) -> Request:
         cfg = SamplingConfig(**self.sampling)
-        return Request(rid, tuple(self.prompt), self.max_new, cfg, stop_ids)
+        grammar = None if self.grammar is None else GrammarSpec.from_json(self.grammar)
+        ends = cfg.end_ids(stop_ids)  # what the leader of a server does
+        return Request(
+            rid, tuple(self.prompt), self.max_new, cfg, ends, grammar=grammar, follows=self.follows
+        )
 
 
-def run_schedule(gen: Generator, jobs: list[Job], stop_ids: tuple[int, ...]) -> dict[str, Any]:
+def run_schedule(
+    gen: Generator, jobs: list[Job], stop_ids: tuple[int, ...], grammars: Any = None
+) -> dict[str, Any]:
     """Run ``jobs`` through ``gen``'s scheduler and core as a server would: tokens per job,
-    steps taken, preemptions, prefix-cache hits per job and the most requests running at once."""
+    steps taken, preemptions, prefix-cache hits per job and the most requests running at once
+    (``grammars``: the grammar engine of jobs with a grammar; also each job's logprobs, finish
+    and the step it joined)."""
     core = gen.core()
+    core.grammars = grammars
     sched = gen.scheduler(core)
     out: dict[int, list[int]] = {i: [] for i in range(len(jobs))}
+    logprobs: dict[int, list[Any]] = {i: [] for i in range(len(jobs))}
+    finish: dict[int, str | None] = {}
+    joined: dict[int, int] = {}
     cached: dict[int, int] = {}
     step, most = 0, 0
     while step <= max(j.step for j in jobs) or not sched.idle():
@@ -61,8 +76,14 @@ def run_schedule(gen: Generator, jobs: list[Job], stop_ids: tuple[int, ...]) -> 
                 sched.cancel(rid)
             if job.step == step:
                 sched.add(job.request(rid, stop_ids))
-        for e in core.step(sched.plan()):
+        plan = sched.plan()
+        joined.update((r.rid, step) for r in plan.joins)
+        for e in core.step(plan):
             out[e.rid] += e.tokens
+            if e.logprobs is not None:
+                logprobs[e.rid].append(e.logprobs)
+            if e.finish is not None:
+                finish[e.rid] = e.finish
             if e.cached:
                 cached[e.rid] = e.cached
         most = max(most, core.active)
@@ -76,6 +97,9 @@ def run_schedule(gen: Generator, jobs: list[Job], stop_ids: tuple[int, ...]) -> 
         "cached": cached,
         "most_running": most,
         "pool": core.pool.stats(),
+        "logprobs": [logprobs[i] for i in range(len(jobs))],
+        "finish": [finish.get(i) for i in range(len(jobs))],
+        "joined": [joined.get(i) for i in range(len(jobs))],
     }
 
 
@@ -120,5 +144,12 @@ def rank_schedules(rank: int, world: int, spec: list[dict[str, Any]]) -> list[di
             model = load_llama(case["path"], group=dist.group.WORLD, progress=False)
         gen = make_generator(model, case.get("kv_blocks"))
         jobs = [Job(**j) for j in case["jobs"]]
-        results.append(run_schedule(gen, jobs, tuple(case["stop_ids"])))
+        grammars = None
+        if case.get("tokenizer"):  # structured output over the checkpoint's tokenizer
+            from torch_tensorrt_dist.generation.grammar import Grammars
+
+            grammars = Grammars.from_file(
+                case["tokenizer"], vocab_size=model.args.vocab_size, eos_ids=case["stop_ids"]
+            )
+        results.append(run_schedule(gen, jobs, tuple(case["stop_ids"]), grammars))
     return results

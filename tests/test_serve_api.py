@@ -207,7 +207,7 @@ def _post(server: Server, body: Any, *, key: str | None = KEY, path: str = "comp
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
-        ({"prompt": "x", "n": 2}, 400, "one choice per request"),
+        ({"prompt": "x", "n": 5}, 400, r"n=5 asks for 5 sequences .* at most 4 \(--max-batch"),
         ({"prompt": "x", "temperature": -1}, 400, r"temperature must be a finite number in \[0, 2"),
         ({"prompt": "x", "top_p": 0}, 400, r"top_p must be a finite number in \(0, 1\]"),
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
@@ -216,9 +216,9 @@ def _post(server: Server, body: Any, *, key: str | None = KEY, path: str = "comp
             400,
             r"exceeds the longest request served, 256 tokens",
         ),
-        ({"prompt": "x", "logprobs": 2}, 400, "logprobs is not supported"),
+        ({"prompt": "x", "logprobs": 21}, 400, r"logprobs must be an integer in \[0, 20\], got 21"),
         ({"prompt": [5000]}, 400, r"outside \[0, 1024\)"),
-        ({"prompt": ["a", "b"]}, 400, "one prompt per request"),
+        ({"prompt": "x", "suffix": "y"}, 400, "suffix is not supported"),
         ("{not json", 400, "not JSON"),
         ({"prompt": "x", "model": "gpt-4"}, 404, "is not served here"),
     ],

@@ -21,7 +21,7 @@ from torch_tensorrt_dist.models.tokenizer import ByteTokenizer
 
 pytest.importorskip("fastapi")
 
-from torch_tensorrt_dist.serving import control, protocol
+from torch_tensorrt_dist.serving import control, schema
 from torch_tensorrt_dist.serving.bridge import Failed, Inbox, Piece, ServerState, Submission
 from torch_tensorrt_dist.serving.limits import check_fit, check_prompt_size, request_limits
 from torch_tensorrt_dist.serving.loop import Leader, StepLoop
@@ -197,7 +197,7 @@ def test_a_request_whose_shown_text_fails_is_cancelled_on_every_rank_at_the_next
 
 def _bad(body: Any, param: str | None, match: str, chat: bool = False) -> None:
     with pytest.raises(RequestError, match=match) as info:
-        protocol.parse_request(body, chat=chat)
+        schema.parse_request(body, chat=chat)
     assert info.value.status == 400 and info.value.param == param
 
 
@@ -209,12 +209,13 @@ def test_requests_that_crashed_a_rank_or_the_handler_are_400s_naming_the_field()
     _bad({"prompt": "x", "stop": ["\ud800"]}, "stop", "a stop string holds a lone surrogate")
     _bad({"prompt": "x", "stop": "s" * 257}, "stop", "257 characters; at most 256")
     _bad({"prompt": [1, 2.5]}, "prompt", r"prompt\[1\] is 2\.5; token ids are integers")
-    _bad({"prompt": ["a", "b"]}, "prompt", "one prompt per request")
-    assert protocol.parse_request({"prompt": [1.0, 7]}, chat=False).prompt == [1, 7]
-    chat = protocol.parse_request({"messages": [{"role": "user"}]}, chat=True)
+    _bad({"prompt": ["a", [1, 2.5]]}, "prompt", r"prompt\[1\]\[1\] is 2\.5; token ids are")
+    _bad({"prompt": ["a", ""]}, "prompt", r"prompt\[1\] must be a non-empty string or a list")
+    assert schema.parse_request({"prompt": [1.0, 7]}, chat=False).prompts == ((1, 7),)
+    chat = schema.parse_request({"messages": [{"role": "user"}]}, chat=True)
     assert (chat.max_tokens, chat.max_tokens_param) == (None, "max_tokens")
     alias = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9}
-    assert protocol.parse_request(alias, chat=True).max_tokens_param == "max_completion_tokens"
+    assert schema.parse_request(alias, chat=True).max_tokens_param == "max_completion_tokens"
     for raw, match in (
         (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", "Exceeds the limit"),
         (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests arrays or objects"),
@@ -229,27 +230,27 @@ def test_size_limits_before_the_tokenizer_and_fit_errors_naming_max_tokens() -> 
     limits = request_limits(ByteTokenizer(256), cache_len=64)
     assert (limits.prompt_chars, limits.messages) == (2 * 64 * 4, 64)
     assert limits.body_bytes == 6 * limits.prompt_chars + (1 << 20)
-    params = protocol.parse_request({"prompt": "x" * 513}, chat=False)
+    params = schema.parse_request({"prompt": "x" * 513}, chat=False)
     with pytest.raises(RequestError, match="prompt has 513 characters; a prompt that fits") as e:
         check_prompt_size(params, limits)
     assert e.value.param == "prompt"
     many = {"messages": [{"role": "user", "content": "hi"}] * 65}
     with pytest.raises(RequestError, match="65 messages") as e:
-        check_prompt_size(protocol.parse_request(many, chat=True), limits)
+        check_prompt_size(schema.parse_request(many, chat=True), limits)
     assert e.value.param == "messages"
     body = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 60}
     with pytest.raises(
         RequestError, match=r"max_completion_tokens 60 \+ the prompt's 8 tokens"
     ) as e:
-        check_fit(8, protocol.parse_request(body, chat=True), cache_len=64)
+        check_fit(8, schema.parse_request(body, chat=True), cache_len=64)
     assert e.value.param == "max_completion_tokens" and "<= 56" in str(e.value)
     with pytest.raises(RequestError, match="the prompt has 64 tokens") as e:
-        check_fit(64, protocol.parse_request({"prompt": "x"}, chat=False), cache_len=64)
+        check_fit(64, schema.parse_request({"prompt": "x"}, chat=False), cache_len=64)
     assert e.value.param == "prompt"
     assert (
         check_fit(
             8,
-            protocol.parse_request(body | {"max_completion_tokens": None}, chat=True),
+            schema.parse_request(body | {"max_completion_tokens": None}, chat=True),
             cache_len=64,
         )
         == 56

@@ -5,6 +5,7 @@ process (joins into free rows, cancels, refusals, the drain)."""
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from torch_tensorrt_dist.parallel.llama_load import random_llama
 
 pytest.importorskip("fastapi")
 
-from torch_tensorrt_dist.serving import control, protocol
+from torch_tensorrt_dist.serving import control, protocol, schema
 from torch_tensorrt_dist.serving.bridge import (
     Cancel,
     Failed,
@@ -39,7 +40,7 @@ from torch_tensorrt_dist.serving.loop import Leader, StepLoop
 
 
 def test_request_defaults_and_checks() -> None:
-    p = protocol.parse_request({"prompt": "hi"}, chat=False)
+    p = schema.parse_request({"prompt": "hi"}, chat=False)
     assert (p.max_tokens, p.temperature, p.top_p, p.seed, p.stop, p.stream) == (
         16,
         1.0,
@@ -48,7 +49,10 @@ def test_request_defaults_and_checks() -> None:
         (),
         False,
     )
-    c = protocol.parse_request(
+    # unknown fields are ignored; known ones at their default ("off") pass
+    extra = {"prompt": "hi", "user": "u", "x-trace": [1], "suffix": "", "tools": []}
+    assert schema.parse_request(extra, chat=False).sampling() == p.sampling()
+    c = schema.parse_request(
         {
             "messages": [
                 {
@@ -63,9 +67,9 @@ def test_request_defaults_and_checks() -> None:
         },
         chat=True,
     )
-    assert c.messages == [{"role": "user", "content": "a\nb"}] and c.max_tokens == 5
+    assert c.messages == [{"role": "user", "content": "a\nb"}] and c.max_new == 5
     assert c.stop == ("x",) and c.include_usage
-    assert protocol.parse_request({"prompt": [[1, 2]]}, chat=False).prompt == [1, 2]
+    assert schema.parse_request({"prompt": [[1, 2]]}, chat=False).prompts == ((1, 2),)
     bad = [
         ({"prompt": "x", "seed": 2**64}, r"seed must be an integer in \[0, 2\*\*64\)"),
         ({"prompt": "x", "temperature": 0.0001}, r"temperature must be 0 \(greedy\) or in"),
@@ -74,40 +78,39 @@ def test_request_defaults_and_checks() -> None:
         ({"prompt": "x", "temperature": float("nan")}, "temperature must be a finite number"),
         ({"prompt": ""}, "non-empty string"),
         ({"prompt": "x", "stream": "yes"}, "stream must be true or false"),
-        ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty is not supported"),
+        ({"prompt": "x", "suffix": "y"}, "suffix is not supported"),
         ([1, 2], "must be a JSON object"),
     ]
     for body, message in bad:
         with pytest.raises(protocol.RequestError, match=message) as err:
-            protocol.parse_request(body, chat=False)
+            schema.parse_request(body, chat=False)
         assert err.value.status == 400 and err.value.body()["error"]["type"]
     with pytest.raises(protocol.RequestError, match=r"role 'robot' is not one of"):
-        protocol.parse_request({"messages": [{"role": "robot", "content": "x"}]}, chat=True)
+        schema.parse_request({"messages": [{"role": "robot", "content": "x"}]}, chat=True)
     with pytest.raises(protocol.RequestError, match="content part 'image_url'"):
-        protocol.parse_request(
+        schema.parse_request(
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, chat=True
         )
 
 
 def test_response_and_chunk_shapes() -> None:
-    chat = protocol.parse_request({"messages": [{"role": "user", "content": "x"}]}, chat=True)
     head = {"rid": "chatcmpl-1", "created": 7, "model": "m"}
-    body = protocol.response(chat, text="hi", finish="stop", usage=protocol.usage(3, 2), **head)
+    one = protocol.choice(True, index=0, text="hi", finish="stop")
+    body = protocol.response(True, choices=[one], usage=protocol.usage(3, 2), **head)
     assert body["object"] == "chat.completion" and body["usage"]["total_tokens"] == 5
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
-    first = protocol.chunk(chat, text="", first=True, **head)
+    first = protocol.chunk(True, text="", first=True, **head)
     assert first["object"] == "chat.completion.chunk"
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    end = protocol.chunk(chat, text=None, finish="length", **head)
+    end = protocol.chunk(True, text=None, index=2, finish="length", **head)
     assert end["choices"][0] == {
-        "index": 0,
+        "index": 2,
         "delta": {},
         "logprobs": None,
         "finish_reason": "length",
     }
-    plain = protocol.parse_request({"prompt": "x"}, chat=False)
-    assert protocol.chunk(plain, text="a", **head)["object"] == "text_completion"
-    assert protocol.chunk(plain, text=None, usage={"x": 1}, **head)["choices"] == []
+    assert protocol.chunk(False, text="a", **head)["object"] == "text_completion"
+    assert protocol.chunk(False, text=None, usage={"x": 1}, **head)["choices"] == []
 
 
 def test_control_payload_round_trip() -> None:
@@ -124,6 +127,48 @@ def test_control_payload_round_trip() -> None:
     assert back == StepPlan(**{**plan.__dict__, "stop": True})
     assert StepPlan().steady and not StepPlan(cancels=[1]).steady
     assert control.decode_plan(b"") == StepPlan()
+
+
+def test_each_sampling_setting_is_one_definition_from_http_to_every_rank() -> None:
+    """Every ``SamplingConfig`` field outside ``schema.HTTP_FORM`` is a request field with the
+    config's default and the config's check (the same 400 message, naming it); what a body sets
+    reaches the settings and comes out of the control channel equal on the other ranks."""
+    for f in fields(SamplingConfig):
+        if f.name in schema.HTTP_FORM:
+            continue
+        assert schema.CompletionRequest.model_fields[f.name].default == f.default, f.name
+        assert schema.ChatRequest.model_fields[f.name].default == f.default, f.name
+        with pytest.raises(ConfigError) as want:
+            SamplingConfig(**{f.name: "?"})  # type: ignore[arg-type]
+        with pytest.raises(protocol.RequestError) as got:
+            schema.parse_request({"prompt": "x", f.name: "?"}, chat=False)
+        assert (got.value.message, got.value.param) == (str(want.value), f.name)
+    sent = {
+        "presence_penalty": 0.5,
+        "frequency_penalty": -1,
+        "repetition_penalty": 1.25,
+        "logit_bias": {"7": -100, "3": 2.5},
+        "min_tokens": 3,
+        "ignore_eos": True,
+        "stop_token_ids": [9, 4, 9],
+    }
+    assert set(sent) == {f.name for f in fields(SamplingConfig)} - set(schema.HTTP_FORM)
+    body = {"messages": [{"role": "user", "content": "x"}], "seed": 5, "top_k": -1, **sent}
+    cfg = schema.parse_request(body | {"logprobs": True, "top_logprobs": 2}, chat=True).sampling()
+    assert cfg == SamplingConfig(
+        temperature=1.0,
+        presence_penalty=0.5,
+        frequency_penalty=-1.0,
+        repetition_penalty=1.25,
+        logit_bias=((3, 2.5), (7, -100.0)),
+        min_tokens=3,
+        ignore_eos=True,
+        stop_token_ids=(9, 4),
+        logprobs=2,
+    )
+    req = Request(1, (5, 6), 8, cfg, cfg.end_ids((2,)), ())
+    back = control.decode_plan(control.encode_plan(StepPlan(joins=[req])))
+    assert back.joins == [req] and back.joins[0].stop_ids == (9, 4)  # ignore_eos: no 2
 
 
 def test_a_rank_out_of_step_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,12 +21,20 @@ Everything here is a function of the plans and the logits, with a generator per 
 from its :class:`SamplingConfig`: ranks that apply the same plans hold the same sequences and
 blocks and sample the same tokens, without communicating.
 
-Per-request isolation (``core.isolate = True``, a server): an exception while sampling a
-request's token or producing the text that decides its finish (stop strings) fails that request
-only: its blocks are released and it emits ``finish="error"`` with a :class:`RowError`; the same
-inputs give the same exception on every rank, so every rank drops the same request. Text that
-only shows (``render``, rank 0 alone) marks its request failed without dropping it: the caller
-must cancel it on every rank (the server's leader does, at the next step).
+Sampling (``sampler.py``): a request's settings beyond temperature and top-p (penalties,
+``logit_bias``, ``min_tokens``, logprobs) and its grammar (structured output, ``grammars``: the
+engine for the model's tokenizer, built on every rank) are state of its :class:`Sequence`,
+created alike on every rank on join and advanced by each token, so they survive preemption.
+The grammar masks of a step's sampling rows are computed in a worker thread while the step's
+graph runs. A request whose grammar is complete ends with ``stop``.
+
+Per-request isolation (``core.isolate = True``, a server): an exception while joining a request
+(its grammar), sampling its token (its settings, its grammar) or producing the text that
+decides its finish (stop strings) fails that request only: its blocks are released and it
+emits ``finish="error"`` with a :class:`RowError`; the same inputs give the same exception on
+every rank, so every rank drops the same request. Text that only shows (``render``, rank 0
+alone) marks its request failed without dropping it: the caller must cancel it on every rank
+(the server's leader does, at the next step).
 """
 
 from __future__ import annotations
@@ -38,9 +46,17 @@ import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError
+from torch_tensorrt_dist.generation.grammar import Grammars, MaskFiller
 from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for, next_key, prefix_keys
+from torch_tensorrt_dist.generation.logits_process import TokenLogprobs
 from torch_tensorrt_dist.generation.plan import Request, StepPlan
-from torch_tensorrt_dist.generation.sampling import make_generator, sample
+from torch_tensorrt_dist.generation.sampler import (
+    Failure,
+    Pick,
+    RowSampling,
+    StepMasks,
+    sample_step,
+)
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.generation.stops import StopText
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
@@ -57,8 +73,9 @@ class CoreError(TensorRTDistError):
 
 @dataclass(frozen=True)
 class RowError:
-    """Why one request failed (``Emitted.finish == "error"``): the stage, ``sampling`` or
-    ``text``, and the exception in one line."""
+    """Why one request failed (``Emitted.finish == "error"``): the stage (``join``: its grammar
+    did not compile; ``sampling``; ``processing``: its logits settings; ``grammar``: its
+    grammar refused or failed; ``text``) and the exception in one line."""
 
     stage: str
     message: str
@@ -78,12 +95,14 @@ class Emitted:
     """Prompt tokens taken from the prefix cache (on a request's first emission)."""
     error: RowError | None = None
     """Why it failed (``finish == "error"``, only with ``GenerationCore.isolate``)."""
+    logprobs: TokenLogprobs | None = None
+    """The token's logprob and the most likely alternatives (``SamplingConfig.logprobs``)."""
 
 
 class Sequence:
     """A request's state on this rank: its tokens, blocks and sampling state."""
 
-    def __init__(self, req: Request, text: StopText | None) -> None:
+    def __init__(self, req: Request, text: StopText | None, grammars: Grammars | None) -> None:
         self.req, self.rid, self.text = req, req.rid, text
         self.tokens: list[int] = list(req.prompt)
         """The prompt, then every token produced (the last one's K/V is not computed yet)."""
@@ -94,7 +113,8 @@ class Sequence:
         self.computed = 0
         """Tokens whose K/V are in ``blocks``."""
         self.cached = 0
-        self.gen = make_generator(req.sampling)
+        self.sampling = RowSampling(req, grammars)
+        """Generator, penalty state, grammar matcher: kept across preemption."""
 
     @property
     def to_compute(self) -> int:
@@ -142,6 +162,10 @@ class GenerationCore:
         self.defer_text = False
         #: per-request isolation (see the module docstring): a server sets it on every rank
         self.isolate = False
+        #: the grammar engine of structured output (the same on every rank); None: requests
+        #: with a grammar fail on join
+        self.grammars: Grammars | None = None
+        self._masks: MaskFiller | None = None
         self.mark_dynamic = mark_dynamic
         self._unrendered: list[tuple[Emitted, StopText, int | None]] = []
         self.sequences: dict[int, Sequence] = {}
@@ -177,26 +201,53 @@ class GenerationCore:
         emitted = [self._cancel(rid) for rid in plan.cancels]
         for rid in plan.preempts:
             self._preempt(rid)
+        chunks = dict(plan.chunks)
         for req in plan.joins:
-            self.check(req)
-            if req.rid in self.sequences:
-                raise CoreError(f"request {req.rid} joined twice")
-            needs_text = self.text or bool(req.stop)
-            seq = Sequence(req, StopText(self.tokenizer, req.stop) if needs_text else None)  # type: ignore[arg-type]
-            self.sequences[req.rid] = seq
-            self._admit(seq, plan.cached.get(req.rid, 0))
+            failed = self._join(req, plan.cached.get(req.rid, 0))
+            if failed is not None:  # its grammar: every rank refuses it alike
+                emitted.append(failed)
+                chunks.pop(req.rid, None)
         for rid in plan.resumes:
             self._admit(self.preempted.pop(rid), plan.cached.get(rid, 0))
-        rows = self._rows(dict(plan.chunks))
+        rows = self._rows(chunks)
         for seq, n in rows:  # every rank allocates in this order: the same ids everywhere
             self._grow(seq, seq.computed + n)
         ones = [(s, n) for s, n in rows if n == 1]
         many = [(s, n) for s, n in rows if n > 1]
+        # the rows that sample this step, in the order _run returns them: their grammar
+        # masks are computed while the graph runs
+        sampling = [s for s, n in ones + many if s.computed + n == len(s.tokens)]
+        masks = self._start_masks(sampling)
         done: list[tuple[Sequence, Tensor]] = []
         for group in (ones, many):
             if group:
                 done += self._run(group)
-        return emitted + self._sample(done)
+        return emitted + self._sample(done, masks)
+
+    def _join(self, req: Request, cached: int) -> Emitted | None:
+        self.check(req)
+        if req.rid in self.sequences:
+            raise CoreError(f"request {req.rid} joined twice")
+        needs_text = self.text or bool(req.stop)
+        text = StopText(self.tokenizer, req.stop) if needs_text else None  # type: ignore[arg-type]
+        try:
+            seq = Sequence(req, text, self.grammars)
+        except MemoryError:
+            raise
+        except Exception as exc:  # a grammar that does not compile: the same on every rank
+            if not self.isolate:
+                raise
+            return Emitted(req.rid, [], "", "error", error=_row_error("join", exc))
+        self.sequences[req.rid] = seq
+        self._admit(seq, cached)
+        return None
+
+    def _start_masks(self, sampling: list[Sequence]) -> StepMasks:
+        if self.grammars is None or all(s.sampling.matcher is None for s in sampling):
+            return StepMasks()
+        if self._masks is None:
+            self._masks = MaskFiller()
+        return StepMasks.start(self.grammars, self._masks, [s.sampling for s in sampling])
 
     def _rows(self, chunks: dict[int, int]) -> list[tuple[Sequence, int]]:
         rows = []
@@ -260,27 +311,25 @@ class GenerationCore:
             seq.keys.append(key)
             self.pool.commit(seq.blocks[i], key)
 
-    def _sample(self, done: list[tuple[Sequence, Tensor]]) -> list[Emitted]:
+    def _sample(self, done: list[tuple[Sequence, Tensor]], masks: StepMasks) -> list[Emitted]:
+        bitmask, mask_failures = masks.wait()
         if not done:
             return []
         logits = torch.stack([row for _, row in done])  # [N, V]
-        greedy = logits.argmax(dim=-1).tolist()  # one device sync for the whole step
-        emitted = []
-        for i, (seq, _) in enumerate(done):
-            pick = greedy[i] if seq.req.sampling.greedy else None
-            emitted.append(self._next(seq, logits[i : i + 1], pick))
-        return emitted
+        picks = sample_step(logits, [s.sampling for s, _ in done], bitmask, mask_failures)
+        return [self._next(seq, pick) for (seq, _), pick in zip(done, picks)]
 
-    def _next(self, seq: Sequence, logits: Tensor, greedy: int | None) -> Emitted:
-        """Sample the request's next token from ``logits`` [1, V] (``greedy``: it is known)
-        and advance it; with ``isolate``, an exception fails this request only."""
-        stage = "sampling"
+    def _next(self, seq: Sequence, pick: Pick | Failure) -> Emitted:
+        """Advance the request by its picked token (its grammar, its penalty state, its text);
+        with ``isolate``, an exception (or a failed pick) fails this request only."""
+        stage = "grammar"
         try:
-            token = (
-                greedy if greedy is not None else int(sample(logits, seq.req.sampling, seq.gen)[0])
-            )
+            if isinstance(pick, Failure):
+                stage = pick.stage
+                raise pick.error
+            complete = seq.sampling.accept(pick.token)
             stage = "text"
-            return self._advance(seq, token)
+            return self._advance(seq, pick.token, complete, pick.logprobs)
         except MemoryError:
             raise  # not the request's doing: the rank fails
         except Exception as exc:  # the same inputs raise the same on every rank
@@ -290,7 +339,10 @@ class GenerationCore:
                 self._finish(seq)
             return Emitted(seq.rid, [], "", "error", error=_row_error(stage, exc))
 
-    def _advance(self, seq: Sequence, token: int) -> Emitted:
+    def _advance(
+        self, seq: Sequence, token: int, complete: bool, logprobs: TokenLogprobs | None
+    ) -> Emitted:
+        """``complete``: the request's grammar admits nothing more (it ends with ``stop``)."""
         first = not seq.out
         seq.out.append(token)
         seq.tokens.append(token)
@@ -299,7 +351,7 @@ class GenerationCore:
         if seq.text is not None and req.stop and shown:  # stop strings decide the finish: now
             piece, hit = seq.text.push(token)
         finish = None
-        if hit or not shown:
+        if hit or not shown or complete:
             finish = "stop"
         elif len(seq.out) >= req.max_new_tokens:
             finish = "length"
@@ -309,6 +361,7 @@ class GenerationCore:
             piece += rest
             finish = "stop" if hit else finish
         emitted = Emitted(req.rid, [token], "", finish, seq.cached if first else 0)
+        emitted.logprobs = logprobs
         if seq.text is not None and req.stop:
             emitted.text = piece if self.text else ""
         elif seq.text is not None:  # text only to show it: now, or at render()

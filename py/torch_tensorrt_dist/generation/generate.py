@@ -262,8 +262,9 @@ class Generator:
         sampling = sampling or SamplingConfig()
         core = self.core()
         sched = self.scheduler(core)
+        ends = sampling.end_ids(stop_ids)  # stop_token_ids, ignore_eos
         for i, ids in enumerate(prompts):
-            sched.add(Request(i, tuple(ids), max_new_tokens, sampling, tuple(stop_ids)))
+            sched.add(Request(i, tuple(ids), max_new_tokens, sampling, ends))
         out: list[list[int]] = [[] for _ in prompts]
         cached = [0] * len(prompts)
         started = 0
@@ -285,7 +286,7 @@ class Generator:
                     decode_start = time.perf_counter()
             if on_step is not None:
                 on_step(new)
-        stops = set(stop_ids)
+        stops = set(ends)
         return GenerationResult(
             tokens=out,
             ttft_s=ttft,

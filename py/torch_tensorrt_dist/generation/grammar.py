@@ -263,6 +263,17 @@ class Grammars:
         )
         return cls(tok, vocab_size=vocab_size, threads=threads)
 
+    @classmethod
+    def for_tokenizer(
+        cls, tokenizer: Any, *, vocab_size: int, eos_ids: Sequence[int], threads: int = 2
+    ) -> Grammars:
+        """For a tokenizer of ``models.tokenizer``: its ``tokenizer.json`` (``HFTokenizer``),
+        or the bytes (``ByteTokenizer``)."""
+        path = getattr(tokenizer, "path", None)
+        if path is not None:
+            return cls.from_file(path, vocab_size=vocab_size, eos_ids=eos_ids, threads=threads)
+        return cls.for_bytes(vocab_size=vocab_size, eos_ids=eos_ids, threads=threads)
+
     def compile(self, spec: GrammarSpec) -> Matcher:
         """A matcher at the start of ``spec``; GrammarError with the engine's reason."""
         llg = _llguidance()

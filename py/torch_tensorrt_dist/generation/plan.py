@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from torch_tensorrt_dist.generation.grammar import GrammarSpec
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
 
 __all__ = ["Request", "StepPlan"]
@@ -25,6 +26,12 @@ class Request:
     """Token ids that end the request (shown in ``tokens``, never in ``text``)."""
     stop: tuple[str, ...] = ()
     """Stop strings, matched on the decoded text (needs a tokenizer on every rank)."""
+    grammar: GrammarSpec | None = None
+    """What the output must match (structured output); every rank compiles it on join."""
+    follows: int | None = None
+    """Another choice of the same prompt (``n`` > 1): the scheduler admits this one once
+    that request's prompt is computed, so that it takes the prompt's blocks from the prefix
+    cache instead of computing them again."""
 
 
 @dataclass

@@ -13,7 +13,7 @@ output in :mod:`.grammar`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -27,6 +27,7 @@ __all__ = [
     "LOGPROBS_MAX",
     "TEMPERATURE_RANGE",
     "SamplingConfig",
+    "check_field",
     "check_top_p",
     "make_generator",
     "sample",
@@ -97,37 +98,8 @@ class SamplingConfig:
     likely alternatives, per token (see :mod:`.logits_process` for which logits)."""
 
     def __post_init__(self) -> None:
-        # NaN fails every comparison; logits / temperature must stay finite in float32
-        t = self.temperature
-        if not isinstance(t, int | float) or not (
-            t == 0 or TEMPERATURE_RANGE[0] <= t <= TEMPERATURE_RANGE[1]
-        ):
-            low, high = TEMPERATURE_RANGE
-            raise ConfigError(f"temperature must be 0 (greedy) or in [{low:g}, {high:g}], got {t}")
-        if self.top_k is not None:
-            check_int(self.top_k, name="top_k (0: all tokens)", low=0)
-        if self.top_p is not None:
-            check_top_p(self.top_p)
-        check_seed(self.seed)
-        low, high = PENALTY_RANGE
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = check_float(getattr(self, name), name=name, low=low, high=high)
-            object.__setattr__(self, name, value)  # an int from JSON becomes the float it means
-        rep = check_float(
-            self.repetition_penalty,
-            name="repetition_penalty",
-            low=0.0,
-            high=REPETITION_MAX,
-            low_open=True,
-        )
-        object.__setattr__(self, "repetition_penalty", rep)
-        check_int(self.min_tokens, name="min_tokens", low=0)
-        check_bool(self.ignore_eos, name="ignore_eos")
-        ids = _token_ids(self.stop_token_ids, name="stop_token_ids")
-        object.__setattr__(self, "stop_token_ids", tuple(dict.fromkeys(ids)))  # dedup, in order
-        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
-        if self.logprobs is not None:
-            check_int(self.logprobs, name="logprobs", low=0, high=LOGPROBS_MAX)
+        for f in fields(self):  # each value as the config holds it (an int penalty: a float)
+            object.__setattr__(self, f.name, check_field(f.name, getattr(self, f.name)))
 
     @property
     def greedy(self) -> bool:
@@ -190,6 +162,53 @@ class SamplingConfig:
         if "stop_token_ids" in kwargs:
             kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
         return cls(**kwargs)
+
+
+def _temperature(t: Any) -> float:
+    # NaN fails every comparison; logits / temperature must stay finite in float32
+    if (
+        isinstance(t, bool)
+        or not isinstance(t, int | float)
+        or not (t == 0 or TEMPERATURE_RANGE[0] <= t <= TEMPERATURE_RANGE[1])
+    ):
+        low, high = TEMPERATURE_RANGE
+        raise ConfigError(f"temperature must be 0 (greedy) or in [{low:g}, {high:g}], got {t}")
+    return float(t)
+
+
+def _penalty(name: str) -> Callable[[Any], float]:
+    low, high = PENALTY_RANGE
+    return lambda v: check_float(v, name=name, low=low, high=high)
+
+
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda v: None if v is None else check(v)
+
+
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "temperature": _temperature,
+    "top_k": _optional(lambda v: check_int(v, name="top_k (0: all tokens)", low=0)),
+    "top_p": _optional(check_top_p),
+    "seed": check_seed,
+    "presence_penalty": _penalty("presence_penalty"),
+    "frequency_penalty": _penalty("frequency_penalty"),
+    "repetition_penalty": lambda v: check_float(
+        v, name="repetition_penalty", low=0.0, high=REPETITION_MAX, low_open=True
+    ),
+    "logit_bias": lambda v: _logit_bias(v),
+    "min_tokens": lambda v: check_int(v, name="min_tokens", low=0),
+    "ignore_eos": lambda v: check_bool(v, name="ignore_eos"),
+    # deduplicated, in order
+    "stop_token_ids": lambda v: tuple(dict.fromkeys(_token_ids(v, name="stop_token_ids"))),
+    "logprobs": _optional(lambda v: check_int(v, name="logprobs", low=0, high=LOGPROBS_MAX)),
+}
+
+
+def check_field(name: str, value: Any) -> Any:
+    """``value`` as :class:`SamplingConfig` holds field ``name`` (normalised: an int penalty
+    becomes its float, a ``logit_bias`` mapping sorted pairs); ConfigError naming the field.
+    The one check of each field: the config's and the HTTP schema's (``serving/schema.py``)."""
+    return _CHECKS[name](value)
 
 
 def _token_ids(ids: Any, *, name: str) -> list[int]:

@@ -10,6 +10,9 @@ token budget (``max_prefill_tokens``) with prefill chunks: first the prompts alr
 prefilled, oldest first, then waiting requests, admitted in arrival order while a row, the
 budget and KV blocks allow (the blocks a prompt shares with the prefix cache cost nothing).
 So a running stream waits at most one chunk, and a long prompt is prefilled over several steps.
+Another choice of a prompt (``Request.follows``: ``n`` > 1) is held back until the request it
+follows has computed its prompt: it then takes the prompt's full blocks from the prefix cache
+and computes only the last, partial block (requests behind it are not held with it).
 
 When a step cannot get the blocks it needs (a sequence crosses into a new block and none is
 free), the newest running sequence is preempted: its blocks are released (its full blocks stay
@@ -116,22 +119,37 @@ class Scheduler:
             (s.rid, s.tokens, None) for s in core.preempted.values() if s.rid not in gone
         ]
         queue += [(r.rid, list(r.prompt), r) for r in self.waiting]
+        joined: set[int] = set()
         for rid, tokens, req in queue:
             if rows >= self.max_rows or budget < 1:
                 break
+            if req is not None and req.follows is not None and self._prompt_pending(req, joined):
+                continue  # its prompt's blocks are not in the prefix cache yet
             hit, n, cost = self._first_chunk(tokens, budget)
             if cost > avail:
                 break
             if req is None:
                 plan.resumes.append(rid)
             else:
-                self.waiting.popleft()
+                self.waiting.remove(req)
                 plan.joins.append(req)
+                joined.add(rid)
             if hit:
                 plan.cached[rid] = hit
             plan.chunks.append((rid, n))
             rows, budget, avail = rows + 1, budget - n, avail - cost
         return plan
+
+    def _prompt_pending(self, req: Request, joined: set[int]) -> bool:
+        """Whether the request ``req`` follows has not computed its prompt yet (waiting,
+        joining in this plan, or prefilling); once it has, or has gone, ``req`` may join."""
+        if not self.core.pool.prefix_caching:
+            return False  # nothing to share: no reason to wait
+        rid = req.follows
+        if rid in joined or any(r.rid == rid for r in self.waiting):
+            return True
+        seq = self.core.sequences.get(rid)  # type: ignore[arg-type]
+        return seq is not None and not seq.out
 
     def _first_chunk(self, tokens: list[int], budget: int) -> tuple[int, int, int]:
         """(cached prefix blocks, tokens of the first chunk, blocks it takes from the pool)

@@ -29,6 +29,10 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def token_text(self, token: int) -> str:
+        """One token's text alone, special tokens spelt out (logprobs show it)."""
+        ...
+
 
 class ByteTokenizer:
     """Token id = UTF-8 byte value (ids >= 256 decode to nothing). Needs vocab_size >= 128."""
@@ -51,6 +55,9 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
+    def token_text(self, token: int) -> str:
+        return self.decode([token])
+
 
 class HFTokenizer:
     """A ``tokenizers.Tokenizer`` loaded from ``tokenizer.json``."""
@@ -58,6 +65,8 @@ class HFTokenizer:
     def __init__(self, path: Path, eos_ids: tuple[int, ...] = ()) -> None:
         from tokenizers import Tokenizer as _Tokenizer
 
+        self.path = Path(path)
+        """The ``tokenizer.json`` read (structured output hands it to its grammar engine)."""
         try:
             self._tok = _Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises its own Exception subclass
@@ -81,6 +90,11 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=True))
+
+    def token_text(self, token: int) -> str:
+        """The token decoded alone (``</s>`` for a special token; a piece of a character
+        alone is U+FFFD), as vLLM shows it in logprobs."""
+        return str(self._tok.decode([token], skip_special_tokens=False))
 
 
 def _eos_from_files(root: Path) -> tuple[int, ...]:

@@ -4,11 +4,13 @@
     app = create_app(model, inbox, state, metrics, api_key=None)
 
 A handler reads the body within a size and a time limit (``request_body.py``), checks the
-request (``protocol.py``) and its size (``limits.py``) before any work, renders the chat
-template and tokenizes in a worker thread (the event loop never waits on a large prompt: the
-tokenizer releases the interpreter lock), checks it fits the KV cache and hands it to the step
-loop through the :class:`Inbox`; then it reads the request's pieces from its own asyncio queue,
-as one JSON body or as server-sent events ending with ``data: [DONE]``. It never touches a
+request (``schema.py``), its size (``limits.py``) and its counts (``n``, ``best_of``, prompts)
+before any work, renders the chat template, tokenizes and compiles its grammar in a worker
+thread (``prepare.py``: the event loop never waits on a large prompt, the tokenizer releases the
+interpreter lock), checks it fits the KV cache and hands it to the step loop through the
+:class:`Inbox`, one submission per prompt; then it reads the pieces of its sequences from its
+own asyncio queue, as one JSON body or as server-sent events ending with ``data: [DONE]``
+(``answer.py``). It never touches a
 tensor and never waits on the step loop. A client that goes away cancels its request, streamed
 or not (its row is freed at the next step). Every status, 404 / 405 / 413 / 500 included, has
 OpenAI's error body naming the field (``param``), with the headers its status calls for
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,25 +31,25 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.sampling import SamplingConfig
+from torch_tensorrt_dist.generation.grammar import Grammars
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
-from torch_tensorrt_dist.serving import protocol
+from torch_tensorrt_dist.serving.answer import Answer
 from torch_tensorrt_dist.serving.bridge import (
     Failed,
     Inbox,
-    Piece,
     QueueFull,
     ServerState,
     Sink,
     Submission,
 )
 from torch_tensorrt_dist.serving.chat import ChatTemplate
-from torch_tensorrt_dist.serving.limits import RequestLimits, check_fit, check_prompt_size
+from torch_tensorrt_dist.serving.limits import RequestLimits, check_prompt_size
 from torch_tensorrt_dist.serving.metrics import CONTENT_TYPE, Metrics
-from torch_tensorrt_dist.serving.protocol import Params, RequestError
+from torch_tensorrt_dist.serving.prepare import check_counts, prepare
+from torch_tensorrt_dist.serving.protocol import RequestError
 from torch_tensorrt_dist.serving.request_body import ClientGone, read_json
 from torch_tensorrt_dist.serving.responses import RETRY_AFTER, UnhandledErrors, error_response
+from torch_tensorrt_dist.serving.schema import Params, parse_request
 
 __all__ = ["CLIENT_GONE", "ServedModel", "create_app"]
 
@@ -65,16 +66,19 @@ class ServedModel:
     check: Callable[[int, int], None]
     """``check(prompt_len, max_new_tokens)``: ConfigError when the graphs cannot run it."""
     limits: RequestLimits
+    rows: int = 1
+    """Rows a step runs (``--max-batch-size``): the most sequences of one prompt (``n``)."""
+    max_queue: int = 64
+    """Requests that may wait (``--max-queue``): the most prompts of one request."""
+    grammars: Grammars | None = None
+    """The grammar engine of structured output (None: not available, ``grammar_error``)."""
+    grammar_error: str = "the grammar engine was not built"
 
 
 #: the status of a request whose client went away (nginx's "client closed request")
 CLIENT_GONE = 499
 #: how long a client may take to send its whole body
 BODY_TIMEOUT_S = 30.0
-
-
-def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 def _header(request: Request, name: bytes) -> bytes:
@@ -85,11 +89,11 @@ def _header(request: Request, name: bytes) -> bytes:
     return b""
 
 
-async def _on_disconnect(request: Request, sub: Submission) -> None:
+async def _on_disconnect(request: Request, sub: Submission, sink: Sink) -> None:
     """Wait for the client to go away (its body was read); then wake its handler."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    sub.sink.queue.put_nowait(Failed(CLIENT_GONE, "the client went away"))
+    sink.queue.put_nowait(Failed(CLIENT_GONE, "the client went away"))
 
 
 class _Handler:
@@ -127,44 +131,14 @@ class _Handler:
         if state == "failed":
             raise RequestError(503, f"the server has failed: {self.state.reason}")
 
-    def prompt_ids(self, params: Params) -> list[int]:
-        """The prompt's token ids (in a worker thread: templates and tokenizers take time)."""
-        if params.messages is not None:  # a chat request
-            if self.model.chat is None:
-                raise RequestError(
-                    400,
-                    f"model {self.model.name!r} has no chat template (no "
-                    "chat_template in its tokenizer_config.json); use "
-                    "/v1/completions",
-                    param="messages",
-                )
-            try:
-                text = self.model.chat.render(params.messages)
-            except ConfigError as exc:
-                raise RequestError(400, str(exc), param="messages") from exc
-            except Exception as exc:  # the template's own error on these messages
-                raise RequestError(
-                    400,
-                    f"the chat template failed on these messages ({type(exc).__name__}: {exc})",
-                    param="messages",
-                ) from exc
-            return self._encode(text, special=False, param="messages")
-        if isinstance(params.prompt, list):
-            bad = [i for i in params.prompt if not 0 <= i < self.model.vocab_size]
-            if bad:
-                raise RequestError(
-                    400,
-                    f"prompt holds token ids {bad[:4]} outside [0, {self.model.vocab_size})",
-                    param="prompt",
-                )
-            return params.prompt
-        return self._encode(params.prompt or "", special=True, param="prompt")
-
-    def _encode(self, text: str, *, special: bool, param: str) -> list[int]:
-        try:
-            return self.model.tokenizer.encode(text, add_special_tokens=special)
-        except ConfigError as exc:  # the byte tokenizer: a byte beyond the vocabulary
-            raise RequestError(400, str(exc), param=param) from exc
+    def check_model(self, req: Params) -> None:
+        if req.model is not None and req.model != self.model.name:
+            raise RequestError(
+                404,
+                f"model {req.model!r} is not served here; this server serves {self.model.name!r}",
+                param="model",
+                code="model_not_found",
+            )
 
     async def submit(self, request: Request, *, chat: bool) -> Response:
         self.authorize(request)
@@ -175,103 +149,60 @@ class _Handler:
         except ClientGone:
             self.metrics.requests.labels("cancelled").inc()
             return Response(status_code=CLIENT_GONE)
-        params = protocol.parse_request(body, chat=chat)
-        if params.model is not None and params.model != self.model.name:
-            raise RequestError(
-                404,
-                f"model {params.model!r} is not served here; this server "
-                f"serves {self.model.name!r}",
-                param="model",
-                code="model_not_found",
-            )
-        check_prompt_size(params, limits)  # before any work on the prompt
-        ids = await asyncio.get_running_loop().run_in_executor(self.pool, self.prompt_ids, params)
-        max_new = check_fit(len(ids), params, cache_len=self.model.cache_len)
+        req = parse_request(body, chat=chat)
+        self.check_model(req)
+        check_prompt_size(req, limits)  # before any work on the prompt
+        check_counts(req, self.model)
+        loop = asyncio.get_running_loop()
+        ready = await loop.run_in_executor(self.pool, prepare, req, self.model)
+        sink = Sink(loop)
+        subs = ready.submissions(req, sink)
         try:
-            self.model.check(len(ids), max_new)  # the compiled buckets (artifacts)
-        except ConfigError as exc:
-            raise RequestError(400, str(exc), param="messages" if chat else "prompt") from exc
-        top_p = params.top_p if params.top_p < 1.0 else None
-        sampling = SamplingConfig(temperature=params.temperature, top_p=top_p)
-        sink = Sink(asyncio.get_running_loop())
-        sub = Submission(tuple(ids), max_new, sampling, params.seed, params.stop, sink)
-        try:
-            self.inbox.submit(sub)
+            self.inbox.submit(*subs)
         except QueueFull as exc:
             raise RequestError(429, f"the server is busy: {exc}; retry later") from exc
-        self.metrics.prompt_tokens.inc(len(ids))
+        self.metrics.prompt_tokens.inc(sum(len(ids) for ids in ready.prompts))
         head = {
-            "rid": f"{'chatcmpl' if chat else 'cmpl'}-{sub.rid}",
+            "rid": f"{'chatcmpl' if chat else 'cmpl'}-{subs[0].rid}",
             "created": int(time.time()),
             "model": self.model.name,
         }
-        if params.stream:
-            return StreamingResponse(
-                self.stream(params, sub, len(ids), head), media_type="text/event-stream"
-            )
-        return await self.collect(request, params, sub, len(ids), head)
+        answer = Answer(req, subs, ready, head, self.model.tokenizer.token_text)
+        if req.stream:
+            return StreamingResponse(self.stream(answer, sink), media_type="text/event-stream")
+        return await self.collect(request, answer, sink)
 
-    async def collect(
-        self, request: Request, params: Params, sub: Submission, n: int, head: dict[str, Any]
-    ) -> Response:
-        watch = asyncio.ensure_future(_on_disconnect(request, sub))
-        text, tokens, cached = [], 0, 0
-        try:
-            while True:
-                item = await sub.sink.queue.get()
-                if isinstance(item, Failed):
-                    if item.status == CLIENT_GONE:  # its row is freed at the next step
-                        self.inbox.cancel(sub.rid)
-                        self.metrics.requests.labels("cancelled").inc()
-                        return Response(status_code=CLIENT_GONE)
-                    raise RequestError(item.status, item.message, param=item.param)
-                text.append(item.text)
-                tokens += item.tokens
-                cached += item.cached
-                if item.finish is not None:
-                    body = protocol.response(
-                        params,
-                        text="".join(text),
-                        finish=item.finish,
-                        usage=protocol.usage(n, tokens, cached),
-                        **head,
-                    )
-                    self.metrics.requests.labels("200").inc()
-                    return JSONResponse(body)
-        finally:
-            watch.cancel()
-            self.inbox.finished(sub.rid)
-
-    async def stream(
-        self, params: Params, sub: Submission, n: int, head: dict[str, Any]
-    ) -> AsyncIterator[str]:
-        status, tokens, cached = "cancelled", 0, 0
-        try:
-            if params.chat:
-                yield _sse(protocol.chunk(params, text="", first=True, **head))
-            while True:
-                item: Piece | Failed = await sub.sink.queue.get()
-                if isinstance(item, Failed):
-                    status = str(item.status)
-                    yield _sse(protocol.error_body(item.status, item.message, param=item.param))
-                    break
-                tokens += item.tokens
-                cached += item.cached
-                if item.text:
-                    yield _sse(protocol.chunk(params, text=item.text, **head))
-                if item.finish is not None:
-                    status = "200"
-                    yield _sse(protocol.chunk(params, text=None, finish=item.finish, **head))
-                    if params.include_usage:
-                        usage = protocol.usage(n, tokens, cached)
-                        yield _sse(protocol.chunk(params, text=None, usage=usage, **head))
-                    break
-            yield "data: [DONE]\n\n"
-        finally:  # also when the client went away (the stream is cancelled)
-            if status == "cancelled":
+    def _leave(self, answer: Answer) -> None:
+        """The request has its answer (or its client left): cancel what still runs."""
+        for sub in answer.subs:
+            if answer.status != "200":
                 self.inbox.cancel(sub.rid)
             self.inbox.finished(sub.rid)
-            self.metrics.requests.labels(status).inc()
+
+    async def collect(self, request: Request, answer: Answer, sink: Sink) -> Response:
+        watch = asyncio.ensure_future(_on_disconnect(request, answer.subs[0], sink))
+        try:
+            body = await answer.collect(sink.queue)
+        except RequestError as err:
+            if err.status == CLIENT_GONE:  # its rows are freed at the next step
+                answer.status = "cancelled"
+                self.metrics.requests.labels("cancelled").inc()
+                return Response(status_code=CLIENT_GONE)
+            raise
+        finally:
+            watch.cancel()
+            self._leave(answer)
+        self.metrics.requests.labels("200").inc()
+        return JSONResponse(body)
+
+    async def stream(self, answer: Answer, sink: Sink) -> AsyncIterator[str]:
+        try:
+            async for event in answer.events(sink.queue):
+                yield event
+            yield "data: [DONE]\n\n"
+        finally:  # also when the client went away (the stream is cancelled)
+            self._leave(answer)
+            self.metrics.requests.labels(answer.status).inc()
 
 
 def create_app(

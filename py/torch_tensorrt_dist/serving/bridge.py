@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from torch_tensorrt_dist.generation.grammar import GrammarSpec
+from torch_tensorrt_dist.generation.logits_process import TokenLogprobs
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
 
 __all__ = [
@@ -56,6 +58,10 @@ class Piece:
     finish: str | None = None
     cached: int = 0
     """Prompt tokens taken from the prefix cache (on a request's first piece)."""
+    index: int = 0
+    """Which sequence of the HTTP request (``Submission.index`` + its choice)."""
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    """The logprobs of its tokens, where the request asked for them."""
 
 
 @dataclass
@@ -110,17 +116,32 @@ _ids = itertools.count()
 
 @dataclass
 class Submission:
-    """A validated request, as the HTTP layer hands it to the step loop."""
+    """A validated prompt, as the HTTP layer hands it to the step loop: ``n`` sequences of it
+    (choices, or ``best_of`` candidates), each its own request of the core."""
 
     prompt: tuple[int, ...]
     max_new_tokens: int
     sampling: SamplingConfig
-    """``seed`` None here means: rank 0 picks one (and sends it on join)."""
+    """``seed`` None here means: rank 0 picks one (and sends it on join); choice ``j`` samples
+    with seed + ``j`` (vLLM's)."""
     seed: int | None
     stop: tuple[str, ...]
     sink: Sink
+    n: int = 1
+    index: int = 0
+    """The index of its first sequence in the HTTP request (a list of prompts: one
+    submission each, sharing a sink)."""
+    grammar: GrammarSpec | None = None
+    grammar_param: str | None = None
+    """The request field the grammar came from (errors name it)."""
     rid: int = field(default_factory=lambda: next(_ids))
     arrived: float = field(default_factory=time.perf_counter)
+    rids: tuple[int, ...] = ()
+    """The core's request id of each sequence (the first is ``rid``)."""
+
+    def __post_init__(self) -> None:
+        if not self.rids:
+            self.rids = (self.rid, *(next(_ids) for _ in range(self.n - 1)))
 
 
 @dataclass(frozen=True)
@@ -145,15 +166,18 @@ class Inbox:
         """Requests submitted that have not joined a slot (nor left) yet."""
         return self._waiting
 
-    def submit(self, sub: Submission) -> None:
+    def submit(self, *subs: Submission) -> None:
+        """Queue ``subs`` (the prompts of one HTTP request) together, or none of them."""
         with self._lock:
-            if self._waiting >= self.max_waiting:
+            if self._waiting + len(subs) > self.max_waiting:
                 raise QueueFull(
                     f"{self._waiting} requests are waiting (--max-queue {self.max_waiting})"
                 )
-            self._waiting += 1
-            self._live[sub.rid] = sub.sink
-        self._q.put(sub)
+            self._waiting += len(subs)
+            for sub in subs:
+                self._live[sub.rid] = sub.sink
+        for sub in subs:
+            self._q.put(sub)
 
     def finished(self, rid: int) -> None:
         """The handler of request ``rid`` has answered (or its client left)."""

@@ -7,12 +7,13 @@ compute themselves.
 Each step opens with one broadcast of a fixed 32-byte header from rank 0 over a gloo group of
 its own: ``(MAGIC, step, payload bytes, flags)``. Only when a step does more than decode the
 running requests (or the server stops) does a second broadcast carry the payload: the step's
-plan (``generation/scheduler.StepPlan``): new requests (prompt ids, limits, sampling settings
-with the seed, stop ids and strings), resumed and preempted ones, prefix-cache hits, prefill
-chunks, cancelled ids. Tokens and block tables never travel: every rank samples the tokens
-itself from the same logits with the same seeded generators, and allocates the same blocks
-from the same plans. Every rank has run the same ``exchange`` calls in the same order when it starts
-step ``n``, so all ranks apply the same events at the same step boundary; the step number in
+plan (``generation/scheduler.StepPlan``): new requests (prompt ids, limits, every sampling
+setting with the seed, stop ids and strings, the grammar's spec), resumed and preempted ones,
+prefix-cache hits, prefill chunks, cancelled ids. Tokens, block tables and grammar masks never
+travel: every rank samples the tokens itself from the same logits with the same seeded
+generators and the same per-request state, and allocates the same blocks from the same plans.
+Every rank has run the same ``exchange`` calls in the same order when it starts step ``n``, so
+all ranks apply the same events at the same step boundary; the step number in
 the header is checked on every rank, so a rank that fell out of step is an error, not a wrong
 answer. See ``docs/serving.md`` for why a header is needed on every step.
 """
@@ -28,6 +29,7 @@ import torch.distributed as dist
 
 from torch_tensorrt_dist.errors import TensorRTDistError
 from torch_tensorrt_dist.generation.core import Request
+from torch_tensorrt_dist.generation.grammar import GrammarSpec
 from torch_tensorrt_dist.generation.plan import StepPlan
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
 
@@ -48,26 +50,31 @@ class ControlError(TensorRTDistError):
 
 
 def _request_dict(r: Request) -> dict[str, Any]:
-    s = r.sampling
+    """Everything a rank needs of a request: every sampling setting (``SamplingConfig.to_json``:
+    a new setting travels without a change here) and the grammar's spec, never its mask."""
     return {
         "rid": r.rid,
         "prompt": list(r.prompt),
         "max_new": r.max_new_tokens,
-        "sampling": [s.temperature, s.top_k, s.top_p, s.seed],
+        "sampling": r.sampling.to_json(),
         "stop_ids": list(r.stop_ids),
         "stop": list(r.stop),
+        "grammar": None if r.grammar is None else r.grammar.to_json(),
+        "follows": r.follows,
     }
 
 
 def _request(j: dict[str, Any]) -> Request:
-    t, k, p, seed = j["sampling"]
+    grammar = j["grammar"]
     return Request(
         rid=j["rid"],
         prompt=tuple(j["prompt"]),
         max_new_tokens=j["max_new"],
-        sampling=SamplingConfig(temperature=t, top_k=k, top_p=p, seed=seed),
+        sampling=SamplingConfig.from_json(j["sampling"]),
         stop_ids=tuple(j["stop_ids"]),
         stop=tuple(j["stop"]),
+        grammar=None if grammar is None else GrammarSpec.from_json(grammar),
+        follows=j["follows"],
     )
 
 

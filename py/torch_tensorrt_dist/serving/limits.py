@@ -12,8 +12,9 @@ for normalizers that merge characters (NFC/NFKC), cannot fit, and is refused bef
 tokenizer sees it. The body limit follows: every character of such a prompt escaped in JSON
 (``\\uXXXX``, 6 bytes), plus 1 MiB for the rest of the request. A chat has at most
 ``cache_len`` messages (every template spends a token on a message's role). Stop strings are
-bounded too (``MAX_STOP_CHARS``, checked in ``protocol.py``): each costs time on every rank at
-every token of its request.
+bounded too (``MAX_STOP_CHARS``, checked in ``schema.py``): each costs time on every rank at
+every token of its request. A list of prompts is checked prompt by prompt (each is one request
+of the step loop, and counts in ``--max-queue``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torch_tensorrt_dist.serving.protocol import MAX_STOP_CHARS, Params, RequestError
+from torch_tensorrt_dist.serving.protocol import RequestError
+from torch_tensorrt_dist.serving.schema import MAX_STOP_CHARS, ChatRequest, Params
 
 __all__ = [
     "MAX_STOP_CHARS",
@@ -70,7 +72,7 @@ def check_prompt_size(params: Params, limits: RequestLimits) -> None:
     """RequestError(400) for a prompt that cannot fit the KV cache, told from its size alone
     (before the chat template and the tokenizer run)."""
     fits = f"a prompt that fits the KV cache ({limits.cache_len} tokens) has at most"
-    if params.messages is not None:
+    if isinstance(params, ChatRequest):
         if len(params.messages) > limits.messages:
             raise RequestError(
                 400,
@@ -86,27 +88,28 @@ def check_prompt_size(params: Params, limits: RequestLimits) -> None:
                 param="messages",
             )
         return
-    prompt = params.prompt
-    if isinstance(prompt, str) and len(prompt) > limits.prompt_chars:
-        raise RequestError(
-            400,
-            f"prompt has {len(prompt)} characters; {fits} {limits.prompt_chars}: shorten it",
-            param="prompt",
-        )
-    if isinstance(prompt, list) and len(prompt) >= limits.cache_len:
-        raise RequestError(
-            400,
-            f"prompt has {len(prompt)} token ids; the KV cache holds {limits.cache_len} "
-            "tokens per request (prompt and completion): shorten it",
-            param="prompt",
-        )
+    for k, prompt in enumerate(params.prompts):
+        what = "prompt" if len(params.prompts) == 1 else f"prompt[{k}]"
+        if isinstance(prompt, str) and len(prompt) > limits.prompt_chars:
+            raise RequestError(
+                400,
+                f"{what} has {len(prompt)} characters; {fits} {limits.prompt_chars}: shorten it",
+                param="prompt",
+            )
+        if isinstance(prompt, tuple) and len(prompt) >= limits.cache_len:
+            raise RequestError(
+                400,
+                f"{what} has {len(prompt)} token ids; the KV cache holds {limits.cache_len} "
+                "tokens per request (prompt and completion): shorten it",
+                param="prompt",
+            )
 
 
 def check_fit(prompt_tokens: int, params: Params, *, cache_len: int) -> int:
     """The tokens to generate for a prompt of ``prompt_tokens`` tokens: ``max_tokens``, or
     (unset: chat) what the longest request served leaves; RequestError(400) naming the field
     that does not fit."""
-    what = "messages" if params.messages is not None else "prompt"
+    what = "messages" if params.chat else "prompt"
     if prompt_tokens >= cache_len:
         raise RequestError(
             400,
@@ -114,15 +117,16 @@ def check_fit(prompt_tokens: int, params: Params, *, cache_len: int) -> int:
             "(prompt and completion, the server's --max-seq-len): shorten it",
             param=what,
         )
-    if params.max_tokens is None:
+    max_new = params.max_new
+    if max_new is None:
         return cache_len - prompt_tokens
-    if prompt_tokens + params.max_tokens > cache_len:
+    if prompt_tokens + max_new > cache_len:
         name = params.max_tokens_param
         raise RequestError(
             400,
-            f"{name} {params.max_tokens} + the prompt's {prompt_tokens} tokens = "
-            f"{prompt_tokens + params.max_tokens} exceeds the longest request served, "
+            f"{name} {max_new} + the prompt's {prompt_tokens} tokens = "
+            f"{prompt_tokens + max_new} exceeds the longest request served, "
             f"{cache_len} tokens; use {name} <= {cache_len - prompt_tokens}",
             param=name,
         )
-    return params.max_tokens
+    return max_new

@@ -9,7 +9,10 @@ plan (``control.py``), then every rank's core applies it (``generation/core.py``
 blocks, the same rows, the same tokens). Rank 0 publishes a step's tokens once the next step's
 header has gone out (their text, where no stop string needs it to decide the finish, is decoded
 only then: the other ranks need not wait for it). Requests wait in the scheduler's FIFO until
-a row, the step's prefill budget and KV blocks allow.
+a row, the step's prefill budget and KV blocks allow. A submission of ``n`` sequences (``n``
+choices, or ``best_of`` candidates) is ``n`` requests of the core, choice ``j`` seeded with the
+seed + ``j`` and following choice 0 (it takes choice 0's prompt blocks from the prefix cache);
+its pieces carry the sequence's index, and one failed sequence fails the whole submission.
 """
 
 from __future__ import annotations
@@ -124,11 +127,13 @@ class Leader:
         self.stop_ids, self.idle_tick_s = stop_ids, idle_tick_s
         self.drain_timeout_s = drain_timeout_s
         self.on_step, self.on_token = on_step, on_token
-        #: every request accepted and not answered yet: waiting, running or preempted
+        #: every submission accepted and not answered yet: waiting, running or preempted
         self.requests: dict[int, Submission] = {}
+        #: each sequence of those (a request of the core): its submission and choice
+        self.choices: dict[int, tuple[Submission, int]] = {}
         self._last_token: dict[int, float] = {}
         #: a step's output, published once the next step's header has gone out
-        self._pending: list[tuple[Submission, Emitted]] = []
+        self._pending: list[tuple[Submission, int, Emitted]] = []
         self._deadline: float | None = None
         self._seeds = random.SystemRandom()
         #: requests that failed alone (``Emitted.error``): cancelled on every rank at the next
@@ -167,16 +172,19 @@ class Leader:
         output is valid and is published first: a request it finished gets its whole answer,
         a running one its piece before the failure."""
         queued = [i for i in self.inbox.take(0.0) if isinstance(i, Submission)]
-        self.inbox.left(len(queued) + len(self.scheduler.waiting))
+        first = sum(r.follows is None for r in self.scheduler.waiting)  # a submission's first
+        self.inbox.left(len(queued) + first)
         self.scheduler.waiting.clear()
         failed = [*queued, *self.requests.values()]
         try:
             self._publish(self._pending)
         except Exception:  # the failure must still be told: those the step finished get it too
             logger.exception("publishing the last step's text failed")
-            failed += [sub for sub, e in self._pending if e.finish is not None]
-        deliver([(sub.sink, Failed(status, message)) for sub in failed])
+            failed += [sub for sub, _, e in self._pending if e.finish is not None]
+        once = {sub.rid: sub for sub in failed}.values()
+        deliver([(sub.sink, Failed(status, message)) for sub in once])
         self.requests.clear()
+        self.choices.clear()
         self._pending = []
         self._last_token.clear()
 
@@ -193,43 +201,62 @@ class Leader:
         if self.state.state == "draining":
             return self._drain()
         plan = sched.plan()
-        self.inbox.left(len(plan.joins))
+        self.inbox.left(sum(r.follows is None for r in plan.joins))  # a submission's first
         return plan
 
     def _submit(self, sub: Submission) -> None:
         seed = sub.seed if sub.seed is not None else self._seeds.randrange(2**31)
-        req = Request(
-            sub.rid,
-            sub.prompt,
-            sub.max_new_tokens,
-            replace(sub.sampling, seed=seed),
-            self.stop_ids,
-            sub.stop,
-        )
+        reqs = [
+            Request(
+                rid,
+                sub.prompt,
+                sub.max_new_tokens,
+                replace(sub.sampling, seed=(seed + j) % 2**64),  # vLLM's seed of choice j
+                sub.sampling.end_ids(self.stop_ids),
+                sub.stop,
+                grammar=sub.grammar,
+                follows=sub.rid if j else None,
+            )
+            for j, rid in enumerate(sub.rids)
+        ]
         try:
-            self.scheduler.add(req)
+            for req in reqs:  # every choice alike: all pass, or the first fails
+                self.scheduler.core.check(req)
         except ConfigError as exc:  # the HTTP layer checks first; this is the last word
             self.inbox.left()
             sub.sink.put(Failed(400, str(exc)))
             return
+        for req in reqs:
+            self.scheduler.add(req)
         self.requests[sub.rid] = sub
+        self.choices.update((rid, (sub, j)) for j, rid in enumerate(sub.rids))
+
+    def _forget(self, sub: Submission) -> None:
+        """Stop tracking a submission: cancel its sequences that still run or wait (on every
+        rank, at the next step)."""
+        waiting = any(r.rid == sub.rid for r in self.scheduler.waiting)
+        for rid in sub.rids:
+            if self.choices.pop(rid, None) is not None:
+                self.scheduler.cancel(rid)
+            self._last_token.pop(rid, None)
+        if self.requests.pop(sub.rid, None) is not None and waiting:
+            self.inbox.left()  # its first sequence had not joined
 
     def _cancel(self, rid: int) -> None:
-        waiting = any(r.rid == rid for r in self.scheduler.waiting)
-        if rid in self.requests and self.scheduler.cancel(rid):
-            del self.requests[rid]
-            self._last_token.pop(rid, None)
-            if waiting:
-                self.inbox.left()
+        sub = self.requests.get(rid)
+        if sub is not None:
+            self._forget(sub)
 
     def _drain(self) -> StepPlan:
         """Refuse what waits; let the admitted requests finish until the deadline; then stop."""
         sched = self.scheduler
-        refused = [self.requests.pop(r.rid) for r in sched.waiting]
+        waiting = {self.choices[r.rid][0].rid for r in sched.waiting if r.rid in self.choices}
+        refused = [self.requests[rid] for rid in waiting]
         for sub in refused:
-            sub.sink.put(Failed(503, "the server is shutting down; retry elsewhere"))
-        self.inbox.left(len(refused))
-        sched.waiting.clear()
+            self._forget(sub)
+        deliver(
+            [(s.sink, Failed(503, "the server is shutting down; retry elsewhere")) for s in refused]
+        )
         now = time.monotonic()
         if self._deadline is None:
             self._deadline = now + self.drain_timeout_s
@@ -243,25 +270,29 @@ class Leader:
             sched.cancel(rid)
         plan = sched.plan()
         self.requests.clear()
+        self.choices.clear()
         self._last_token.clear()
         plan.stop = True
         return plan
 
-    def _collect(self, emitted: list[Emitted]) -> list[tuple[Submission, Emitted]]:
-        """The part of ``emitted`` whose clients still listen; a finished request stops
-        being tracked here (its blocks are free already)."""
+    def _collect(self, emitted: list[Emitted]) -> list[tuple[Submission, int, Emitted]]:
+        """The part of ``emitted`` whose clients still listen; a finished sequence stops
+        being tracked here (its blocks are free already), a submission with its last one."""
         out = []
         for e in emitted:
-            sub = self.requests.get(e.rid)
-            if sub is None:
+            found = self.choices.get(e.rid)
+            if found is None:
                 continue  # cancelled in this very step
-            out.append((sub, e))
-            if e.finish is not None:
-                del self.requests[e.rid]
+            sub, j = found
+            out.append((sub, j, e))
+            if e.finish is not None and e.error is None:
+                del self.choices[e.rid]
+                if not any(rid in self.choices for rid in sub.rids):
+                    del self.requests[sub.rid]
         return out
 
     def _publish(
-        self, items: list[tuple[Submission, Emitted]], then: Sequence[tuple[Sink, Failed]] = ()
+        self, items: list[tuple[Submission, int, Emitted]], then: Sequence[tuple[Sink, Failed]] = ()
     ) -> None:
         """Render the text of ``items`` and hand it to HTTP, then ``then`` (one wake-up of its
         loop, in this order)."""
@@ -270,23 +301,32 @@ class Leader:
         self.core.render()
         now = time.perf_counter()
         pieces: list[tuple[Sink, Piece | Failed]] = []
-        for sub, e in items:
-            if e.error is not None:  # this request failed alone; the others go on
-                pieces.append(
-                    (sub.sink, row_failure(e.error, sampling=sub.sampling, stop=sub.stop))
+        failed: set[int] = set()
+        for sub, j, e in items:
+            if sub.rid in failed:
+                continue  # another sequence of it failed: it has its answer
+            if e.error is not None:  # this submission failed alone; the others go on
+                fail = row_failure(
+                    e.error, sampling=sub.sampling, stop=sub.stop, grammar=sub.grammar_param
                 )
-                self.inbox.finished(e.rid)
-                self._dropped.append(e.rid)
-                self.requests.pop(e.rid, None)
-                self._last_token.pop(e.rid, None)
+                pieces.append((sub.sink, fail))
+                failed.add(sub.rid)
+                self.inbox.finished(sub.rid)
+                self._dropped += [rid for rid in sub.rids if rid in self.choices or rid == e.rid]
+                for rid in sub.rids:
+                    self.choices.pop(rid, None)
+                    self._last_token.pop(rid, None)
+                self.requests.pop(sub.rid, None)
                 continue
-            if self.on_token is not None:  # (request, now, the previous token's time or None)
+            if self.on_token is not None and e.tokens:  # (request, now, previous token or None)
                 self.on_token(sub, now, self._last_token.get(e.rid))
-            if e.finish is None and e.rid in self.requests:
+            if e.finish is None and e.rid in self.choices:
                 self._last_token[e.rid] = now
             else:  # it finished, or it was cancelled after this step
                 self._last_token.pop(e.rid, None)
-            pieces.append((sub.sink, Piece(e.text, len(e.tokens), e.finish, e.cached)))
-            if e.finish is not None:
-                self.inbox.finished(e.rid)  # answered: nothing left to fail (``fail_live``)
+            logprobs = (e.logprobs,) if e.logprobs is not None else ()
+            piece = Piece(e.text, len(e.tokens), e.finish, e.cached, sub.index + j, logprobs)
+            pieces.append((sub.sink, piece))
+            if e.finish is not None and sub.rid not in self.requests:
+                self.inbox.finished(sub.rid)  # answered: nothing left to fail (``fail_live``)
         deliver([*pieces, *then])

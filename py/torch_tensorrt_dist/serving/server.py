@@ -35,8 +35,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from torch_tensorrt_dist.errors import StepTimeoutError
+from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError, StepTimeoutError
 from torch_tensorrt_dist.generation.generate import Generator
+from torch_tensorrt_dist.generation.grammar import Grammars
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 from torch_tensorrt_dist.runtime._rank_entry import end_now
 from torch_tensorrt_dist.serving.chat import ChatTemplate
@@ -117,6 +118,7 @@ def serve_rank(
     signals = signals or StopSignals()
     core = gen.core(tokenizer=tokenizer, text=rank == 0)
     core.isolate = True  # one request's failure fails that request only (every rank alike)
+    core.grammars, grammar_error = _grammars(tokenizer, gen.args.vocab_size, stop_ids)
     loop = StepLoop(core, ControlChannel(control))
     if rank != 0:
         gen.warmup_all(stop=lambda: _stop_agreed(control, signals))
@@ -133,7 +135,31 @@ def serve_rank(
             beat.stop()
         summary = loop.stats.summary(rank, loop.channel.payload_steps)
         return ServeResult(0, summary, signals.first)
-    return _lead(gen, loop, tokenizer, chat, stop_ids, config, control, on_ready, signals, sock)
+    return _lead(
+        gen,
+        loop,
+        tokenizer,
+        chat,
+        stop_ids,
+        config,
+        control,
+        on_ready,
+        signals,
+        sock,
+        grammar_error,
+    )
+
+
+def _grammars(
+    tokenizer: Tokenizer, vocab_size: int, eos_ids: tuple[int, ...]
+) -> tuple[Grammars | None, str]:
+    """The grammar engine of structured output over the model's tokenizer (the same on every
+    rank), or None and why (requests with a grammar then get a 400 saying so)."""
+    try:
+        return Grammars.for_tokenizer(tokenizer, vocab_size=vocab_size, eos_ids=eos_ids), ""
+    except (ConfigError, EngineUnavailableError) as exc:
+        logger.warning("structured output is not available: %s", exc)
+        return None, str(exc)
 
 
 def _lead(
@@ -147,6 +173,7 @@ def _lead(
     on_ready: Callable[[str, float], None] | None,
     signals: StopSignals,
     sock: socket.socket | None,
+    grammar_error: str,
 ) -> ServeResult:
     from torch_tensorrt_dist.serving.api import ServedModel, create_app
     from torch_tensorrt_dist.serving.bridge import Inbox, ServerState
@@ -160,7 +187,17 @@ def _lead(
 
     limits = request_limits(tokenizer, cache_len=gen.cache_len)
     model = ServedModel(
-        config.model_name, tokenizer, chat, gen.cache_len, gen.args.vocab_size, check, limits
+        config.model_name,
+        tokenizer,
+        chat,
+        gen.cache_len,
+        gen.args.vocab_size,
+        check,
+        limits,
+        rows=gen.max_batch_size,
+        max_queue=config.max_queue,
+        grammars=loop.core.grammars,
+        grammar_error=grammar_error,
     )
     app = create_app(model, inbox, state, metrics, api_key=config.api_key)
     http = HttpThread(app, sock or bind_socket(config.host, config.port))

@@ -1,0 +1,251 @@
+"""A step's sampling: the next token of every row that reached the end of its tokens, from the
+step's logits, its request's settings, its grammar and its own seeded generator.
+
+    state = RowSampling(request, grammars)          # on join, on every rank (survives preemption)
+    masks = StepMasks.start(grammars, states)       # before the step's graph runs (a thread)
+    logits = step_fn(...)                           # [N, V], the rows that sample
+    picks = sample_step(logits, states, masks.wait())    # Pick (token, logprobs) or Failure
+    finished = state.accept(pick.token)             # grammar and penalty state; True: complete
+
+Two paths, chosen per row:
+
+- **plain** rows (no grammar, no logits processing, no logprobs) sample from the logits as
+  they are: greedy rows take one argmax over the whole step (one device sync), sampled rows
+  ``sample()`` with their generator, as before this module;
+- **processed** rows take a float32 copy of their logits (the model's output dtype promoted)
+  and, in vLLM's order: the grammar's mask (-inf outside it, applied here, outside the
+  compiled graph, so every engine gets it), the logprobs (``logits_process.log_probs``: the
+  raw model logprobs after the mask), the settings of ``logits_process`` (``min_tokens``,
+  ``logit_bias``, repetition, frequency and presence penalties), then temperature, top-k,
+  top-p and the draw (``sample``).
+
+Every value here is a function of the row's logits and its own state, never of other rows: a
+request samples the same tokens alone or batched, and on every rank (same logits, same state
+created from the same request, same generator). A row's exception is returned as a
+:class:`Failure` naming the stage (``sampling``, ``processing``, ``grammar``): the core fails
+that request alone.
+
+The grammar masks depend only on the tokens so far, so they are computed while the graph runs
+(:class:`StepMasks`: llguidance in a worker thread, without the interpreter lock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.generation.grammar import (
+    Grammars,
+    MaskFiller,
+    Matcher,
+    apply_bitmask_,
+    new_bitmask,
+)
+from torch_tensorrt_dist.generation.logits_process import (
+    RowLogits,
+    TokenLogprobs,
+    gather_logprobs,
+    log_probs,
+)
+from torch_tensorrt_dist.generation.plan import Request
+from torch_tensorrt_dist.generation.sampling import make_generator, sample
+
+__all__ = ["Failure", "Pick", "RowSampling", "StepMasks", "sample_step"]
+
+#: the logprob JSON shows for a token the model gives no chance (-inf is not JSON): vLLM's
+LOGPROB_FLOOR = -9999.0
+
+
+class RowSampling:
+    """One request's sampling state on one rank: its generator, its logits settings' state and
+    its grammar matcher, created alike on every rank when it joins, advanced by each token."""
+
+    def __init__(self, req: Request, grammars: Grammars | None) -> None:
+        """GrammarError (a ConfigError) when the request's grammar does not compile."""
+        self.cfg, self.prompt, self.end_ids = req.sampling, req.prompt, req.stop_ids
+        self.gen = make_generator(req.sampling)
+        self.matcher: Matcher | None = None
+        if req.grammar is not None:
+            if grammars is None:
+                raise ConfigError(
+                    "structured output is not available here: the grammar engine was not "
+                    "built for this model's tokenizer"
+                )
+            self.matcher = grammars.compile(req.grammar)
+        #: the settings' state (penalty counts), built at the first sampling (the logits give
+        #: the vocabulary); None where no setting changes the logits
+        self.logits: RowLogits | None = None
+        cfg = self.cfg
+        self.processed = bool(
+            self.matcher is not None or cfg.shapes_logits or cfg.logprobs is not None
+        )
+        """Whether the row takes the processed path (see the module docstring)."""
+
+    def processing(self, vocab_size: int) -> RowLogits | None:
+        if self.logits is None and self.cfg.shapes_logits:
+            # the request's end ids are what ``min_tokens`` holds back (ignore_eos: not eos)
+            self.logits = RowLogits(
+                self.cfg, self.prompt, vocab_size=vocab_size, eos_ids=self.end_ids
+            )
+        return self.logits
+
+    def accept(self, token: int) -> bool:
+        """Advance by the token sampled; True when the grammar is complete (GrammarError when
+        it refuses the token or has failed)."""
+        if self.logits is not None:
+            self.logits.update(token)
+        if self.matcher is None:
+            return False
+        self.matcher.accept(token)
+        return self.matcher.is_finished
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A row's next token, and its logprobs when the request asked for them."""
+
+    token: int
+    logprobs: TokenLogprobs | None = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a row has no token: the stage (``sampling``, ``processing``, ``grammar``) and the
+    exception (the same on every rank)."""
+
+    stage: str
+    error: Exception
+
+
+class StepMasks:
+    """The grammar masks of a step's sampling rows, computed while its graph runs."""
+
+    def __init__(
+        self,
+        grammars: Grammars | None = None,
+        bitmask: Tensor | None = None,
+        rows: Sequence[tuple[Matcher, int]] = (),
+        job: Future[None] | None = None,
+    ) -> None:
+        self._grammars, self.bitmask, self.rows, self._job = grammars, bitmask, list(rows), job
+
+    @classmethod
+    def start(
+        cls, grammars: Grammars | None, filler: MaskFiller, states: Sequence[RowSampling]
+    ) -> StepMasks:
+        """Start computing the mask of each row of ``states`` (the rows that sample this step,
+        in the order their logits will come) that has a grammar."""
+        rows = [(s.matcher, i) for i, s in enumerate(states) if s.matcher is not None]
+        if not rows or grammars is None:
+            return cls()
+        bitmask = new_bitmask(len(states), grammars.vocab_size)
+        return cls(grammars, bitmask, rows, filler.submit(grammars, rows, bitmask))
+
+    def wait(self) -> tuple[Tensor | None, dict[int, Exception]]:
+        """The filled bitmask [N, W] (None: no grammar row), and the rows whose mask failed.
+        A failed batch is computed again row by row, so that only the rows that raise fail."""
+        failed: dict[int, Exception] = {}
+        if self._job is None or self._grammars is None or self.bitmask is None:
+            return self.bitmask, failed
+        try:
+            self._job.result()
+        except MemoryError:
+            raise
+        except Exception:  # which rows: each alone
+            for matcher, i in self.rows:
+                try:
+                    self._grammars.fill_bitmask([(matcher, i)], self.bitmask)
+                except MemoryError:
+                    raise
+                except Exception as exc:
+                    failed[i] = exc
+        return self.bitmask, failed
+
+
+def sample_step(
+    logits: Tensor,
+    states: Sequence[RowSampling],
+    bitmask: Tensor | None = None,
+    mask_failures: dict[int, Exception] | None = None,
+) -> list[Pick | Failure]:
+    """Row ``i`` of ``logits`` [N, V] (the model's output dtype) is the next-token logits of
+    ``states[i]``; row ``i`` of ``bitmask`` [N, W] its grammar's mask (rows without a grammar
+    are ignored). See the module docstring for the two paths."""
+    n, vocab = logits.shape
+    greedy = logits.argmax(dim=-1).tolist()  # one device sync for every plain greedy row
+    out: list[Pick | Failure | None] = [None] * n
+    special: list[int] = []
+    for i, state in enumerate(states):
+        if state.processed:
+            special.append(i)
+        elif state.cfg.greedy:
+            out[i] = Pick(int(greedy[i]))
+        else:
+            out[i] = _draw(logits[i : i + 1], state)
+    if special:
+        _sample_processed(logits, states, special, vocab, bitmask, mask_failures or {}, out)
+    return [p for p in out if p is not None]
+
+
+def _draw(logits: Tensor, state: RowSampling) -> Pick | Failure:
+    """Temperature, top-k, top-p and the draw from the row's generator (greedy: argmax)."""
+    try:
+        return Pick(int(sample(logits, state.cfg, state.gen)[0]))
+    except MemoryError:
+        raise  # not the request's doing: the rank fails
+    except Exception as exc:  # the same inputs raise the same on every rank
+        return Failure("sampling", exc)
+
+
+def _sample_processed(
+    logits: Tensor,
+    states: Sequence[RowSampling],
+    special: list[int],
+    vocab: int,
+    bitmask: Tensor | None,
+    mask_failures: dict[int, Exception],
+    out: list[Pick | Failure | None],
+) -> None:
+    x = logits[special].float()  # [M, V]: float32, a copy (never the graph's own output)
+    grammar = [k for k, i in enumerate(special) if states[i].matcher is not None]
+    if grammar and bitmask is not None:
+        apply_bitmask_(x, bitmask[special], grammar)
+    asking = [k for k, i in enumerate(special) if states[i].cfg.logprobs is not None]
+    lp = log_probs(x, asking) if asking else None  # raw logprobs: after the mask, before the rest
+    tokens: dict[int, int] = {}
+    for k, i in enumerate(special):
+        state = states[i]
+        if i in mask_failures:
+            out[i] = Failure("grammar", mask_failures[i])
+            continue
+        try:
+            rows = state.processing(vocab)
+            if rows is not None and rows.active:
+                rows.apply_(x[k])
+        except MemoryError:
+            raise
+        except Exception as exc:
+            out[i] = Failure("processing", exc)
+            continue
+        pick = _draw(x[k : k + 1], state)
+        if isinstance(pick, Pick):
+            tokens[k] = pick.token
+        out[i] = pick
+    if lp is None:
+        return
+    ok = [(j, k) for j, k in enumerate(asking) if k in tokens]
+    if not ok:
+        return
+    gathered = gather_logprobs(
+        lp[[j for j, _ in ok]],
+        [tokens[k] for _, k in ok],
+        [states[special[k]].cfg.logprobs or 0 for _, k in ok],
+    )
+    for (_, k), got in zip(ok, gathered):
+        i = special[k]
+        floor = max(got.logprob, LOGPROB_FLOOR)  # a -inf logprob (not JSON) as vLLM shows it
+        out[i] = Pick(got.token, TokenLogprobs(got.token, floor, got.top))

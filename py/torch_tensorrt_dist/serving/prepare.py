@@ -1,0 +1,169 @@
+"""A checked request made ready for the step loop: prompt ids, token limits, sampling settings
+and grammar, checked against the model (rank 0's HTTP layer, in a worker thread).
+
+    check_counts(req, model)                        # n / best_of / prompts: before any work
+    ready = prepare(req, model)                     # templates, tokenizer, grammar: RequestError
+    subs = ready.submissions(req, sink)             # one per prompt, best_of (or n) sequences each
+
+Templates, the tokenizer and the grammar compiler take time: ``prepare`` runs in a worker thread
+(the tokenizer and llguidance release the interpreter lock). The grammar is compiled here once
+(its error, the engine's reason, is the client's 400) and again on every rank when the request
+joins (the same spec compiles alike there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.generation.grammar import GrammarSpec
+from torch_tensorrt_dist.generation.sampling import SamplingConfig
+from torch_tensorrt_dist.serving.bridge import Sink, Submission
+from torch_tensorrt_dist.serving.limits import check_fit
+from torch_tensorrt_dist.serving.protocol import RequestError
+from torch_tensorrt_dist.serving.schema import ChatRequest, Params
+
+if TYPE_CHECKING:
+    from torch_tensorrt_dist.serving.api import ServedModel
+
+__all__ = ["Prepared", "check_counts", "prepare"]
+
+
+def check_counts(req: Params, model: ServedModel) -> None:
+    """``n`` / ``best_of`` within the rows a step runs, the prompts within the queue."""
+    if req.sequences > model.rows:
+        name = "best_of" if req.best_of is not None else "n"
+        raise RequestError(
+            400,
+            f"{name}={req.sequences} asks for {req.sequences} sequences of one prompt at once; "
+            f"this server runs at most {model.rows} (--max-batch-size {model.rows})",
+            param=name,
+        )
+    if not req.chat and len(req.prompts) > model.max_queue:  # type: ignore[union-attr]
+        raise RequestError(
+            400,
+            f"prompt holds {len(req.prompts)} prompts; this server queues at most "  # type: ignore[union-attr]
+            f"{model.max_queue} (--max-queue {model.max_queue})",
+            param="prompt",
+        )
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the step loop needs of a request, per prompt and in common."""
+
+    prompts: list[tuple[int, ...]]
+    echo: list[str]
+    """Each prompt's text as ``echo`` returns it ("" without ``echo``)."""
+    max_new: list[int]
+    sampling: SamplingConfig
+    grammar: GrammarSpec | None
+    grammar_param: str | None
+
+    def submissions(self, req: Params, sink: Sink) -> list[Submission]:
+        """One submission per prompt, sharing ``sink``: ``req.sequences`` sequences each,
+        indexed prompt-major (``Piece.index``)."""
+        k = req.sequences
+        return [
+            Submission(
+                ids,
+                max_new,
+                self.sampling,
+                req.seed,
+                req.stop,
+                sink,
+                n=k,
+                index=i * k,
+                grammar=self.grammar,
+                grammar_param=self.grammar_param,
+            )
+            for i, (ids, max_new) in enumerate(zip(self.prompts, self.max_new))
+        ]
+
+
+def prepare(req: Params, model: ServedModel) -> Prepared:
+    """Tokenize, check the limits, build the sampling settings and compile the grammar."""
+    if isinstance(req, ChatRequest):
+        prompts, echo = [tuple(_chat_ids(req, model))], [""]
+    else:
+        prompts, echo = [], []
+        for k, prompt in enumerate(req.prompts):
+            ids = _prompt_ids(prompt, model, "prompt" if len(req.prompts) == 1 else f"prompt[{k}]")
+            prompts.append(ids)
+            text = prompt if isinstance(prompt, str) else model.tokenizer.decode(list(ids))
+            echo.append(text if req.echo else "")
+    what = "messages" if req.chat else "prompt"
+    max_new = []
+    for ids in prompts:
+        m = check_fit(len(ids), req, cache_len=model.cache_len)
+        try:
+            model.check(len(ids), m)  # the compiled buckets (artifacts)
+        except ConfigError as exc:
+            raise RequestError(400, str(exc), param=what) from exc
+        max_new.append(m)
+    sampling = req.sampling()
+    try:
+        sampling.check_for(vocab_size=model.vocab_size, max_new_tokens=min(max_new))
+    except ConfigError as exc:  # "logit_bias holds ...", "min_tokens (9) exceeds max_tokens"
+        name = str(exc).split(" ", 1)[0]
+        raise RequestError(400, str(exc), param=name) from exc
+    found = req.grammar()
+    if found is None:
+        return Prepared(prompts, echo, max_new, sampling, None, None)
+    spec, param = found
+    _compile(spec, param, model)
+    return Prepared(prompts, echo, max_new, sampling, spec, param)
+
+
+def _compile(spec: GrammarSpec, param: str, model: ServedModel) -> None:
+    """A grammar the engine cannot compile is the client's 400, with the engine's reason."""
+    if model.grammars is None:
+        raise RequestError(
+            400,
+            f"{param}: structured output is not available here ({model.grammar_error})",
+            param=param,
+        )
+    try:
+        model.grammars.compile(spec)
+    except ConfigError as exc:  # GrammarError: the engine's reason
+        raise RequestError(400, f"{param}: {exc}", param=param) from exc
+
+
+def _chat_ids(req: ChatRequest, model: ServedModel) -> list[int]:
+    if model.chat is None:
+        raise RequestError(
+            400,
+            f"model {model.name!r} has no chat template (no chat_template in its "
+            "tokenizer_config.json); use /v1/completions",
+            param="messages",
+        )
+    try:
+        text = model.chat.render(req.messages)
+    except ConfigError as exc:
+        raise RequestError(400, str(exc), param="messages") from exc
+    except Exception as exc:  # the template's own error on these messages
+        raise RequestError(
+            400,
+            f"the chat template failed on these messages ({type(exc).__name__}: {exc})",
+            param="messages",
+        ) from exc
+    return _encode(text, model, special=False, param="messages")
+
+
+def _prompt_ids(prompt: str | tuple[int, ...], model: ServedModel, what: str) -> tuple[int, ...]:
+    if isinstance(prompt, str):
+        return tuple(_encode(prompt, model, special=True, param="prompt"))
+    bad = [i for i in prompt if not 0 <= i < model.vocab_size]
+    if bad:
+        raise RequestError(
+            400, f"{what} holds token ids {bad[:4]} outside [0, {model.vocab_size})", param="prompt"
+        )
+    return prompt
+
+
+def _encode(text: str, model: ServedModel, *, special: bool, param: str) -> list[int]:
+    try:
+        return model.tokenizer.encode(text, add_special_tokens=special)
+    except ConfigError as exc:  # the byte tokenizer: a byte beyond the vocabulary
+        raise RequestError(400, str(exc), param=param) from exc
