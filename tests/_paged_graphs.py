@@ -26,7 +26,7 @@ from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.lowering import fuse_collectives
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.models.moe_args import MoEArgs
-from torch_tensorrt_dist.models.moe_loader import random_moe
+from torch_tensorrt_dist.parallel.moe_load import random_moe
 
 #: grouped-query attention (2 query heads per KV head), 2 layers
 ARGS = ModelArgs(

@@ -19,9 +19,9 @@ from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation import Generator, SamplingConfig
 from torch_tensorrt_dist.generation.core import Request
 from torch_tensorrt_dist.models.demo import demo_checkpoint_path
-from torch_tensorrt_dist.models.loader import load_llama
-from torch_tensorrt_dist.models.moe_loader import load_moe
 from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+from torch_tensorrt_dist.parallel.llama_load import load_llama
+from torch_tensorrt_dist.parallel.moe_load import load_moe
 from torch_tensorrt_dist.testing import run_on_ranks
 
 from . import _llama_ckpt, _moe_ckpt

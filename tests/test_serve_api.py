@@ -307,6 +307,20 @@ def test_full_queue_is_429_and_clients_that_leave_free_their_rows(server: Server
     assert _post(server, {"prompt": "x", "max_tokens": 2}).status_code == 200
 
 
+def test_a_shared_prefix_is_reported_cached_and_changes_no_token(client: Any) -> None:
+    """The same long prompt twice, one after the other: the second takes the first one's full
+    blocks from the prefix cache (``cached_tokens``: whole blocks of 16, the prompt's last token
+    always computed) and gets the same greedy text."""
+    prompt = " ".join(PROMPTS[:6])
+    first = client.completions.create(model="demo", prompt=prompt, max_tokens=8, temperature=0)
+    second = client.completions.create(model="demo", prompt=prompt, max_tokens=8, temperature=0)
+    n = first.usage.prompt_tokens
+    assert n > 32
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens == (n - 1) // 16 * 16
+    assert second.choices[0].text == first.choices[0].text
+
+
 def test_metrics(server: Server) -> None:
     text = httpx.get(f"{server.url}/metrics").text
     for name in (
@@ -322,6 +336,7 @@ def test_metrics(server: Server) -> None:
         "torchtrt_preemptions_total",
         "torchtrt_prefix_cache_queries_total",
         "torchtrt_prefix_cache_hits_total",
+        "torchtrt_prefix_cache_hit_rate",
         "torchtrt_time_to_first_token_seconds_bucket",
         "torchtrt_inter_token_latency_seconds_bucket",
         "torchtrt_step_seconds_sum",

@@ -122,6 +122,14 @@ def test_a_killed_rank_ends_the_server_with_503s(moe: Any) -> None:
         (["--step-timeout", "nan"], r"--step-timeout nan must be in"),
         (["--step-timeout", "900"], "below the collective timeout"),
         (["--api-key", "clé"], "--api-key must be printable ASCII"),
+        (  # the demo model at 256 tokens: 16 blocks of 16, 32 KiB each (2 ranks, fp32)
+            ["--tp", "2", "--kv-cache-memory", "100KiB", "--max-seq-len", "256"],
+            r"--kv-cache-memory 102400 \(100.0 KiB\) holds \d+ blocks of 16 tokens; one request "
+            r"of the longest allowed length \(256 tokens\) needs 16: give at least \d+",
+        ),
+        (["--kv-cache-memory", "4G"], "--kv-cache-memory"),
+        (["--max-prefill-tokens", "8"], "--max-prefill-tokens 8 is below --block-size 16"),
+        (["--block-size", "24"], "--block-size 24 is not a power of two"),
     ],
 )
 def test_bad_options_are_refused_before_any_rank_starts(

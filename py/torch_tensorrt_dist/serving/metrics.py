@@ -58,6 +58,11 @@ class Metrics:
         self.prefix_hits = Counter(
             f"{p}_prefix_cache_hits", "Prompt blocks found in the prefix cache", registry=r
         )
+        self.prefix_hit_rate = Gauge(
+            f"{p}_prefix_cache_hit_rate",
+            "Prompt blocks found in the prefix cache / blocks looked up, since the start",
+            registry=r,
+        )
         self.ttft = Histogram(
             f"{p}_time_to_first_token_seconds",
             "Arrival to first token",

@@ -321,6 +321,7 @@ def _observe(leader: Leader, metrics: Metrics) -> None:
     metrics.set_total(metrics.preemptions, sched.preemptions)
     metrics.set_total(metrics.prefix_queries, pool.queries)
     metrics.set_total(metrics.prefix_hits, pool.hits)
+    metrics.prefix_hit_rate.set(pool.hits / pool.queries if pool.queries else 0.0)
     if loop.last is not None:  # the step ran rows
         step_s, control_s = loop.last
         metrics.step.observe(step_s)
