@@ -105,12 +105,21 @@ def max_gap_during(streams: Sequence[Stream], start: float, end: float) -> float
 
 
 async def stream_completion(
-    client: Any, model: str, prompt: Prompt, max_tokens: int, *, started: Any = None
+    client: Any,
+    model: str,
+    prompt: Prompt,
+    max_tokens: int,
+    *,
+    started: Any = None,
+    stream: Stream | None = None,
 ) -> Stream:
     """One streamed greedy completion through an ``openai.AsyncOpenAI`` client; ``started``:
-    an ``asyncio.Event`` set when its first token arrives."""
-    stream = Stream(time.perf_counter())
-    text = []
+    an ``asyncio.Event`` set when its first token arrives; ``stream``: record into this one
+    (what it holds stays readable when the task is cancelled: the client closes the stream,
+    the server cancels the request)."""
+    stream = stream or Stream(0.0)
+    stream.sent = time.perf_counter()
+    text: list[str] = []
     response = await client.completions.create(
         model=model,
         prompt=prompt,
@@ -119,18 +128,21 @@ async def stream_completion(
         stream=True,
         stream_options={"include_usage": True},
     )
-    async for chunk in response:
-        if chunk.choices and chunk.choices[0].text:
-            stream.times.append(time.perf_counter())
-            text.append(chunk.choices[0].text)
-            if started is not None:
-                started.set()
-        if chunk.usage is not None:
-            stream.completion_tokens = chunk.usage.completion_tokens
-            stream.prompt_tokens = chunk.usage.prompt_tokens
-            details = chunk.usage.prompt_tokens_details
-            stream.cached_tokens = (details.cached_tokens or 0) if details else 0
-    stream.text = "".join(text)
+    try:
+        async for chunk in response:
+            if chunk.choices and chunk.choices[0].text:
+                stream.times.append(time.perf_counter())
+                text.append(chunk.choices[0].text)
+                if started is not None:
+                    started.set()
+            if chunk.usage is not None:
+                stream.completion_tokens = chunk.usage.completion_tokens
+                stream.prompt_tokens = chunk.usage.prompt_tokens
+                details = chunk.usage.prompt_tokens_details
+                stream.cached_tokens = (details.cached_tokens or 0) if details else 0
+    finally:
+        stream.text = "".join(text)
+        await response.close()
     return stream
 
 
