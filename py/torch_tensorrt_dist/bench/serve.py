@@ -174,7 +174,7 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
         server_args = our_server_args(path, s, kv_bytes)
 
         logger.info("serve bench: our server, cold")
-        with ServerProcess(server_args, env=cache, start_timeout_s=RUN_TIMEOUT_S) as ours:
+        with ServerProcess(server_args, env=cache) as ours:
             cold = warmup_seconds(ours.output())
             m.ours.append(_clients(ours.url, MODEL, s))
 
@@ -196,7 +196,7 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
                 m.hf_reason = f"transformers serve did not run: {str(exc)[-600:]}"
 
         logger.info("serve bench: our server, warm")
-        with ServerProcess(server_args, env=cache, start_timeout_s=RUN_TIMEOUT_S) as ours:
+        with ServerProcess(server_args, env=cache) as ours:
             warm = warmup_seconds(ours.output())
             m.ours.append(_clients(ours.url, MODEL, s))
             scenes = _scenarios(ours.url, s, args.vocab_size, special)
