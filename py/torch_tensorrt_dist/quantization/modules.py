@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torch_tensorrt_dist.lowering.freeze_constants import mark_frozen
-from torch_tensorrt_dist.models.llama import embed_tokens
+from torch_tensorrt_dist.models.vocab import embed_tokens
 from torch_tensorrt_dist.quantization.kernels import KERNEL_ROWS, compute_dtype, weight_only_mm
 from torch_tensorrt_dist.quantization.scheme import QuantConfig
 from torch_tensorrt_dist.quantization.tensors import (
