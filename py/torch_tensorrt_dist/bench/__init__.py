@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from torch_tensorrt_dist.bench.common import Figure
 
-__all__ = ["SECTIONS", "Figure", "format_figures", "run_sections"]
+__all__ = ["QUICK_SECTIONS", "SECTIONS", "Figure", "format_figures", "run_sections"]
 
 
 def _communication() -> list[Figure]:
@@ -66,6 +66,19 @@ def _serve() -> list[Figure]:
     return serve_figures()
 
 
+def _serve_quick() -> list[Figure]:
+    from torch_tensorrt_dist.bench.serve import serve_figures
+    from torch_tensorrt_dist.bench.serve_report import ServeSizes
+
+    return serve_figures(ServeSizes.quick())
+
+
+def _serve_control() -> list[Figure]:
+    from torch_tensorrt_dist.bench.serve_control import serve_figures
+
+    return serve_figures()
+
+
 def _gpu() -> list[Figure]:
     from torch_tensorrt_dist.bench.gpu import gpu
 
@@ -83,16 +96,24 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "cold_start": _cold_start,
     "quantize": _quantize,
     "serve": _serve,
+    "serve_control": _serve_control,
     "gpu": _gpu,
 }
+#: sections with smaller counts under ``--quick`` (the same figures)
+QUICK_SECTIONS: dict[str, Callable[[], list[Figure]]] = {"serve": _serve_quick}
 
 
-def run_sections(names: list[str], progress: Callable[[str], None] | None = None) -> list[Figure]:
+def run_sections(
+    names: list[str], progress: Callable[[str], None] | None = None, *, quick: bool = False
+) -> list[Figure]:
+    """The figures of the named sections, in order; ``quick``: the smaller counts of the
+    sections that have them (``QUICK_SECTIONS``)."""
     figures: list[Figure] = []
     for name in names:
         if progress is not None:
             progress(name)
-        figures += SECTIONS[name]()
+        run = QUICK_SECTIONS.get(name, SECTIONS[name]) if quick else SECTIONS[name]
+        figures += run()
     return figures
 
 

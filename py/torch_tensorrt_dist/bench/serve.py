@@ -1,211 +1,226 @@
-"""``bench --section serve``: concurrent clients against the real server, and HF's batching.
+"""``bench --section serve``: our server against ``transformers serve`` on one checkpoint.
 
-For TP 1 and TP 2 (the demo model, Inductor engine, 8 KV-cache rows), a server process on
-127.0.0.1 gets the same streamed requests from 1 and then from 8 concurrent asyncio clients
-(``serve_load.py``): output tokens/s, time to first token and inter-token latency (p50/p99, as
-the clients see them), and the control channel's cost per decode step. HF transformers'
-continuous batching (``generate_batch``) runs the same prompts on the same checkpoint, greedy,
-in this process, for the same tokens. Every figure of one run is compared within that run.
+    torchtrt-dist bench --section serve            # the issues' sizes (about 10 min on 2 cores)
+    torchtrt-dist bench --section serve --quick    # fewer and shorter requests
+
+One run, one random-weight checkpoint written to a temporary directory (``serve_checkpoint``),
+loopback only, every request streamed through the official ``openai`` client:
+
+1. ``torchtrt-dist serve`` (TP 1, one thread, an empty Inductor cache: the cold warm-up), then
+   1, 8 and 32 concurrent clients;
+2. ``transformers serve --continuous-batching`` on the same checkpoint (one thread), the same
+   clients;
+3. our server again (the cache now filled: the warm warm-up), the same clients, then 32
+   requests at once in the KV memory of 8 rows x 512 tokens, 7 streams that a 2,000-token
+   prompt joins, and two requests sharing a 1,500-token prefix (issue 28);
+4. in this process: a generator of the server's shape (its graphs, ``generate``'s decode
+   tok/s) and the decode step at several cache lengths (``serve_step``).
+
+Figures and goals: ``serve_report``. Every figure is a ratio or a time of this run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
 import re
-import time
-from typing import Any
+import tempfile
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
 
 from torch_tensorrt_dist.bench.common import Figure
-from torch_tensorrt_dist.bench.serve_load import Load, ServerProcess, run_load
+from torch_tensorrt_dist.bench.serve_checkpoint import CHECKPOINT, bench_checkpoint
+from torch_tensorrt_dist.bench.serve_control import PROMPTS
+from torch_tensorrt_dist.bench.serve_hf import (
+    HF_ENV,
+    HF_READY,
+    hf_serve_command,
+    hf_serve_unavailable,
+)
+from torch_tensorrt_dist.bench.serve_load import ServerProcess
+from torch_tensorrt_dist.bench.serve_report import ServeMeasured, ServeSizes, serve_report
+from torch_tensorrt_dist.bench.serve_scenarios import join_during_streams, random_ids, shared_prefix
+from torch_tensorrt_dist.bench.serve_streams import ClientRun, run_clients
+from torch_tensorrt_dist.errors import ConfigError
 
-__all__ = ["PROMPTS", "hf_generate_batch", "serve_figures"]
+__all__ = ["our_server_args", "serve_figures"]
 
-#: prompts of the demo model that run to the token limit without an end-of-text token
-PROMPTS = [
-    "The for statement is used",
-    "A class definition defines a class object",
-    "Python",
-    "Exceptions",
-    "The while statement is used for repeated execution",
-    "A function definition defines a user-defined function object",
-    "The try statement specifies exception handlers",
-    "The with statement is used to wrap the execution of a block",
-]
-SECTION = "serve (CPU, gloo, demo model)"
+logger = logging.getLogger(__name__)
+
+MODEL = "bench"
+#: the longest any part of the run may take (seconds)
+RUN_TIMEOUT_S = 900
+T = TypeVar("T")
 
 
-def hf_generate_batch(prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
-    """HF transformers' continuous batching on the demo checkpoint: (tokens/s, tokens)."""
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, RUN_TIMEOUT_S)
 
-    from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+    return asyncio.run(bounded())
 
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each of our ranks runs
+
+@contextlib.contextmanager
+def _env(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
-        model = AutoModelForCausalLM.from_pretrained(demo_checkpoint_path(), dtype=torch.float32)
-        cfg = GenerationConfig(
-            max_new_tokens=max_tokens, do_sample=False, eos_token_id=1, pad_token_id=0
-        )
-        model.eval().generate_batch(inputs=prompts[:1], generation_config=cfg)  # warm-up
-        start = time.perf_counter()
-        out = model.generate_batch(inputs=prompts, generation_config=cfg)
-        wall = time.perf_counter() - start
+        yield
     finally:
-        torch.set_num_threads(saved)
-    tokens = [list(o.generated_tokens) for o in out.values()]
-    return sum(map(len, tokens)) / wall, tokens
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
-def _delta(after: dict[str, float], before: dict[str, float], name: str) -> float:
-    return after.get(name, 0.0) - before.get(name, 0.0)
-
-
-def _serve_tp(tp: int, engine: str, requests: int, max_tokens: int) -> dict[str, Any]:
-    args = [
-        "--tp",
-        str(tp),
+def our_server_args(path: str | Path, sizes: ServeSizes, kv_bytes: int) -> list[str]:
+    """``torchtrt-dist serve`` options of the run (TP 1; the port is added by ServerProcess)."""
+    return [
+        "--model",
+        str(path),
         "--engine",
-        engine,
+        sizes.engine,
         "--max-batch-size",
-        "8",
+        str(sizes.max_batch_size),
         "--max-seq-len",
-        "64",
+        str(sizes.max_seq_len),
+        "--kv-cache-memory",
+        str(kv_bytes),
         "--served-model-name",
-        "demo",
+        MODEL,
     ]
-    out: dict[str, Any] = {"loads": {}}
-    with ServerProcess(args) as server:
-        for c in (1, 8):
-            # a short round first: the clients' connections are open before timing starts
-            asyncio.run(run_load(server.url, PROMPTS, requests=c, concurrency=c, max_tokens=4))
-            before = server.metrics()
-            load = run_load(
-                server.url, PROMPTS, requests=requests, concurrency=c, max_tokens=max_tokens
+
+
+def warmup_seconds(output: str) -> float:
+    """The warm-up our server reports in its ``serving ... at URL`` line."""
+    match = re.search(r"warm-up ([\d.]+) s\)", output)
+    if match is None:
+        raise ConfigError(f"no warm-up in the server's output:\n{output[-2000:]}")
+    return float(match.group(1))
+
+
+def _clients(url: str, model: str, sizes: ServeSizes) -> dict[int, ClientRun]:
+    runs = {}
+    for c in sizes.clients:
+        # a short round first: the connections are open and the prompts seen before timing
+        _run(run_clients(url, model, PROMPTS, requests=c, concurrency=c, max_tokens=2))
+        runs[c] = _run(
+            run_clients(
+                url,
+                model,
+                PROMPTS,
+                requests=c * sizes.requests_per_client,
+                concurrency=c,
+                max_tokens=sizes.max_tokens,
             )
-            out["loads"][c] = asyncio.run(load)
-            after = server.metrics()
-            steps = _delta(after, before, "torchtrt_step_seconds_count") or 1.0
-            out[f"step_ms_{c}"] = 1e3 * _delta(after, before, "torchtrt_step_seconds_sum") / steps
-            out[f"control_ms_{c}"] = (
-                1e3 * _delta(after, before, "torchtrt_control_seconds_sum") / steps
-            )
-        out["latency_ms"] = 1e3 * server.metrics().get("torchtrt_control_latency_seconds", 0.0)
-    summaries = re.findall(r"rank (\d+): \d+ decode steps.*?\(([\d.]+) %\)", server.output())
-    out["rank_control_pct"] = {int(r): float(p) for r, p in summaries}
-    out["exit"] = server.returncode
+        )
+    return runs
+
+
+def _scenarios(url: str, sizes: ServeSizes, vocab: int, special: list[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    out["burst"] = _run(
+        run_clients(
+            url,
+            MODEL,
+            PROMPTS,
+            requests=sizes.burst_requests,
+            concurrency=sizes.burst_requests,
+            max_tokens=sizes.burst_tokens,
+        )
+    )
+    long_ids = random_ids(sizes.join_prompt, vocab=vocab, seed=1, avoid=special)
+    streams = [PROMPTS[i % len(PROMPTS)] for i in range(sizes.join_streams)]
+    out["join"] = _run(
+        join_during_streams(url, MODEL, streams, long_ids, stream_tokens=sizes.stream_tokens)
+    )
+    prefix = random_ids(sizes.prefix, vocab=vocab, seed=2, avoid=special)
+    a = random_ids(sizes.suffix, vocab=vocab, seed=3, avoid=special)
+    b = random_ids(sizes.suffix, vocab=vocab, seed=4, avoid=special)
+    out["prefix"] = _run(shared_prefix(url, MODEL, prefix, a, b))
     return out
 
 
-def serve_figures(
-    requests: int = 16, max_tokens: int = 32, engine: str = "inductor"
-) -> list[Figure]:
-    from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
+    import json
+
+    import torch
+
+    from torch_tensorrt_dist.bench.serve_step import (
+        decode_step_times,
+        kv_bytes_per_live_token,
+        server_generator,
+    )
+    from torch_tensorrt_dist.generation.kv_memory import kv_layout_for
+    from torch_tensorrt_dist.models.llama_args import read_config
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 
-    runs = {tp: _serve_tp(tp, engine, requests, max_tokens) for tp in (1, 2)}
-    tok = load_tokenizer(demo_checkpoint_path(), vocab_size=1024)
-    ids = [tok.encode(p) for p in PROMPTS]
-    try:
-        hf_tps, hf_tokens = hf_generate_batch(ids, max_tokens)
-    except ImportError as exc:  # transformers is a dev dependency
-        hf_tps, hf_tokens = 0.0, []
-        missing = f"skipped: {exc.name} is not installed (pip install -e '.[dev]')"
-    else:
-        missing = ""
-    hf_texts = [tok.decode([i for i in t if i not in tok.eos_ids]) for t in hf_tokens]
-    figures: list[Figure] = []
-    for tp, run in runs.items():
-        one, eight = run["loads"][1], run["loads"][8]
-        name = f"TP {tp}"
-        figures += [
-            Figure(
-                SECTION,
-                f"{name}: output tokens/s, C = 1 / C = 8",
-                f"{one.tokens_per_s:.1f} / {eight.tokens_per_s:.1f}",
-                "tok/s",
-                note=f"{requests} requests x {max_tokens} tokens, {engine}",
-            ),
-            Figure(
-                SECTION,
-                f"{name}: C = 8 over C = 1",
-                round(eight.tokens_per_s / max(one.tokens_per_s, 1e-9), 2),
-                "x",
-                goal=">= 4x at TP 2" if tp == 2 else "",
-                met=eight.tokens_per_s >= 4 * one.tokens_per_s if tp == 2 else None,
-            ),
-            Figure(
-                SECTION,
-                f"{name}: time to first token p50 / p99, C = 8",
-                f"{1e3 * eight.p('ttft', 0.5):.0f} / {1e3 * eight.p('ttft', 0.99):.0f}",
-                "ms",
-                note=f"C = 1: {1e3 * one.p('ttft', 0.5):.0f} / {1e3 * one.p('ttft', 0.99):.0f}",
-            ),
-            Figure(
-                SECTION,
-                f"{name}: inter-token latency p50 / p99, C = 8",
-                f"{1e3 * eight.p('itl', 0.5):.1f} / {1e3 * eight.p('itl', 0.99):.1f}",
-                "ms",
-                note=f"C = 1: {1e3 * one.p('itl', 0.5):.1f} / "
-                f"{1e3 * one.p('itl', 0.99):.1f}; decode step {run['step_ms_8']:.1f} ms",
-            ),
-        ]
-        if tp > 1:
-            share = run["latency_ms"] / max(run["step_ms_8"], 1e-9)
-            ranks = ", ".join(
-                f"rank {r} {p:.1f} %" for r, p in sorted(run["rank_control_pct"].items())
+    s = sizes or ServeSizes.full()
+    s.check(CHECKPOINT["max_position_embeddings"])
+    load_start = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="torchtrt-bench-serve-") as tmp:
+        path = bench_checkpoint(Path(tmp) / "model")
+        cache = {"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor")}
+        args = read_config(path)
+        layout = kv_layout_for(args, tp=1, dtype=torch.float32, block_size=16)
+        kv_bytes = s.kv_cache_tokens * layout.bytes_per_token
+        config = json.loads((path / "config.json").read_text())
+        special = [int(config["bos_token_id"]), int(config["eos_token_id"])]
+        m = ServeMeasured(ours=[], block_size=layout.block_size)
+        server_args = our_server_args(path, s, kv_bytes)
+
+        logger.info("serve bench: our server, cold")
+        with ServerProcess(server_args, env=cache) as ours:
+            cold = warmup_seconds(ours.output())
+            m.ours.append(_clients(ours.url, MODEL, s))
+
+        m.hf_reason = "" if s.baseline else "not run (baseline off)"
+        m.hf_reason = m.hf_reason or hf_serve_unavailable()
+        if not m.hf_reason:
+            logger.info("serve bench: transformers serve")
+            hf = ServerProcess(
+                [],
+                command=hf_serve_command(path),
+                ready=HF_READY,
+                env=HF_ENV,
+                start_timeout_s=RUN_TIMEOUT_S,
             )
-            figures += [
-                Figure(
-                    SECTION,
-                    f"{name}: control channel share of a decode step",
-                    f"{100 * share:.2f} %",
-                    goal="< 5 %",
-                    met=share < 0.05,
-                    note=f"header one-way {1e3 * run['latency_ms']:.0f} us vs step "
-                    f"{run['step_ms_8']:.1f} ms (C = 8)",
-                ),
-                Figure(
-                    SECTION,
-                    f"{name}: time in the control exchange per decode step",
-                    f"{run['control_ms_8']:.2f}",
-                    "ms",
-                    note=f"rank 0 (sends); whole run by rank: {ranks} (a rank != 0 also "
-                    "waits there for rank 0's host work: HTTP, text, scheduling)",
-                ),
-            ]
-    ours: Load = runs[2]["loads"][8]
-    same = bool(hf_texts) and ours.texts[: len(hf_texts)] == hf_texts
-    figures += [
-        Figure(
-            SECTION,
-            "HF generate_batch, 8 requests, 1 process",
-            round(hf_tps, 1),
-            "tok/s",
-            note=missing or "transformers continuous batching, same prompts, greedy, 1 thread",
-        ),
-        Figure(
-            SECTION,
-            "TP 2, C = 8 over HF generate_batch",
-            round(ours.tokens_per_s / max(hf_tps, 1e-9), 2),
-            "x",
-            goal="> 1x",
-            met=ours.tokens_per_s > hf_tps if hf_tps else None,
-        ),
-        Figure(
-            SECTION,
-            "same greedy text as HF generate_batch",
-            same,
-            goal="True",
-            met=same if hf_texts else None,
-        ),
-        Figure(
-            SECTION,
-            "servers drained on SIGTERM, exit 0",
-            all(r["exit"] == 0 for r in runs.values()),
-            goal="True",
-            met=all(r["exit"] == 0 for r in runs.values()),
-        ),
-    ]
-    return figures
+            try:
+                with hf:
+                    m.hf = _clients(hf.url, str(path), s)
+            except ConfigError as exc:  # it did not start: say why, keep our figures
+                m.hf_reason = f"transformers serve did not run: {str(exc)[-600:]}"
+
+        logger.info("serve bench: our server, warm")
+        with ServerProcess(server_args, env=cache) as ours:
+            warm = warmup_seconds(ours.output())
+            m.ours.append(_clients(ours.url, MODEL, s))
+            scenes = _scenarios(ours.url, s, args.vocab_size, special)
+        m.warmup_s = (cold, warm)
+        m.burst, m.join, m.prefix = scenes["burst"], scenes["join"], scenes["prefix"]
+
+        logger.info("serve bench: in-process generator and decode steps")
+        tok = load_tokenizer(path, vocab_size=args.vocab_size)
+        with _env(**cache):
+            gen = server_generator(
+                path,
+                tok.encode(PROMPTS[0]),
+                engine=s.engine,
+                max_batch_size=s.max_batch_size,
+                cache_len=s.max_seq_len,
+                kv_cache_memory=kv_bytes,
+                max_new_tokens=s.max_tokens,
+            )
+            steps = decode_step_times(
+                path, caches=s.caches, rows=(s.step_rows,), live=s.live, engine=s.engine
+            )
+        m.graphs, m.generate_tokens_per_s = int(gen["graphs"]), gen["tokens_per_s"]
+        m.step_s = {c: t for (c, _), t in steps.items()}
+        paged, static = kv_bytes_per_live_token(layout, live=s.live, cache_len=max(s.caches))
+        m.kv_bytes = (paged, static, layout.bytes_per_token)
+    m.load = f"{load_start:.1f} / {os.getloadavg()[0]:.1f}"
+    return serve_report(m, s)

@@ -120,8 +120,29 @@ class ServerProcess:
     """``torchtrt-dist serve ARGS --port 0`` as a child process (one torch thread per rank), in
     its own process group; the bench uses it as a context manager, the serving tests too."""
 
-    def __init__(self, args: list[str], *, start_timeout_s: float = 1800) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        start_timeout_s: float = 1800,
+        command: list[str] | None = None,
+        ready: str = r"serving \S+ at (http://[\w.:\[\]]+)/v1",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``command``: run this instead of ``torchtrt-dist serve --port 0 ARGS`` (another
+        server: ``transformers serve``); ``ready``: the pattern of its line that says it is up,
+        group 1 its URL; ``env``: more environment variables for it."""
         self.args, self.timeout = args, start_timeout_s
+        self.ready, self.extra_env = re.compile(ready), env or {}
+        self.command = command or [
+            sys.executable,
+            "-m",
+            "torch_tensorrt_dist",
+            "serve",
+            "--port",
+            "0",
+            *args,
+        ]
         self.url = ""
         self.lines: list[str] = []
         self._q: queue.Queue[str | None] = queue.Queue()
@@ -129,10 +150,9 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         """Start it; return once it printed its URL (ConfigError with its output if not)."""
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        cmd = [sys.executable, "-m", "torch_tensorrt_dist", "serve", "--port", "0", *self.args]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **self.extra_env}
         self.proc = subprocess.Popen(
-            cmd,
+            self.command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -145,7 +165,7 @@ class ServerProcess:
             line = self.read(1.0)
             if line is None and self.proc.poll() is not None:
                 break
-            match = re.search(r"serving \S+ at (http://[\w.:\[\]]+)/v1", line or "")
+            match = self.ready.search(line or "")
             if match:
                 self.url = match.group(1)
                 return self

@@ -1,7 +1,8 @@
-"""``torchtrt-dist bench``: communication, compile overhead, decode speed, memory, verify, GPU.
+"""``torchtrt-dist bench``: communication, compile, decode, memory, serving, GPU and more.
 
     torchtrt-dist bench                       # every section (several minutes on 2 cores)
     torchtrt-dist bench --section communication --json figures.json
+    torchtrt-dist bench --section serve --quick  # smaller counts, the same figures
 
 Prints one table with each figure's goal and whether it is met; ``--json`` also writes them.
 """
@@ -36,6 +37,11 @@ def register(sub: Any) -> None:
         help="run only these sections (repeatable; default: all)",
     )
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smaller counts and lengths where a section has them (serve); the same figures",
+    )
     add_threads(p)
     p.set_defaults(func=run)
 
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
     threads = rank_thread_count(args.threads)
     with use_threads(threads):  # a section that runs its own ranks sets their threads itself
-        figures = run_sections(names, progress)
+        figures = run_sections(names, progress, quick=args.quick)
     machine = {
         "python": platform.python_version(),
         "torch": torch.__version__,
