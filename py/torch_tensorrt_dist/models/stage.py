@@ -16,16 +16,17 @@ of logits unless it is last (``generation/pipeline.py`` moves them between the r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, TypeVar
 
 from torch import nn
 
 from torch_tensorrt_dist.errors import ConfigError
 
-if TYPE_CHECKING:
-    from torch_tensorrt_dist.models.llama import Transformer
-
 __all__ = ["AbsentLayer", "StageRole", "cut_stage"]
+
+#: a decoder: ``models.llama.Transformer`` or one built on it (MoE); not imported, as the
+#: Transformer itself holds a StageRole
+Model = TypeVar("Model", bound=nn.Module)
 
 
 @dataclass(frozen=True)
@@ -71,22 +72,23 @@ class AbsentLayer(nn.Module):
         return f"layer {self.index}: on another pipeline stage"
 
 
-def cut_stage(model: Transformer, role: StageRole) -> Transformer:
-    """Keep only ``role``'s parts of ``model`` (in place; before materialising a meta model,
-    so that a rank never allocates another stage's weights)."""
-    n = len(model.layers)
+def cut_stage(model: Model, role: StageRole) -> Model:
+    """Keep only ``role``'s parts of ``model`` (a ``Transformer``; in place, before
+    materialising a meta model, so that a rank never allocates another stage's weights)."""
+    decoder: Any = model
+    n = len(decoder.layers)
     if role.count < 1 or not 0 <= role.index < role.count:
         raise ConfigError(f"stage {role.index} is not a stage of pp={role.count}")
     if not role.layers or role.layers.start < 0 or role.layers.stop > n:
         raise ConfigError(f"stage {role.index}: layers {role.layers} are not layers of [0, {n})")
     for i in range(n):
         if i not in role.layers:
-            model.layers[i] = AbsentLayer(i)
-    head_reads_embedding = model.output is None  # tied head: the last stage reads the matrix
+            decoder.layers[i] = AbsentLayer(i)
+    head_reads_embedding = decoder.output is None  # tied head: the last stage reads the matrix
     if not (role.first or (role.last and head_reads_embedding)):
-        del model.tok_embeddings
+        del decoder.tok_embeddings
     if not role.last:
-        del model.norm
-        model.output = None
-    model.stage = role
+        del decoder.norm
+        decoder.output = None
+    decoder.stage = role
     return model

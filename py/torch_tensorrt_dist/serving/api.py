@@ -22,17 +22,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from torch_tensorrt_dist.generation.grammar import Grammars
-from torch_tensorrt_dist.models.tokenizer import Tokenizer
 from torch_tensorrt_dist.serving.answer import Answer
 from torch_tensorrt_dist.serving.bridge import (
     Failed,
@@ -42,37 +39,15 @@ from torch_tensorrt_dist.serving.bridge import (
     Sink,
     Submission,
 )
-from torch_tensorrt_dist.serving.chat import ChatTemplate
-from torch_tensorrt_dist.serving.limits import RequestLimits, check_prompt_size
+from torch_tensorrt_dist.serving.limits import check_prompt_size
 from torch_tensorrt_dist.serving.metrics import CONTENT_TYPE, Metrics
-from torch_tensorrt_dist.serving.prepare import check_counts, prepare
+from torch_tensorrt_dist.serving.prepare import ServedModel, check_counts, prepare
 from torch_tensorrt_dist.serving.protocol import RequestError
 from torch_tensorrt_dist.serving.request_body import ClientGone, read_json
 from torch_tensorrt_dist.serving.responses import RETRY_AFTER, UnhandledErrors, error_response
 from torch_tensorrt_dist.serving.schema import Params, parse_request
 
 __all__ = ["CLIENT_GONE", "ServedModel", "create_app"]
-
-
-@dataclass
-class ServedModel:
-    """What the HTTP layer knows of the model: names, tokenizer, template and limits."""
-
-    name: str
-    tokenizer: Tokenizer
-    chat: ChatTemplate | None
-    cache_len: int
-    vocab_size: int
-    check: Callable[[int, int], None]
-    """``check(prompt_len, max_new_tokens)``: ConfigError when the graphs cannot run it."""
-    limits: RequestLimits
-    rows: int = 1
-    """Rows a step runs (``--max-batch-size``): the most sequences of one prompt (``n``)."""
-    max_queue: int = 64
-    """Requests that may wait (``--max-queue``): the most prompts of one request."""
-    grammars: Grammars | None = None
-    """The grammar engine of structured output (None: not available, ``grammar_error``)."""
-    grammar_error: str = "the grammar engine was not built"
 
 
 #: the status of a request whose client went away (nginx's "client closed request")

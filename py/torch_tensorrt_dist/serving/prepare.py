@@ -13,21 +13,41 @@ joins (the same spec compiles alike there).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.grammar import GrammarSpec
+from torch_tensorrt_dist.generation.grammar import Grammars, GrammarSpec
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
+from torch_tensorrt_dist.models.tokenizer import Tokenizer
 from torch_tensorrt_dist.serving.bridge import Sink, Submission
-from torch_tensorrt_dist.serving.limits import check_fit
+from torch_tensorrt_dist.serving.chat import ChatTemplate
+from torch_tensorrt_dist.serving.limits import RequestLimits, check_fit
 from torch_tensorrt_dist.serving.protocol import RequestError
 from torch_tensorrt_dist.serving.schema import ChatRequest, Params
 
-if TYPE_CHECKING:
-    from torch_tensorrt_dist.serving.api import ServedModel
+__all__ = ["Prepared", "ServedModel", "check_counts", "prepare"]
 
-__all__ = ["Prepared", "check_counts", "prepare"]
+
+@dataclass
+class ServedModel:
+    """What the HTTP layer knows of the model: names, tokenizer, template and limits."""
+
+    name: str
+    tokenizer: Tokenizer
+    chat: ChatTemplate | None
+    cache_len: int
+    vocab_size: int
+    check: Callable[[int, int], None]
+    """``check(prompt_len, max_new_tokens)``: ConfigError when the graphs cannot run it."""
+    limits: RequestLimits
+    rows: int = 1
+    """Rows a step runs (``--max-batch-size``): the most sequences of one prompt (``n``)."""
+    max_queue: int = 64
+    """Requests that may wait (``--max-queue``): the most prompts of one request."""
+    grammars: Grammars | None = None
+    """The grammar engine of structured output (None: not available, ``grammar_error``)."""
+    grammar_error: str = "the grammar engine was not built"
 
 
 def check_counts(req: Params, model: ServedModel) -> None:
