@@ -108,7 +108,7 @@ def test_a_killed_rank_ends_the_server_with_503s(moe: Any) -> None:
     ("args", "message"),
     [
         (["--pp", "5"], "pp=5 stages but the model has 4 layers"),
-        (["--drain-timeout", "40"], r"--drain-timeout 40 must be in \[0, 25\]"),
+        (["--drain-timeout", "400"], r"--drain-timeout 400 must be in \[0, 300\]"),
         (["--port", "70000"], "is not a TCP port"),
         (["--api-key", " "], "--api-key is empty"),
         (["--tp", "3"], "3"),

@@ -143,6 +143,7 @@ def _launch(config: RunConfig, verbose: int) -> int:
     world = config.parallel.world
     drain_dir = tempfile.mkdtemp(prefix="torchtrt-serve-")
     job = config.job
+    stop_timeout = job.stop_timeout if isinstance(job, ServeJob) else None
     if isinstance(job, ServeJob):
         config = config.with_(job=replace(job, drain_dir=drain_dir))
     # the launcher's multiprocessing resource tracker would warn about the queues' semaphores
@@ -152,7 +153,7 @@ def _launch(config: RunConfig, verbose: int) -> int:
         filter(None, [warnings, "ignore:resource_tracker:UserWarning"])
     )
     try:
-        result = launch(rank_entry, world, [rank_main, config], stop_timeout=_stop_timeout(job))
+        result = launch(rank_entry, world, [rank_main, config], stop_timeout=stop_timeout)
         drained = all((Path(drain_dir) / f"rank-{r}.drained").is_file() for r in range(world))
     finally:
         shutil.rmtree(drain_dir, ignore_errors=True)
@@ -161,17 +162,3 @@ def _launch(config: RunConfig, verbose: int) -> int:
         return 0  # a signal to the launcher, forwarded to the ranks, drained them cleanly
     print_launch_failure(result, verbose=verbose)
     return int(result.returncode)
-
-
-#: After a signal, a rank still warming up ends at the next graph: the one compiling then may
-#: take this long (Inductor, a loaded machine) before the launcher kills the ranks.
-WARMUP_STOP_S = 120.0
-
-
-def _stop_timeout(job: object) -> float:
-    """How long the launcher lets the ranks end after a signal: the drain, each rank's own
-    grace after it, and the graph a warming rank may be compiling."""
-    from torch_tensorrt_dist.serving.server import DRAIN_GRACE_S
-
-    drain = job.drain_timeout if isinstance(job, ServeJob) else 20.0
-    return max(drain + 2 * DRAIN_GRACE_S, WARMUP_STOP_S) + 10.0

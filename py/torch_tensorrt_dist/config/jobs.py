@@ -31,8 +31,11 @@ __all__ = [
     "collective_timeout_s",
 ]
 
-#: The launcher's agent kills ranks 30 s after forwarding SIGTERM: drains must end before.
-MAX_DRAIN_S = 25.0
+#: The longest --drain-timeout (the launcher waits for it after a signal: ServeJob.stop_timeout)
+MAX_DRAIN_S = 300.0
+#: after a signal, a rank still warming up ends at the next graph: the one compiling then may
+#: take this long (Inductor, a loaded machine)
+WARMUP_STOP_S = 120.0
 #: ``serving.server.DEFAULT_STEP_TIMEOUT_S`` (that module needs the serve extra)
 DEFAULT_STEP_TIMEOUT_S = 60.0
 
@@ -90,13 +93,19 @@ class ServeJob:
     step_timeout: float = DEFAULT_STEP_TIMEOUT_S
     """Seconds a step may run before the server fails, naming the rank that did not answer."""
 
+    @property
+    def stop_timeout(self) -> float:
+        """Seconds the launcher lets the ranks end after a signal before it kills them: the
+        drain and each rank's grace after it (2 x ``serving.server.DRAIN_GRACE_S``), or the
+        graph a warming rank may be compiling (``WARMUP_STOP_S``), plus 10 s."""
+        return max(self.drain_timeout + 4.0, WARMUP_STOP_S) + 10.0
+
     def __post_init__(self) -> None:
         if self.max_queue < 1:
             raise ConfigError(f"--max-queue must be >= 1, got {self.max_queue}")
         if not 0 <= self.drain_timeout <= MAX_DRAIN_S:
             raise ConfigError(
-                f"--drain-timeout {self.drain_timeout:g} must be in [0, {MAX_DRAIN_S:g}] "
-                "(the launcher stops ranks 30 s after SIGTERM)"
+                f"--drain-timeout {self.drain_timeout:g} must be in [0, {MAX_DRAIN_S:g}]"
             )
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port {self.port} is not a TCP port (0-65535)")
