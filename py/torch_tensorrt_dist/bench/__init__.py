@@ -79,6 +79,12 @@ def _serve_control() -> list[Figure]:
     return serve_figures()
 
 
+def _grammar() -> list[Figure]:
+    from torch_tensorrt_dist.bench.grammar_cost import grammar_cost
+
+    return grammar_cost()
+
+
 def _gpu() -> list[Figure]:
     from torch_tensorrt_dist.bench.gpu import gpu
 
@@ -97,6 +103,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "quantize": _quantize,
     "serve": _serve,
     "serve_control": _serve_control,
+    "grammar": _grammar,
     "gpu": _gpu,
 }
 #: sections with smaller counts under ``--quick`` (the same figures)

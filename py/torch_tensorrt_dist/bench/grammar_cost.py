@@ -10,8 +10,8 @@ are computed in a thread while the graph runs, the rest (the float32 copy of the
 applied, each matcher advanced) is on the step's path. Also printed: the mask computation of
 the 8 rows alone, what would be on the path without the overlap.
 
-    from torch_tensorrt_dist.bench.grammar_cost import grammar_cost
-    for f in grammar_cost(engine="inductor"): print(f)   # or engine="none" (plain PyTorch)
+    torchtrt-dist bench --section grammar          # or, in Python:
+    grammar_cost(engine="none")                     # plain PyTorch instead of Inductor
 """
 
 from __future__ import annotations
