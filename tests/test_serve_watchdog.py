@@ -69,7 +69,11 @@ def _gone(pid: int, timeout: float) -> bool:
 
 
 def test_a_stopped_rank_is_named_by_health_the_requests_and_the_launcher() -> None:
-    server = start_server([*ARGS, "--step-timeout", str(STEP_TIMEOUT)])
+    # a short drain: rank 1, let go after the launcher's SIGTERM, ends itself by its drain
+    # deadline (--drain-timeout + 4 s), well within torchrun's 30 s before a SIGKILL
+    server = start_server(
+        [*ARGS, "--step-timeout", str(STEP_TIMEOUT), "--drain-timeout", str(DRAIN)]
+    )
     try:
         pids = server.health()["pids"]
         out, threads = _in_flight(server)
