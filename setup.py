@@ -13,6 +13,7 @@ exec((_HERE / "py" / "torch_tensorrt_dist" / "_version.py").read_text(), _versio
 #: ``torchtrt-dist serve``: the HTTP API, its metrics and chat templates
 SERVE = [
     "fastapi>=0.110",
+    "pydantic>=2.6",  # the request schema (serving/schema.py); fastapi brings it too
     "uvicorn>=0.29",
     "prometheus-client>=0.20",
     "jinja2>=3.1.6",
