@@ -44,3 +44,17 @@ def start_server(args: list[str], *, timeout: float = 240) -> Server:
         return Server(args, start_timeout_s=timeout).start()
     except ConfigError as exc:
         pytest.fail(str(exc))
+
+
+def demo_tp2_server(
+    ckpt: Path, *, rows: int, max_seq_len: int, max_queue: int | None = None, key: str = ""
+) -> Server:
+    """The serving tests' server: ``ckpt`` served as "demo" at TP 2 without compiling (the
+    eager graphs), ``rows`` decoded together, an API key where ``key`` is given."""
+    args = ["--model", str(ckpt), "--served-model-name", "demo", "--tp", "2", "--engine", "none"]
+    args += ["--max-batch-size", str(rows), "--max-seq-len", str(max_seq_len)]
+    if max_queue is not None:
+        args += ["--max-queue", str(max_queue)]
+    if key:
+        args += ["--api-key", key]
+    return start_server(args)

@@ -19,7 +19,7 @@ from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 from torch_tensorrt_dist.parallel.llama_load import load_llama
 
 from ._core_fns import one_thread
-from ._serve import Server, demo_with_chat_template, start_server
+from ._serve import Server, demo_tp2_server, demo_with_chat_template
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -45,26 +45,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(ckpt: Path) -> Any:
-    srv = start_server(
-        [
-            "--model",
-            str(ckpt),
-            "--served-model-name",
-            "demo",
-            "--tp",
-            "2",
-            "--engine",
-            "none",
-            "--max-batch-size",
-            "4",
-            "--max-queue",
-            "8",
-            "--max-seq-len",
-            str(CACHE),
-            "--api-key",
-            KEY,
-        ]
-    )
+    srv = demo_tp2_server(ckpt, rows=4, max_seq_len=CACHE, max_queue=8, key=KEY)
     yield srv
     srv.kill()  # only if a test failed before the drain test
 

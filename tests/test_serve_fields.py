@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ._fields_reference import EOS, Reference, check_top
-from ._serve import Server, demo_with_chat_template, start_server
+from ._serve import Server, demo_tp2_server, demo_with_chat_template
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -51,22 +51,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(ckpt: Path) -> Any:
-    srv = start_server(
-        [
-            "--model",
-            str(ckpt),
-            "--served-model-name",
-            "demo",
-            "--tp",
-            "2",
-            "--engine",
-            "none",
-            "--max-batch-size",
-            str(ROWS),
-            "--max-seq-len",
-            "256",
-        ]
-    )
+    srv = demo_tp2_server(ckpt, rows=ROWS, max_seq_len=256)
     yield srv
     srv.stop()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ._serve import Server, demo_with_chat_template, start_server
+from ._serve import Server, demo_tp2_server, demo_with_chat_template
 
 httpx = pytest.importorskip("httpx")
 
@@ -33,26 +33,7 @@ LONG = "A class definition defines a class object"  # greedy, it runs without an
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     ckpt = demo_with_chat_template(tmp_path_factory.mktemp("hostile") / "demo-chat")
-    srv = start_server(
-        [
-            "--model",
-            str(ckpt),
-            "--served-model-name",
-            "demo",
-            "--tp",
-            "2",
-            "--engine",
-            "none",
-            "--max-batch-size",
-            str(ROWS),
-            "--max-queue",
-            "32",
-            "--max-seq-len",
-            str(CACHE),
-            "--api-key",
-            KEY,
-        ]
-    )
+    srv = demo_tp2_server(ckpt, rows=ROWS, max_seq_len=CACHE, max_queue=32, key=KEY)
     yield srv
     srv.kill()
 

@@ -143,8 +143,9 @@ def _launch(config: RunConfig, verbose: int) -> int:
     world = config.parallel.world
     drain_dir = tempfile.mkdtemp(prefix="torchtrt-serve-")
     job = config.job
-    stop_timeout = job.stop_timeout if isinstance(job, ServeJob) else None
+    stop_timeout = None
     if isinstance(job, ServeJob):
+        stop_timeout = job.stop_timeout
         config = config.with_(job=replace(job, drain_dir=drain_dir))
     # the launcher's multiprocessing resource tracker would warn about the queues' semaphores
     # that drained ranks, ended by a signal, held

@@ -21,6 +21,7 @@ from torch_tensorrt_dist.validation import check_int, check_text
 
 __all__ = [
     "DEFAULT_STEP_TIMEOUT_S",
+    "DRAIN_GRACE_S",
     "MAX_DRAIN_S",
     "CompileJob",
     "EvalJob",
@@ -36,8 +37,11 @@ MAX_DRAIN_S = 300.0
 #: after a signal, a rank still warming up ends at the next graph: the one compiling then may
 #: take this long (Inductor, a loaded machine)
 WARMUP_STOP_S = 120.0
-#: ``serving.server.DEFAULT_STEP_TIMEOUT_S`` (that module needs the serve extra)
+#: A serving step that runs longer fails the server (well under the 10-minute collective
+#: timeout); ``serving.server`` takes it from here (this module needs no serve extra)
 DEFAULT_STEP_TIMEOUT_S = 60.0
+#: After a signal, a serving rank still running ``--drain-timeout`` + this ends itself
+DRAIN_GRACE_S = 2.0
 
 
 def collective_timeout_s() -> float:
@@ -96,9 +100,9 @@ class ServeJob:
     @property
     def stop_timeout(self) -> float:
         """Seconds the launcher lets the ranks end after a signal before it kills them: the
-        drain and each rank's grace after it (2 x ``serving.server.DRAIN_GRACE_S``), or the
-        graph a warming rank may be compiling (``WARMUP_STOP_S``), plus 10 s."""
-        return max(self.drain_timeout + 4.0, WARMUP_STOP_S) + 10.0
+        drain and each rank's grace after it (2 x ``DRAIN_GRACE_S``), or the graph a warming
+        rank may be compiling (``WARMUP_STOP_S``), plus 10 s."""
+        return max(self.drain_timeout + 2 * DRAIN_GRACE_S, WARMUP_STOP_S) + 10.0
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from torch_tensorrt_dist.config.jobs import DEFAULT_STEP_TIMEOUT_S, DRAIN_GRACE_S
 from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError, StepTimeoutError
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.generation.grammar import Grammars
@@ -63,10 +64,6 @@ logger = logging.getLogger(__name__)
 #: the loop waits for it until the HTTP thread's interval ends, and every other rank waits with
 #: it. 0.5 ms bounds that wait per handover.
 GIL_SWITCH_S = 5e-4
-#: A step that runs longer fails the server (well under the 10-minute collective timeout).
-DEFAULT_STEP_TIMEOUT_S = 60.0
-#: After a signal, a rank still running ``drain_timeout_s`` + this ends itself.
-DRAIN_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
