@@ -32,6 +32,7 @@ from torch_tensorrt_dist.generation.scheduler import Scheduler
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
+from torch_tensorrt_dist.models.weight_layout import column_major_linears
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -197,6 +198,8 @@ class Generator:
             blocks=max(2, blocks_for(self.cache_len, block_size)),  # tables have >= 2 blocks
             block_size=block_size,
         )
+        if engine == "inductor":  # CPU matmuls of few rows run faster on column-major weights
+            column_major_linears(model)
         if engine != "none":  # a handful of graphs (shape classes): let Dynamo keep them all
             limit = torch._dynamo.config.recompile_limit
             torch._dynamo.config.recompile_limit = max(limit, 16)

@@ -1,0 +1,54 @@
+"""The layout of linear weights for CPU matmuls: column-major, so small batches run faster.
+
+    changed = column_major_linears(model)   # before the step is compiled; shapes unchanged
+
+``F.linear(x, w)`` with ``w`` [out, in] multiplies ``x`` by ``w.t()``. Stored row-major (as
+loaded), ``w.t()`` is a transposed operand, and MKL's GEMM packs it on every call, which
+dominates when a step has few rows (a decode step: 1 to a few dozen). Stored column-major
+(strides ``(1, out)``: the same [out, in] tensor, the same values), ``w.t()`` is a plain
+row-major [in, out] matrix and nothing is packed. Measured on the serving benchmark's
+checkpoint (fp32, one thread, Inductor): a decode step of 1 row 3.88 -> 3.47 ms, of 8 rows
+8.26 -> 6.26 ms, the same logits.
+
+Only where it is known to hold: ``nn.Linear`` weights (and subclasses that call
+``F.linear``) that are plain floating-point CPU tensors. Quantized linears, embeddings, expert
+stacks, DTensor parameters and any weight on a GPU keep their layout. A model whose weights
+are then exported by value with fixed strides (AOTInductor packages that load their constants
+from a file) must not be changed: the compile-once artifacts use the eager engine and keep
+the layout of their weights file.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["column_major_linears", "is_column_major"]
+
+
+def is_column_major(w: torch.Tensor) -> bool:
+    """A 2-D tensor laid out column-major (``w.t()`` is contiguous)."""
+    return w.dim() == 2 and w.t().is_contiguous()
+
+
+def column_major_linears(model: nn.Module) -> int:
+    """Re-lay every eligible linear weight of ``model`` column-major, in place (the parameter
+    object and its shape stay; its storage is replaced); returns how many changed."""
+    changed = 0
+    for module in model.modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        w = module.weight
+        if (
+            type(w.data) is not torch.Tensor  # a DTensor, a quantized or fake tensor
+            or w.device.type != "cpu"
+            or not w.is_floating_point()
+            or w.dim() != 2
+            or min(w.shape) < 2  # one row or column: both layouts are one
+            or is_column_major(w)
+        ):
+            continue
+        with torch.no_grad():
+            w.data = w.data.t().contiguous().t()
+        changed += 1
+    return changed
