@@ -75,15 +75,17 @@ def step_inputs(
     nbp = max(2, *(-(-p // bs) for _, p, _ in rows))
     if r > limits.rows or s > limits.tokens or nbp > limits.blocks:
         raise ValueError(f"a step of {r} rows x {s} tokens x {nbp} blocks exceeds {limits}")
-    tokens = torch.zeros(r, s, dtype=torch.long)
-    past = torch.full((r, nbp), NULL_BLOCK, dtype=torch.long)
-    dest = torch.full((r, s), NULL_BLOCK, dtype=torch.long)
-    for i, (ids, p, blocks) in enumerate(rows):
-        n = len(ids)
-        tokens[i, :n] = torch.tensor(ids, dtype=torch.long)
+    # padded Python rows, then one tensor each: a few calls per step, not a few per row
+    tok_rows, past_rows, dest_rows = [], [], []
+    for ids, p, blocks in rows:
+        pad = s - len(ids)
         held = -(-p // bs)
-        past[i, :held] = torch.tensor(blocks[:held], dtype=torch.long)
-        dest[i, :n] = torch.tensor([blocks[(p + j) // bs] for j in range(n)], dtype=torch.long)
+        tok_rows.append([*ids, *[0] * pad])
+        past_rows.append([*blocks[:held], *[NULL_BLOCK] * (nbp - held)])
+        dest_rows.append([*(blocks[(p + j) // bs] for j in range(len(ids))), *[NULL_BLOCK] * pad])
+    tokens = torch.tensor(tok_rows, dtype=torch.long)
+    past = torch.tensor(past_rows, dtype=torch.long)
+    dest = torch.tensor(dest_rows, dtype=torch.long)
     start = torch.tensor([p for _, p, _ in rows], dtype=torch.long)
     last = torch.tensor([len(ids) - 1 for ids, _, _ in rows], dtype=torch.long)
     out = (tokens.to(device), start.to(device), last.to(device), past.to(device), dest.to(device))
