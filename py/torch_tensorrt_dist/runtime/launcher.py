@@ -54,6 +54,7 @@ from torch_tensorrt_dist.runtime.mpi import (
     run_mpirun,
 )
 from torch_tensorrt_dist.runtime.nccl_env import find_nccl_library, nccl_env_additions
+from torch_tensorrt_dist.runtime.ports import free_port
 from torch_tensorrt_dist.runtime.threads import cores_given
 from torch_tensorrt_dist.runtime.timeouts import TIMEOUT_ENV, resolve_timeout
 from torch_tensorrt_dist.runtime.torchrun_agent import (
@@ -126,13 +127,6 @@ class LaunchResult:
     @property
     def ok(self) -> bool:
         return self.returncode == 0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def build_torchrun_argv(

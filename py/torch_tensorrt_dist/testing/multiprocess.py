@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+
+from torch_tensorrt_dist.runtime.ports import free_port
 
 __all__ = ["RankFailure", "free_port", "run_on_ranks"]
 
@@ -28,12 +29,6 @@ class RankFailure(RuntimeError):
     def __init__(self, message: str, rank: int | None = None) -> None:
         super().__init__(message)
         self.rank = rank
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _worker(
