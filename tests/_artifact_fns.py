@@ -126,7 +126,10 @@ def load_and_generate(
     queued = [*prompts, [6, 6, 6]]  # more prompts than rows: the third waits for a row
     from_queued = gen.generate(queued, max_new_tokens=max_new).tokens
 
-    model = load_llama(ckpt, group=dist.group.WORLD, progress=False)
+    # the reference's collectives on a group of their own: the packages' run on WORLD, and the
+    # AOTInductor loader holds the GIL through a call, so a gloo thread still releasing a
+    # Python tensor of an earlier collective on WORLD would wait for it forever (Package)
+    model = load_llama(ckpt, group=dist.new_group(list(range(world))), progress=False)
     reference = Generator(model, kv_cache_memory=kv_memory(ckpt, world), **_generator_options())
     from_ckpt = reference.generate(prompts, max_new_tokens=max_new).tokens
     queued_ckpt = reference.generate(queued, max_new_tokens=max_new).tokens

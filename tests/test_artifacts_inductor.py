@@ -84,6 +84,30 @@ def test_loading_compiles_nothing(built: dict[str, Any]) -> None:
         assert r["load_s"] < 30 and r["first_s"] < 30  # generous: a loaded 2-core machine
 
 
+def test_loading_leaves_nothing_in_the_temporary_directory(
+    built: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from torch_tensorrt_dist.artifacts.inductor import Package
+
+    package = tmp_path / "step.pt2"
+    shutil.copy(built["out"] / "rank-0" / "step.pt2", package)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # where the loader would extract it
+    first = Package(package, torch.device("cpu"))
+    again = Package(package, torch.device("cpu"))
+    assert first.source == again.source == tmp_path / f"step.{sha256_file(package)[:16]}.d"
+    assert {p.name for p in tmp_path.iterdir()} == {"step.pt2", first.source.name, "tmp"}
+    assert list(scratch.iterdir()) == [] and first.constant_names() == again.constant_names()
+    # the check can fail: given the file itself, the loader extracts it there (and removes it
+    # only when destroyed, which a rank ending through os._exit never is)
+    raw = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+    assert len(list(scratch.iterdir())) == 1
+    del raw
+
+
 def test_manifest_records_layout_groups_and_files(built: dict[str, Any]) -> None:
     out: Path = built["out"]
     m = read_manifest(out)

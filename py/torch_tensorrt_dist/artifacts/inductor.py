@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from torch import Tensor, nn
 
 from torch_tensorrt_dist.artifacts.fingerprint import collective_schedule
 from torch_tensorrt_dist.artifacts.graphs import GraphEntry
-from torch_tensorrt_dist.artifacts.manifest import publish
+from torch_tensorrt_dist.artifacts.manifest import publish, sha256_file
 from torch_tensorrt_dist.errors import ArtifactError
 from torch_tensorrt_dist.models.llama import Transformer
 
@@ -43,6 +45,7 @@ __all__ = [
     "example_inputs",
     "export_step",
     "load_graphs",
+    "unpacked",
 ]
 
 logger = logging.getLogger(__name__)
@@ -196,18 +199,56 @@ def constants_of(model: Transformer) -> tuple[dict[str, Tensor], dict[str, list[
     return saved, state
 
 
+def unpacked(path: Path) -> Path | None:
+    """The package unzipped beside it (``<stem>.<sha256[:16]>.d``, made by the first load),
+    for the loader's directory mode; None where its folder cannot be written.
+
+    Given the ``.pt2`` file itself, the loader extracts it into a fresh folder under the
+    system's temporary directory on every load and removes it only when the loader is
+    destroyed, which a rank ending through ``os._exit`` never does: each start from artifacts
+    would leave a copy of every package behind. The name holds the package's hash, so a
+    package replaced in place is never served from its predecessor's folder."""
+    digest = sha256_file(path)[:16]
+    target = path.with_name(f"{path.stem}.{digest}.d")
+    if target.is_dir():
+        return target
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent))
+    except OSError:  # a read-only artifact directory: the loader extracts it itself
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.extractall(tmp)
+        os.rename(tmp, target)
+    except (OSError, zipfile.BadZipFile):  # a damaged file: the loader names what it finds
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not target.is_dir():  # not a rank that unpacked it first: give up the folder
+            return None
+    return target
+
+
 class Package:
     """One loaded AOTInductor package, called as a step: ``(*inputs) -> logits``.
 
     Uses the loader ``torch._inductor.aoti_load_package`` wraps (``torch._C._aoti``) directly:
     importing ``torch._inductor`` costs seconds that a cold start from artifacts should not
     pay. The step's inputs and its one output are flat tensors, so no call spec is needed.
+
+    The loader's binding holds the GIL for the whole call, collectives included. A gloo
+    thread of the package's process group that still holds a tensor Python has seen (an
+    earlier collective issued from Python on that group) needs the GIL to release it, and
+    the package's next collective waits behind it: a deadlock. Collectives from Python go on
+    other groups (the server's control group; a reference model's own group in the tests).
     """
 
     def __init__(self, path: Path, device: torch.device) -> None:
         index = device.index if device.type == "cuda" and device.index is not None else -1
         self.path = path
-        self._loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, index)
+        #: what the loader reads: the package unzipped beside it (see :func:`unpacked`)
+        self.source = unpacked(path) or path
+        self._loader = torch._C._aoti.AOTIModelPackageLoader(
+            str(self.source), "model", False, 1, index
+        )
 
     def constant_names(self) -> list[str]:
         return list(self._loader.get_constant_fqns())
