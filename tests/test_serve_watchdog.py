@@ -92,7 +92,7 @@ def test_a_stopped_rank_is_named_by_health_the_requests_and_the_launcher() -> No
         assert "rank 1 did not answer" in out["stream"]["error"]["message"]
         assert _gone(pids[0], 10)  # rank 0 ended itself; its main thread is still stuck
         os.kill(pids[1], signal.SIGCONT)  # the launcher's SIGTERM reaches it now
-        assert server.proc.wait(60) != 0
+        assert server.proc.wait(120) != 0  # the launcher ends rank 1 (slow on a busy machine)
         output = server.output()
         assert "rank 1: StepTimeoutError: step" in output
         assert re.search(r"rank 1 of 2 \(.*\) exited with code 1", output)
@@ -121,7 +121,7 @@ def test_sigterm_while_a_rank_hangs_stops_accepting_and_ends_rank_0_in_time() ->
         assert "rank 1 did not answer" in plain["error"]["message"]
         assert _gone(pids[0], DRAIN + 6) and time.monotonic() - start < DRAIN + 6
         os.kill(pids[1], signal.SIGCONT)
-        assert server.proc.wait(60) != 0
+        assert server.proc.wait(120) != 0  # the launcher ends rank 1 (slow on a busy machine)
     finally:
         server.kill()
 
