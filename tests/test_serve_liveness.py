@@ -148,6 +148,34 @@ def test_a_signal_is_seen_while_the_main_thread_is_stuck_in_native_code() -> Non
     assert proc.stdout.read().split() == ["seen", "15", "late"]
 
 
+def test_a_stuck_rank_past_its_deadline_ends_by_the_signal() -> None:
+    """What a rank other than 0 runs at its deadline (``server._end_by``, in the timer's
+    thread while the main thread is stuck): the process ends by the signal it got, which the
+    launcher does not blame (``signal.signal`` raises ValueError outside the main thread)."""
+    child = textwrap.dedent(
+        """
+        import ctypes
+        from torch_tensorrt_dist.serving.server import _end_by
+        from torch_tensorrt_dist.serving.signals import StopSignals
+        signals = StopSignals()
+        signals.deadline(0.3, lambda: _end_by(signals))
+        libc = ctypes.CDLL(None)
+        mutex = ctypes.create_string_buffer(64)
+        libc.pthread_mutex_lock(mutex)
+        print("stuck", flush=True)
+        libc.pthread_mutex_lock(mutex)  # never returns
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().strip() == "stuck"
+    proc.terminate()
+    assert proc.wait(20) == -15, proc.stderr.read()[-2000:]
+    assert "Traceback" not in proc.stderr.read()
+
+
 def test_connection_cap_and_raw_responses() -> None:
     assert connection_cap(20000) == 1024
     assert connection_cap(1024) == 1024 - 128

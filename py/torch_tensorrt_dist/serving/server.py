@@ -22,12 +22,14 @@ a rank still running ``drain_timeout_s + DRAIN_GRACE_S`` after it ends itself.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import re
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -312,8 +314,25 @@ def _end_by(signals: StopSignals) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    signal.signal(sig, signal.SIG_DFL)
+    default_action(sig)
     os.kill(os.getpid(), sig)
+
+
+def default_action(sig: int) -> None:
+    """Give ``sig`` its default action (ending the process) from any thread.
+
+    ``signal.signal`` works in the main thread only (ValueError elsewhere), and
+    :func:`_end_by` runs in the deadline's timer thread while the main thread is stuck in a
+    collective: there, the C library's ``signal`` does it (Python's own handler table is left
+    stale, which does not matter to a process about to end)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(sig, signal.SIG_DFL)
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    if libc.signal(int(sig), None) == ctypes.c_void_p(-1).value:  # SIG_ERR
+        os._exit(128 + int(sig))  # the exit status a shell gives a process ended by sig
 
 
 @contextlib.contextmanager
