@@ -26,6 +26,7 @@ DEV = [
     "httpx>=0.27",
     "pytest>=8",
     "pytest-timeout>=2.3",
+    "pytest-xdist>=3.6",  # the suite runs on two workers (pyproject.toml's addopts)
     "hypothesis>=6.100",
     "jsonschema>=4.20",  # structured output tests validate what was generated
     "ruff>=0.6",
