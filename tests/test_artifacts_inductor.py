@@ -108,6 +108,28 @@ def test_loading_leaves_nothing_in_the_temporary_directory(
     del raw
 
 
+def test_a_verified_hash_is_not_computed_again_to_name_the_folder(
+    built: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from torch_tensorrt_dist.artifacts import inductor
+
+    package = tmp_path / "step.pt2"
+    shutil.copy(built["out"] / "rank-0" / "step.pt2", package)
+    recorded = read_manifest(built["out"]).rank_entry(0).files["step"].sha256
+    assert recorded == sha256_file(package)
+
+    def no_second_read(path: Path, chunk: int = 0) -> str:
+        raise AssertionError(f"{path} hashed again")
+
+    monkeypatch.setattr(inductor, "sha256_file", no_second_read)
+    loaded = inductor.Package(package, torch.device("cpu"), recorded)
+    assert loaded.source == tmp_path / f"step.{recorded[:16]}.d"
+    with pytest.raises(AssertionError, match="hashed again"):  # without it, the file is read
+        inductor.Package(package, torch.device("cpu"))
+
+
 def test_manifest_records_layout_groups_and_files(built: dict[str, Any]) -> None:
     out: Path = built["out"]
     m = read_manifest(out)

@@ -199,7 +199,7 @@ def constants_of(model: Transformer) -> tuple[dict[str, Tensor], dict[str, list[
     return saved, state
 
 
-def unpacked(path: Path) -> Path | None:
+def unpacked(path: Path, sha256: str | None = None) -> Path | None:
     """The package unzipped beside it (``<stem>.<sha256[:16]>.d``, made by the first load),
     for the loader's directory mode; None where its folder cannot be written.
 
@@ -207,8 +207,9 @@ def unpacked(path: Path) -> Path | None:
     system's temporary directory on every load and removes it only when the loader is
     destroyed, which a rank ending through ``os._exit`` never does: each start from artifacts
     would leave a copy of every package behind. The name holds the package's hash, so a
-    package replaced in place is never served from its predecessor's folder."""
-    digest = sha256_file(path)[:16]
+    package replaced in place is never served from its predecessor's folder. ``sha256``: the
+    file's hash where the caller has just verified it (the manifest's entry), else computed."""
+    digest = (sha256 or sha256_file(path))[:16]
     target = path.with_name(f"{path.stem}.{digest}.d")
     if target.is_dir():
         return target
@@ -241,11 +242,11 @@ class Package:
     other groups (the server's control group; a reference model's own group in the tests).
     """
 
-    def __init__(self, path: Path, device: torch.device) -> None:
+    def __init__(self, path: Path, device: torch.device, sha256: str | None = None) -> None:
         index = device.index if device.type == "cuda" and device.index is not None else -1
         self.path = path
         #: what the loader reads: the package unzipped beside it (see :func:`unpacked`)
-        self.source = unpacked(path) or path
+        self.source = unpacked(path, sha256) or path
         self._loader = torch._C._aoti.AOTIModelPackageLoader(
             str(self.source), "model", False, 1, index
         )
@@ -266,13 +267,15 @@ def load_graphs(
     paths: Mapping[str, Path],
     constants: Mapping[str, Tensor],
     device: torch.device,
+    sha256: Mapping[str, str] | None = None,
 ) -> dict[str, StepFn]:
     """Load each package and hand it the shared constants (no copy: ``user_managed``); the
-    caller keeps ``constants`` alive as long as the graphs."""
+    caller keeps ``constants`` alive as long as the graphs. ``sha256``: each role's file hash
+    as the caller verified it (not hashed again to name its folder)."""
     graphs: dict[str, StepFn] = {}
     for role, path in paths.items():
         try:
-            package = Package(path, device)
+            package = Package(path, device, (sha256 or {}).get(role))
         except Exception as exc:  # torch raises RuntimeError or its own errors by version
             raise ArtifactError(
                 f"{path} ({role}) does not load with this torch ({type(exc).__name__}: {exc}); "

@@ -277,7 +277,9 @@ def _load_generator(
     paths = {g.role: opened.root / entry.files[g.role].path for g in manifest.graphs}
     from torch_tensorrt_dist.artifacts.inductor import load_graphs
 
-    graphs = load_graphs(paths, constants, dev)
+    # open_artifacts has just checked each file against these hashes: not read twice
+    digests = {g.role: entry.files[g.role].sha256 for g in manifest.graphs}
+    graphs = load_graphs(paths, constants, dev, digests)
     return ArtifactGenerator(
         manifest, graphs, device=dev, constants=constants, prefix_caching=prefix_caching
     )
