@@ -107,3 +107,22 @@ def test_a_request_that_is_not_http_gets_openai_400(http: HttpThread) -> None:
             s.sendall(junk + b"\r\n\r\n")
             assert "not valid HTTP/1.1" in _error(_read_all(s), 400)["message"]
     assert b'"ready"' in _get(http)
+
+
+def test_connections_send_without_nagles_delay(http: HttpThread) -> None:
+    # A response goes out in two writes (head, body); with Nagle's algorithm on, the second
+    # waits for the client's delayed ACK: about 40 ms on every request of a kept-alive
+    # connection (a socket made with protocol 0 did not get asyncio's TCP_NODELAY)
+    with _connect(http) as s:
+        for _ in range(2):
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = b""
+            while b'"ready"' not in data and (chunk := s.recv(4096)):
+                data += chunk
+            assert data.startswith(b"HTTP/1.1 200 ")
+        sockets = [
+            c.transport.get_extra_info("socket") for c in http.server.server_state.connections
+        ]
+        assert sockets and all(
+            sk.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for sk in sockets
+        )
