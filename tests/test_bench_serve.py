@@ -174,6 +174,7 @@ def test_serve_section_small_run() -> None:
     sizes = ServeSizes(
         clients=(1, 2),
         requests_per_client=1,
+        min_requests=1,
         max_tokens=4,
         burst_requests=4,
         burst_tokens=8,

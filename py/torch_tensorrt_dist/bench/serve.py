@@ -113,7 +113,7 @@ def _clients(url: str, model: str, sizes: ServeSizes) -> dict[int, ClientRun]:
                 url,
                 model,
                 PROMPTS,
-                requests=c * sizes.requests_per_client,
+                requests=max(c * sizes.requests_per_client, sizes.min_requests),
                 concurrency=c,
                 max_tokens=sizes.max_tokens,
             )
