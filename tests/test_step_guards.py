@@ -1,0 +1,59 @@
+"""The compiled step's guards (``generate.compile_step``): built to skip a module subtree whose
+dicts have not changed, without the flag leaking to other compiles, and still failing for a
+rebound weight."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch._dynamo import config as dynamo_config
+from torch._dynamo.utils import counters
+
+from torch_tensorrt_dist.generation.generate import (
+    compile_step,
+    decode_example,
+    paged_step,
+    setup_example,
+)
+from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+
+ARGS = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=128, vocab_size=96)
+
+
+def _model() -> Transformer:
+    torch.manual_seed(0)
+    model = Transformer(ARGS).eval()
+    setup_example(model, 1, 64)
+    return model
+
+
+def test_the_flag_holds_for_the_call_only_and_a_rebound_weight_is_seen() -> None:
+    torch._dynamo.reset()
+    model = _model()
+    reference = _model()  # the same weights, run in plain PyTorch
+    inputs = decode_example(1)
+    step, eager = compile_step(paged_step(model), "eager"), paged_step(reference)
+    with torch.no_grad():
+        torch.testing.assert_close(step(*inputs), eager(*inputs))
+        assert dynamo_config.use_recursive_dict_tags_for_guards is False  # not left on
+        frames = counters["stats"]["unique_graphs"]
+        step(*inputs)
+        assert counters["stats"]["unique_graphs"] == frames  # the guards pass: no recompile
+
+        # a weight rebound to another tensor (the module's dict changes): the call sees it
+        new = torch.randn_like(model.layers[0].attention.wq.weight)
+        model.layers[0].attention.wq.weight = nn.Parameter(new)
+        reference.layers[0].attention.wq.weight = nn.Parameter(new.clone())
+        torch.testing.assert_close(step(*inputs), eager(*inputs))
+
+        # rebound to another dtype: the guard fails and the step recompiles
+        model.layers[1].feed_forward.w2.weight = nn.Parameter(
+            model.layers[1].feed_forward.w2.weight.double()
+        )
+        before = counters["stats"]["unique_graphs"]
+        with contextlib.suppress(RuntimeError):  # a mixed-dtype matmul may refuse
+            step(*inputs)
+        assert counters["stats"]["unique_graphs"] > before
+    torch._dynamo.reset()
