@@ -95,7 +95,9 @@ def test_a_stopped_rank_is_named_by_health_the_requests_and_the_launcher() -> No
         assert server.proc.wait(120) != 0  # the launcher ends rank 1 (slow on a busy machine)
         output = server.output()
         assert "rank 1: StepTimeoutError: step" in output
-        assert re.search(r"rank 1 of 2 \(.*\) exited with code 1", output)
+        # rank 1 ends by its own error, or, when its way out outlasts its drain deadline (a
+        # busy machine), by the launcher's signal (server._end_by): the launcher names it
+        assert re.search(r"rank 1 of 2 \(.*\) (exited with code 1|was killed by SIGTERM)", output)
     finally:
         server.kill()
 
