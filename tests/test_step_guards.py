@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 from torch import nn
 from torch._dynamo import config as dynamo_config
@@ -29,7 +30,18 @@ def _model() -> Transformer:
     return model
 
 
-def test_the_flag_holds_for_the_call_only_and_a_rebound_weight_is_seen() -> None:
+def test_the_flag_holds_for_the_call_only_and_a_rebound_weight_is_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch._dynamo.guards import GuardManagerWrapper
+
+    searched: list[object] = []  # Dynamo looks for tag-safe subtrees only with the flag on
+    find = GuardManagerWrapper.find_tag_safe_roots
+    monkeypatch.setattr(
+        GuardManagerWrapper,
+        "find_tag_safe_roots",
+        lambda self: (searched.append(self), find(self))[1],
+    )
     torch._dynamo.reset()
     model = _model()
     reference = _model()  # the same weights, run in plain PyTorch
@@ -37,6 +49,7 @@ def test_the_flag_holds_for_the_call_only_and_a_rebound_weight_is_seen() -> None
     step, eager = compile_step(paged_step(model), "eager"), paged_step(reference)
     with torch.no_grad():
         torch.testing.assert_close(step(*inputs), eager(*inputs))
+        assert searched  # the graph's guards were built with the flag on
         assert dynamo_config.use_recursive_dict_tags_for_guards is False  # not left on
         frames = counters["stats"]["unique_graphs"]
         step(*inputs)
