@@ -44,9 +44,17 @@ def fresh(server: Server) -> str:
     return str(_post(server, PLAIN).json()["choices"][0]["text"])
 
 
-def _post(server: Server, body: Any, path: str = "completions", **kw: Any) -> Any:
-    headers = {"Authorization": f"Bearer {KEY}"}
-    return httpx.post(f"{server.url}/v1/{path}", json=body, headers=headers, timeout=60, **kw)
+def _post(
+    server: Server,
+    body: Any,
+    path: str = "completions",
+    extra: dict[str, str] | None = None,
+    **kw: Any,
+) -> Any:
+    headers = {"Authorization": f"Bearer {KEY}", **(extra or {})}
+    if body is not None:
+        kw["json"] = body
+    return httpx.post(f"{server.url}/v1/{path}", headers=headers, timeout=60, **kw)
 
 
 def _metric(server: Server, name: str) -> float:
@@ -317,7 +325,14 @@ def _stream_text(server: Server, body: dict[str, Any] = PLAIN) -> str:
 def test_big_inputs_never_delay_another_stream(server: Server) -> None:
     """A 5 MB prompt (413 before a byte is read), 5 MB of chat messages (413), a prompt
     at the character limit that the tokenizer takes (400: too many tokens) and 200,000
-    messages while a stream runs: no gap between its pieces reaches 1 s."""
+    messages while a stream runs: no gap between its pieces reaches 2.5 s.
+
+    The wrong ways cost more than that here: tokenizing the 5 MB prompt on the event loop
+    takes 5.7 s with the demo tokenizer, rendering the 200,000 messages' chat template 2.2 s
+    and tokenizing its 3.2 MB about 4 s more. The bound is not tighter because a healthy
+    stream's gap has reached 1.03 s here under the suite's two workers (CI, two cores): the
+    other worker's processes took the cores. The bodies are encoded before the stream
+    starts, so the test's own JSON encoding (0.14 s for the 200,000 messages) holds no gap."""
     gaps: list[float] = []
     done = threading.Event()
 
@@ -335,23 +350,28 @@ def test_big_inputs_never_delay_another_stream(server: Server) -> None:
                 last = now
         done.set()
 
+    bodies = [
+        (json.dumps(body).encode(), path)
+        for body, path in (
+            ({"prompt": "a" * 5_000_000}, "completions"),
+            ({"messages": [{"role": "user", "content": "b" * 5_000_000}]}, "chat/completions"),
+            ({"prompt": "word " * 1600}, "completions"),
+            ({"messages": [{"role": "user", "content": "hi"}] * 200_000}, "chat/completions"),
+        )
+    ]
     t = threading.Thread(target=stream)
     t.start()
     time.sleep(0.5)
     statuses = []
-    for body, path in (
-        ({"prompt": "a" * 5_000_000}, "completions"),
-        ({"messages": [{"role": "user", "content": "b" * 5_000_000}]}, "chat/completions"),
-        ({"prompt": "word " * 1600}, "completions"),
-        ({"messages": [{"role": "user", "content": "hi"}] * 200_000}, "chat/completions"),
-    ):
+    headers = {"Content-Type": "application/json"}
+    for content, path in bodies:
         try:
-            statuses.append(_post(server, body, path).status_code)
+            statuses.append(_post(server, None, path, content=content, extra=headers).status_code)
         except httpx.TransportError:  # the server answered 413 and closed before the upload
             statuses.append(413)
     t.join(60)
     assert done.is_set() and statuses == [413, 413, 400, 413]
-    assert max(gaps) < 1.0, f"a stream stalled {max(gaps):.2f} s"
+    assert max(gaps) < 2.5, f"a stream stalled {max(gaps):.2f} s"
 
 
 def test_a_non_streamed_client_that_leaves_frees_its_row_at_once(server: Server) -> None:
