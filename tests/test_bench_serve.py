@@ -12,7 +12,12 @@ from torch_tensorrt_dist.bench import QUICK_SECTIONS, SECTIONS
 from torch_tensorrt_dist.bench.serve import our_server_args, warmup_seconds
 from torch_tensorrt_dist.bench.serve_checkpoint import CHECKPOINT
 from torch_tensorrt_dist.bench.serve_hf import HF_READY, hf_serve_command
-from torch_tensorrt_dist.bench.serve_report import ServeMeasured, ServeSizes, serve_report
+from torch_tensorrt_dist.bench.serve_report import (
+    ServeMeasured,
+    ServeSizes,
+    ThreadCPU,
+    serve_report,
+)
 from torch_tensorrt_dist.bench.serve_scenarios import Join, random_ids
 from torch_tensorrt_dist.bench.serve_step import kv_bytes_per_live_token
 from torch_tensorrt_dist.bench.serve_streams import (
@@ -121,6 +126,8 @@ def _measured(hf_scale: float) -> ServeMeasured:
     ours[1] = ClientRun(0.5, [one, one])
     return ServeMeasured(
         ours=[ours, ours],
+        # round 1: the step thread busy 0.45 s of C = 1's 0.5 s; 0.002 s of HTTP for 20 tokens
+        threads=[{1: ThreadCPU(0.45, 0.002), 8: ThreadCPU(0.9, 0.016)}, {}],
         hf=runs(hf_scale) if hf_scale else {},
         hf_reason="" if hf_scale else "transformers serve did not run: why",
         warmup_s=(100.0, 20.0),
@@ -155,6 +162,13 @@ def test_report_names_goals_and_judges_them() -> None:
     assert cached.value == 1488 and cached.met is True and cached.goal.startswith(">= 1488")
     ttft = figs["time to first token p50 / p99, C = 8"]
     assert ttft.met is True and "transformers serve 100 ms" in ttft.note
+    # C = 8: 0.9 s of 1 s, and 0.016 s over 80 tokens; C = 32 and round 2 have no CPU figures
+    threads = figs[
+        "ours, round 1: step thread's share of a core; HTTP thread's CPU per output token, "
+        "C = 1 / 8"
+    ]
+    assert threads.value == "0.90 / 0.90; 100 / 200 us" and threads.met is None
+    assert not any(k.startswith("ours, round 2: step thread") for k in figs)
     assert all(f.goal for f in figs.values() if f.met is not None)
 
 
@@ -194,8 +208,10 @@ def test_serve_section_small_run() -> None:
     )
     figs = {f.name: f for f in serve_figures(sizes)}
     assert figs["its cached prompt tokens (usage.prompt_tokens_details)"].value == 48
-    rounds = [f for n, f in figs.items() if n.startswith("ours, round")]
+    rounds = [f for n, f in figs.items() if n.startswith("ours, round") and "tok/s" in n]
     assert len(rounds) == 2 and all(f.value.count("/") == 1 for f in rounds)
+    threads = [f for n, f in figs.items() if n.startswith("ours, round") and "thread" in n]
+    assert len(threads) == 2 and all(f.value.endswith(" us") for f in threads)
     hf = figs["transformers serve --continuous-batching: output tok/s, C = 1 / 2"]
     assert hf.value == "skipped" and "baseline off" in hf.note
     for name in (

@@ -329,6 +329,21 @@ def test_metrics(server: Server) -> None:
     assert _metric(server, "torchtrt_control_latency_seconds") > 0  # measured at TP 2
 
 
+def test_the_step_and_http_threads_cpu_is_reported(server: Server) -> None:
+    step, http = (f'torchtrt_thread_cpu_seconds_total{{thread="{t}"}}' for t in ("step", "http"))
+    before = _metric(server, step)
+    res = _post(server, {"prompt": "The return statement", "max_tokens": 32, "temperature": 0})
+    assert res.status_code == 200
+    # 32 decode steps of the eager TP 2 graph: well over a clock tick of the step thread
+    assert _metric(server, step) > before > 0
+    for _ in range(100):  # the HTTP thread's time shows once it reaches a clock tick (10 ms)
+        if _metric(server, http) > 0:
+            break
+        res = httpx.get(f"{server.url}/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+        assert res.status_code == 200
+    assert _metric(server, http) > 0
+
+
 def test_sigterm_drains_running_requests_and_exits_0(server: Server) -> None:
     """Last: the server stops. A request running at SIGTERM finishes; new ones get 503."""
     result: dict[str, Any] = {}

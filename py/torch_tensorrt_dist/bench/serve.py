@@ -41,7 +41,12 @@ from torch_tensorrt_dist.bench.serve_hf import (
     hf_serve_unavailable,
 )
 from torch_tensorrt_dist.bench.serve_load import ServerProcess
-from torch_tensorrt_dist.bench.serve_report import ServeMeasured, ServeSizes, serve_report
+from torch_tensorrt_dist.bench.serve_report import (
+    ServeMeasured,
+    ServeSizes,
+    ThreadCPU,
+    serve_report,
+)
 from torch_tensorrt_dist.bench.serve_scenarios import join_during_streams, random_ids, shared_prefix
 from torch_tensorrt_dist.bench.serve_streams import ClientRun, run_clients
 from torch_tensorrt_dist.errors import ConfigError
@@ -103,11 +108,16 @@ def warmup_seconds(output: str) -> float:
     return float(match.group(1))
 
 
-def _clients(url: str, model: str, sizes: ServeSizes) -> dict[int, ClientRun]:
-    runs = {}
+def _clients(
+    url: str, model: str, sizes: ServeSizes, server: ServerProcess | None = None
+) -> tuple[dict[int, ClientRun], dict[int, ThreadCPU]]:
+    """Each client count's timed round; with ``server`` (ours), also the CPU its rank 0's step
+    and HTTP threads used over each round (``/metrics``)."""
+    runs, cpu = {}, {}
     for c in sizes.clients:
         # a short round first: the connections are open and the prompts seen before timing
         _run(run_clients(url, model, PROMPTS, requests=c, concurrency=c, max_tokens=2))
+        before = _thread_cpu(server)
         runs[c] = _run(
             run_clients(
                 url,
@@ -118,7 +128,21 @@ def _clients(url: str, model: str, sizes: ServeSizes) -> dict[int, ClientRun]:
                 max_tokens=sizes.max_tokens,
             )
         )
-    return runs
+        after = _thread_cpu(server)
+        if before is not None and after is not None:
+            cpu[c] = ThreadCPU(after[0] - before[0], after[1] - before[1])
+    return runs, cpu
+
+
+def _thread_cpu(server: ServerProcess | None) -> tuple[float, float] | None:
+    """CPU seconds of rank 0's step and HTTP threads so far (None: not reported there)."""
+    if server is None:
+        return None
+    values = server.metrics()
+    keys = [f'torchtrt_thread_cpu_seconds_total{{thread="{t}"}}' for t in ("step", "http")]
+    if not all(k in values for k in keys):
+        return None
+    return values[keys[0]], values[keys[1]]
 
 
 def _scenarios(url: str, sizes: ServeSizes, vocab: int, special: list[int]) -> dict[str, Any]:
@@ -176,7 +200,9 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
         logger.info("serve bench: our server, cold")
         with ServerProcess(server_args, env=cache) as ours:
             cold = warmup_seconds(ours.output())
-            m.ours.append(_clients(ours.url, MODEL, s))
+            runs, cpu = _clients(ours.url, MODEL, s, ours)
+            m.ours.append(runs)
+            m.threads.append(cpu)
 
         m.hf_reason = "" if s.baseline else "not run (baseline off)"
         m.hf_reason = m.hf_reason or hf_serve_unavailable()
@@ -191,14 +217,16 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
             )
             try:
                 with hf:
-                    m.hf = _clients(hf.url, str(path), s)
+                    m.hf = _clients(hf.url, str(path), s)[0]
             except ConfigError as exc:  # it did not start: say why, keep our figures
                 m.hf_reason = f"transformers serve did not run: {str(exc)[-600:]}"
 
         logger.info("serve bench: our server, warm")
         with ServerProcess(server_args, env=cache) as ours:
             warm = warmup_seconds(ours.output())
-            m.ours.append(_clients(ours.url, MODEL, s))
+            runs, cpu = _clients(ours.url, MODEL, s, ours)
+            m.ours.append(runs)
+            m.threads.append(cpu)
             scenes = _scenarios(ours.url, s, args.vocab_size, special)
         m.warmup_s = (cold, warm)
         m.burst, m.join, m.prefix = scenes["burst"], scenes["join"], scenes["prefix"]

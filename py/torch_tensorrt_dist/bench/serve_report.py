@@ -18,7 +18,7 @@ from torch_tensorrt_dist.bench.serve_scenarios import Join
 from torch_tensorrt_dist.bench.serve_streams import ClientRun, Stream, slowest_ttft_share
 from torch_tensorrt_dist.errors import ConfigError
 
-__all__ = ["SECTION", "ServeMeasured", "ServeSizes", "serve_report"]
+__all__ = ["SECTION", "ServeMeasured", "ServeSizes", "ThreadCPU", "serve_report"]
 
 SECTION = "serve (CPU, TP 1, bench checkpoint)"
 #: issue 27's cold warm-up at TP 1 before the paged step (every prefill bucket compiled)
@@ -109,12 +109,22 @@ class ServeSizes:
                 raise ConfigError(f"serve bench sizes: {what} needs {need} tokens, has {have}")
 
 
+@dataclass(frozen=True)
+class ThreadCPU:
+    """CPU seconds rank 0's step thread and HTTP thread used over one timed round."""
+
+    step_s: float
+    http_s: float
+
+
 @dataclass
 class ServeMeasured:
     """What one run of the section measured (seconds unless named otherwise)."""
 
     ours: list[dict[int, ClientRun]]
     """Our server's rounds (cold start, then warm), by concurrent clients."""
+    threads: list[dict[int, ThreadCPU]] = field(default_factory=list)
+    """Per round of ours, by concurrent clients: its rank 0 threads' CPU over that round."""
     hf: dict[int, ClientRun] = field(default_factory=dict)
     hf_reason: str = ""
     """Why ``transformers serve`` gave no figures ("" when it did)."""
@@ -193,6 +203,30 @@ def _client_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
             met=all(judged) if judged else None,
         ),
     ]
+
+
+def _thread_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
+    """Where our rounds' CPU went: the step thread's share of a core, the HTTP thread's CPU
+    per output token (no goal: they say what limits the rate, ``docs/performance.md``)."""
+    figs = []
+    for i, (runs, cpu) in enumerate(zip(m.ours, m.threads)):
+        cs = [c for c in s.clients if c in cpu and c in runs and runs[c].wall_s > 0]
+        if not cs:
+            continue
+        share = " / ".join(f"{cpu[c].step_s / runs[c].wall_s:.2f}" for c in cs)
+        per_token = " / ".join(f"{1e6 * cpu[c].http_s / max(runs[c].tokens, 1):.0f}" for c in cs)
+        figs.append(
+            Figure(
+                SECTION,
+                f"ours, round {i + 1}: step thread's share of a core; HTTP thread's CPU per "
+                f"output token, C = {' / '.join(str(c) for c in cs)}",
+                f"{share}; {per_token} us",
+                note="rank 0's threads (/metrics: torchtrt_thread_cpu_seconds_total) over the "
+                "timed round; a step thread short of a core while rows run waits (the GIL, "
+                "the CPU)",
+            )
+        )
+    return figs
 
 
 def _latency_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
@@ -341,6 +375,7 @@ def serve_report(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
     """The section's figures, in the order of the issues' goals."""
     figs = (
         _client_figures(m, s)
+        + _thread_figures(m, s)
         + _latency_figures(m, s)
         + _step_figures(m, s)
         + _prefill_figures(m, s)

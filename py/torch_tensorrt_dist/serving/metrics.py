@@ -3,10 +3,15 @@
 Requests by status, prompt and generated tokens, queue depth, running and waiting requests, KV
 blocks (used, cached, free), preemptions, prefix-cache hits, time to first token, inter-token
 latency, step time and the control channel's time per step (rank 0's exchange, and the one-way
-latency measured at warm-up).
+latency measured at warm-up), and the CPU time of rank 0's step and HTTP threads (Linux: read
+from ``/proc/self/task`` at each scrape).
 """
 
 from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -15,14 +20,59 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from torch_tensorrt_dist.serving.bridge import Submission
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["CONTENT_TYPE", "Metrics", "ThreadCPUMetric", "thread_cpu_seconds"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _FAST = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1)
+
+
+def thread_cpu_seconds(native_id: int) -> float | None:
+    """CPU seconds (user + system) thread ``native_id`` of this process has used; None where
+    it has ended or ``/proc`` does not exist (not Linux)."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the fields after the command name (which may hold spaces and parentheses): state is 3,
+    # utime 14 and stime 15 of proc(5)'s numbering
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ThreadCPUMetric:
+    """A collector: ``<prefix>_thread_cpu_seconds_total{thread=...}`` for the threads named
+    with :meth:`track` (rank 0's step loop and HTTP thread). Their share of a core over an
+    interval says which one limits the server; a step thread short of a whole core while
+    rows run is waiting: for the GIL (which the two share), the CPU, or the other ranks
+    (``docs/performance.md``)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.name = f"{prefix}_thread_cpu_seconds"
+        self._threads: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def track(self, name: str, native_id: int) -> None:
+        """Report thread ``native_id`` (``threading.get_native_id()``) as ``name``."""
+        with self._lock:
+            self._threads[name] = native_id
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            self.name, "CPU time of a thread of rank 0 (user + system)", labels=["thread"]
+        )
+        with self._lock:
+            threads = list(self._threads.items())
+        for name, tid in threads:
+            seconds = thread_cpu_seconds(tid)
+            if seconds is not None:
+                family.add_metric([name], seconds)
+        yield family
 
 
 class Metrics:
@@ -89,6 +139,8 @@ class Metrics:
             "One-way latency of a control header (measured at warm-up)",
             registry=r,
         )
+        self.threads = ThreadCPUMetric(p)
+        r.register(self.threads)
 
     def set_total(self, counter: Counter, total: float) -> None:
         """Advance ``counter`` to ``total`` (a running total kept elsewhere)."""

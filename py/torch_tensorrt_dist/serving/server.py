@@ -201,6 +201,9 @@ def _lead(
     app = create_app(model, inbox, state, metrics, api_key=config.api_key)
     http = HttpThread(app, sock or bind_socket(config.host, config.port))
     http.start()
+    if http.thread.native_id is not None:  # set once the thread has started
+        metrics.threads.track("http", http.thread.native_id)
+    metrics.threads.track("step", threading.get_native_id())  # this thread runs the loop
     signals.on_signal(lambda _: state.set("draining"))
 
     def stop_now(reason: str, verdict: Verdict | None) -> None:
