@@ -222,8 +222,8 @@ def _thread_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
                 f"output token, C = {' / '.join(str(c) for c in cs)}",
                 f"{share}; {per_token} us",
                 note="rank 0's threads (/metrics: torchtrt_thread_cpu_seconds_total) over the "
-                "timed round; a step thread short of a core while rows run waits (the GIL, "
-                "the CPU)",
+                "timed round, in clock ticks (10 ms: a short round's figure is coarse); a step "
+                "thread short of a core while rows run waits (the GIL, the CPU)",
             )
         )
     return figs
