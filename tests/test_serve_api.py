@@ -303,6 +303,10 @@ def test_a_shared_prefix_is_reported_cached_and_changes_no_token(client: Any) ->
 
 
 def test_metrics(server: Server) -> None:
+    # a step has run (the KV gauges are set at the first one) and a request was refused, also
+    # when this test runs alone
+    assert _post(server, {"prompt": "x", "max_tokens": 1}).status_code == 200
+    assert _post(server, {"prompt": "x", "max_tokens": -1}).status_code == 400
     text = httpx.get(f"{server.url}/metrics").text
     for name in (
         "torchtrt_requests_total",
