@@ -38,11 +38,17 @@ logger = logging.getLogger(__name__)
 _ZOMBIE_WAIT_S = 0.5
 
 
+def proc_stat_fields(text: str) -> list[str]:
+    """The fields of a ``/proc/<pid>/stat`` (or ``/proc/self/task/<tid>/stat``) text after the
+    command name, from the state (proc(5)'s field 3) on (pure; [] for a text without one)."""
+    end = text.rfind(")")  # the command name (field 2) may hold spaces and parentheses
+    return text[end + 2 :].split() if end >= 0 else []
+
+
 def parse_proc_stat(text: str) -> tuple[str, int] | None:
     """``(state, wait status)`` from the text of ``/proc/<pid>/stat`` (pure); the wait status
     (field 52, Linux 3.5 and later) is the process's exit status once it is a zombie."""
-    end = text.rfind(")")  # the command name (field 2) may hold spaces and parentheses
-    fields = text[end + 2 :].split() if end >= 0 else []
+    fields = proc_stat_fields(text)
     if len(fields) < 50:
         return None
     try:

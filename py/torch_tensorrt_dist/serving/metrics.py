@@ -22,6 +22,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from torch_tensorrt_dist.runtime.exit_watch import proc_stat_fields
 from torch_tensorrt_dist.serving.bridge import Submission
 
 __all__ = ["CONTENT_TYPE", "Metrics", "ThreadCPUMetric", "thread_cpu_seconds"]
@@ -35,13 +36,11 @@ def thread_cpu_seconds(native_id: int) -> float | None:
     """CPU seconds (user + system) thread ``native_id`` of this process has used; None where
     it has ended or ``/proc`` does not exist (not Linux)."""
     try:
-        with open(f"/proc/self/task/{native_id}/stat", "rb") as f:
-            stat = f.read()
+        with open(f"/proc/self/task/{native_id}/stat") as f:
+            fields = proc_stat_fields(f.read())
     except OSError:
         return None
-    # the fields after the command name (which may hold spaces and parentheses): state is 3,
-    # utime 14 and stime 15 of proc(5)'s numbering
-    fields = stat[stat.rindex(b")") + 2 :].split()
+    # from the state (proc(5)'s field 3): utime is field 14, stime 15
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
