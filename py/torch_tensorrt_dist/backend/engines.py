@@ -36,12 +36,10 @@ def build_engine(
     if settings.engine == "inductor":
         from torch._inductor.compile_fx import compile_fx_inner
 
-        from torch_tensorrt_dist.backend.kernel_gil import kernels_release_gil
         from torch_tensorrt_dist.lowering.flex_inputs import contiguous_flex_inputs
 
         contiguous_flex_inputs(gm)  # a torch 2.14 bug of CPU flex attention (see the module)
-        with kernels_release_gil():  # other threads run while a kernel does (see the module)
-            return compile_fx_inner(gm, example_inputs)
+        return compile_fx_inner(gm, example_inputs)
     if settings.engine == "tensorrt":
         return _tensorrt_module().compile_tensorrt(gm, example_inputs, settings)
     raise AssertionError(f"unreachable: engine {settings.engine!r} passed validation")
