@@ -179,6 +179,7 @@ def torch_tensorrt_dist_backend(
     resolve = _resolver(gm)
     recorded = bool(_recorders)
     trt_freeze = settings.engine == "tensorrt"
+    gemm_freeze = settings.cpu_gemm == "template"  # engine inductor (settings check it)
 
     def fw_compiler(aten_gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., Any]:
         # TensorRT dequantizes constant weights only, and IMoELayer takes constant experts:
@@ -190,6 +191,10 @@ def torch_tensorrt_dist_backend(
 
             experts = frozen_expert_inputs(aten_gm)
             keep = freeze_inputs(aten_gm, inputs, example_inputs, also=experts)
+        elif gemm_freeze:  # the template takes constant weights only (backend/cpu_gemm.py)
+            from torch_tensorrt_dist.backend.cpu_gemm import gemm_weights
+
+            keep = freeze_inputs(aten_gm, inputs, example_inputs, also=gemm_weights(example_inputs))
         inputs = inputs if keep is None else [inputs[i] for i in keep]
         report = lower_graph(aten_gm, settings, resolve)
         logger.info(

@@ -12,6 +12,7 @@ from torch_tensorrt_dist.validation import check_known_options
 
 __all__ = [
     "COLLECTIVE_IMPLS",
+    "CPU_GEMMS",
     "ENGINES",
     "ENV_COLLECTIVE_IMPL",
     "CompileSettings",
@@ -20,6 +21,7 @@ __all__ = [
 
 ENGINES = ("tensorrt", "inductor", "eager")
 COLLECTIVE_IMPLS = ("auto", "native", "plugin", "torch_nccl")
+CPU_GEMMS = ("aten", "template")
 #: overrides ``collective_impl`` when set (the settings value wins if given explicitly)
 ENV_COLLECTIVE_IMPL = "TORCH_TENSORRT_DIST_COLLECTIVE_IMPL"
 
@@ -55,6 +57,11 @@ class CompileSettings:
     #: Torch-TensorRT ``CompilationSettings`` fields (e.g. ``use_fp32_acc``, ``workspace_size``,
     #: ``cache_built_engines``); an unknown key is a ConfigError listing the valid ones
     torch_tensorrt_options: Mapping[str, Any] = field(default_factory=dict)
+    #: the Inductor engine's matrix products on CPU: ``aten`` (ATen's, MKL) or ``template``
+    #: (Inductor's C++ GEMM template over the graph's 2-D float parameters made constants and
+    #: packed at compile time: ``backend/cpu_gemm.py``; the decode step of the bench checkpoint
+    #: 2.0-2.5x faster at 1 row, 1.27x at 8; longer compiles, a packed copy of each weight)
+    cpu_gemm: str = "aten"
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -63,6 +70,13 @@ class CompileSettings:
             raise ConfigError(
                 f"collective_impl={self.collective_impl!r} is not one of "
                 f"{', '.join(COLLECTIVE_IMPLS)}"
+            )
+        if self.cpu_gemm not in CPU_GEMMS:
+            raise ConfigError(f"cpu_gemm={self.cpu_gemm!r} is not one of {', '.join(CPU_GEMMS)}")
+        if self.cpu_gemm != "aten" and self.engine != "inductor":
+            raise ConfigError(
+                f"cpu_gemm={self.cpu_gemm!r} applies to engine='inductor' only (engine="
+                f"{self.engine!r}); leave it at 'aten'"
             )
         if self.schedule_timeout_s <= 0:
             raise ConfigError(f"schedule_timeout_s must be > 0, got {self.schedule_timeout_s}")

@@ -46,6 +46,7 @@ _ABSENT: dict[str, Any] = {
     "ep": 1,
     "split": None,
     "verify": None,
+    "cpu_gemm": "aten",
     "max_batch_size": None,
     "max_seq_len": None,
     "kv_cache_memory": None,
@@ -130,7 +131,7 @@ def add_engine(
     default: str = "eager",
     verify: bool = True,
 ) -> None:
-    """``--engine`` (and ``--verify``)."""
+    """``--engine`` (and ``--verify``, ``--cpu-gemm``)."""
     p.add_argument(
         "--engine",
         choices=choices,
@@ -139,8 +140,16 @@ def add_engine(
         f"no torch.compile); default {default}",
     )
     if not verify:
-        absent(p, "verify")
+        absent(p, "verify", "cpu_gemm")
         return
+    p.add_argument(
+        "--cpu-gemm",
+        choices=("aten", "template"),
+        default="aten",
+        help="--engine inductor's matrix products on CPU: aten (MKL) or template (Inductor's "
+        "C++ GEMM template over the weights packed at compile time: faster steps, 3-6x longer "
+        "compiles, a packed copy of each weight; docs/performance.md); default aten",
+    )
     p.add_argument(
         "--verify",
         action=argparse.BooleanOptionalAction,
@@ -268,6 +277,7 @@ def run_config(ns: argparse.Namespace, job: Job) -> RunConfig:
         job,
         engine=ns.engine,
         verify=ns.verify,
+        cpu_gemm=ns.cpu_gemm,
         quantize=quant_config(ns.quantize, ns.group_size, ns.quantize_embeddings),
         cache=cache,
         threads=ns.threads,

@@ -194,6 +194,8 @@ class RunConfig:
     engine: str = "eager"
     verify: bool | None = None
     """Check each compiled graph's first call against eager (None: on for tensorrt only)."""
+    cpu_gemm: str = "aten"
+    """``--cpu-gemm``: the Inductor engine's matrix products (``backend/cpu_gemm.py``)."""
     quantize: QuantConfig | None = None
     cache: CacheOptions = field(default_factory=CacheOptions)
     threads: int | None = None
@@ -208,6 +210,17 @@ class RunConfig:
             raise ConfigError(f"--engine {self.engine!r} is not one of {', '.join(ENGINES)}")
         if self.verify and self.engine == "none":
             raise ConfigError("--verify checks a compiled engine; --engine none compiles nothing")
+        if self.cpu_gemm not in ("aten", "template"):
+            raise ConfigError(f"--cpu-gemm {self.cpu_gemm!r} is not one of aten, template")
+        if self.cpu_gemm == "template" and self.engine != "inductor":
+            raise ConfigError(
+                f"--cpu-gemm template applies to --engine inductor only (--engine {self.engine})"
+            )
+        if self.cpu_gemm == "template" and self.model.artifacts:
+            raise ConfigError(
+                "--cpu-gemm template compiles a checkpoint's graphs; --artifacts runs graphs "
+                "compiled already (their GEMMs are fixed by `torchtrt-dist compile`)"
+            )
         if self.threads is not None:
             check_int(self.threads, name="--threads", low=1)
 

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -103,12 +103,13 @@ def prefill_example(
     )
 
 
-def compile_step(fn: F, engine: str, *, verify: bool | None = None) -> F:
+def compile_step(fn: F, engine: str, *, verify: bool | None = None, cpu_gemm: str = "aten") -> F:
     """``fn`` compiled by the given engine: one graph per rank and input shape class, with
     the dimensions its inputs mark dynamic (``step_inputs.mark_step_dims``) left symbolic.
 
     ``verify``: check the first call of each graph against its eager reference (the
-    backend's ``verify`` option; ``None``: on for ``tensorrt`` only).
+    backend's ``verify`` option; ``None``: on for ``tensorrt`` only). ``cpu_gemm``: the
+    backend's option of that name (``template``: Inductor only, ``backend/cpu_gemm.py``).
     """
     if engine not in ENGINES:
         raise ConfigError(f"engine={engine!r} is not one of {', '.join(ENGINES)}")
@@ -116,10 +117,15 @@ def compile_step(fn: F, engine: str, *, verify: bool | None = None) -> F:
         return fn
     import torch_tensorrt_dist.backend  # noqa: F401  (registers the backend)
 
+    options: dict[str, str | int | bool | Callable[..., Any]] = {"engine": engine}
+    if verify is not None:
+        options["verify"] = verify
+    if cpu_gemm != "aten":
+        options["cpu_gemm"] = cpu_gemm
     compiled = torch.compile(
         fn,
         backend="torch_tensorrt_dist",
-        options={"engine": engine} if verify is None else {"engine": engine, "verify": verify},
+        options=options,
         fullgraph=True,
         dynamic=None,  # only the dimensions marked dynamic are symbolic
     )
@@ -198,12 +204,14 @@ class Generator:
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         prefix_caching: bool = True,
         salt: bytes = b"",
+        cpu_gemm: str = "aten",
     ) -> None:
         """``max_batch_size``: rows run together; ``cache_len``: the longest sequence (prompt
         and generated tokens; default the model's); ``kv_cache_memory``: bytes of KV cache
         on this rank (default: ``max_batch_size`` sequences of ``cache_len`` tokens);
         ``max_prefill_tokens``: prompt tokens computed per step; ``salt``: the model's
-        identity in prefix-cache keys."""
+        identity in prefix-cache keys; ``cpu_gemm``: the backend's option (``template``:
+        Inductor's C++ GEMM template on the weights, ``backend/cpu_gemm.py``)."""
         self.model, self.args, self.engine = model, model.args, engine
         self.max_batch_size = max_batch_size
         self.cache_len = cache_len or model.args.max_seq_len
@@ -232,7 +240,9 @@ class Generator:
         if engine != "none":  # a handful of graphs (shape classes): let Dynamo keep them all
             limit = torch._dynamo.config.recompile_limit
             torch._dynamo.config.recompile_limit = max(limit, 16)
-        self._step: StepFn = compile_step(paged_step(model), engine, verify=verify)
+        self._step: StepFn = compile_step(
+            paged_step(model), engine, verify=verify, cpu_gemm=cpu_gemm
+        )
 
     def core(self, *, tokenizer: Tokenizer | None = None, text: bool = False) -> GenerationCore:
         """The generation core over this generator's graph and a fresh block pool (the cache

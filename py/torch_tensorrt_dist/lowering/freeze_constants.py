@@ -74,7 +74,7 @@ def freeze_inputs(
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     if len(placeholders) != len(real_inputs) or len(inputs) != len(real_inputs):
         logger.warning(
-            "cannot freeze %d quantized weights: the graph has %d inputs, Dynamo gave %d",
+            "cannot freeze %d weights: the graph has %d inputs, Dynamo gave %d",
             len(frozen),
             len(placeholders),
             len(real_inputs),
@@ -87,8 +87,7 @@ def freeze_inputs(
             return None
         if tuple(fake.shape) != tuple(real.shape) or fake.dtype != real.dtype:
             logger.warning(
-                "cannot freeze quantized weights: input %d is %s%s in the graph but %s%s in the "
-                "module",
+                "cannot freeze weights: input %d is %s%s in the graph but %s%s in the module",
                 i,
                 fake.dtype,
                 list(fake.shape),

@@ -1,0 +1,121 @@
+"""``cpu_gemm="template"``: the Inductor engine's matrix products by Inductor's C++ GEMM
+template over the weights made constants (``backend/cpu_gemm.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import torch_tensorrt_dist  # noqa: F401  (registers the backend)
+from torch_tensorrt_dist.backend import CompileSettings
+from torch_tensorrt_dist.backend.cpu_gemm import gemm_weights
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.generation import Generator
+from torch_tensorrt_dist.parallel.llama_load import load_llama
+
+from . import _llama_ckpt
+
+PROMPTS = [[3, 5, 7, 9, 11], [4, 8, 15, 16, 23, 42, 7, 1, 2]]
+MAX_NEW = 10
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 32)
+    ).eval()
+
+
+def _compiled(model: torch.nn.Module, cpu_gemm: str) -> Any:
+    torch._dynamo.reset()
+    counters.clear()
+    return torch.compile(
+        model, backend="torch_tensorrt_dist", options={"engine": "inductor", "cpu_gemm": cpu_gemm}
+    )
+
+
+def test_the_template_computes_the_products_and_aten_does_not():
+    model, x = _mlp(), torch.randn(5, 64)
+    with torch.no_grad():
+        want = model(x)
+        got = _compiled(model, "template")(x)
+        assert counters["inductor"]["cpp_templated_kernel_counter"] == 2  # both linears
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        other = torch.randn(3, 64)  # another row count: the same graph (M is dynamic)
+        torch.testing.assert_close(_compiled(model, "template")(other), model(other))
+        plain = _compiled(model, "aten")(x)
+        assert counters["inductor"]["cpp_templated_kernel_counter"] == 0
+        torch.testing.assert_close(plain, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_changed_in_place_is_seen_only_after_a_recompile():
+    """The template packs the weight at compile time: the packed copy is what runs. What the
+    step's model does (its weights laid out before the first call, never written after) is
+    the contract; this test pins what happens otherwise, so that the docs say it right."""
+    model, x = _mlp(), torch.randn(2, 64)
+    with torch.no_grad():
+        fn = _compiled(model, "template")
+        before = fn(x)
+        model[0].weight.mul_(2.0)
+        torch.testing.assert_close(fn(x), before)  # the packed copy, not the new values
+        torch.testing.assert_close(_compiled(model, "template")(x), model(x))
+
+
+def test_only_float_matrices_that_are_parameters_are_taken():
+    w = torch.nn.Parameter(torch.randn(4, 4))
+    inputs = [
+        w,
+        torch.randn(4, 4),  # an activation or a buffer: stays an input
+        torch.nn.Parameter(torch.randn(4)),  # a bias
+        torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.int8), requires_grad=False),
+        torch.nn.Parameter(torch.randn(4, 4, dtype=torch.bfloat16)),
+    ]
+    assert gemm_weights(inputs) == [0, 4]
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ConfigError, match="cpu_gemm='fast' is not one of aten, template"):
+        CompileSettings(engine="inductor", cpu_gemm="fast")
+    with pytest.raises(ConfigError, match="applies to engine='inductor' only"):
+        CompileSettings(engine="eager", cpu_gemm="template")
+
+
+def test_generation_tokens_equal_transformers(tmp_path):
+    """The paged step (prefill and decode graphs, KV pools written in the graph: buffers, not
+    frozen) with the template: the same greedy tokens as HF transformers."""
+    pytest.importorskip("transformers")
+    hf = _llama_ckpt.save_checkpoint("llama_gqa", tmp_path / "ckpt")
+    want = [_llama_ckpt.hf_greedy(hf, p, MAX_NEW) for p in PROMPTS]
+    torch._dynamo.reset()
+    counters.clear()
+    model = load_llama(str(tmp_path / "ckpt"), progress=False)
+    gen = Generator(
+        model, engine="inductor", max_batch_size=len(PROMPTS), cache_len=64, cpu_gemm="template"
+    )
+    assert gen.generate(PROMPTS, max_new_tokens=MAX_NEW).tokens == want
+    assert counters["inductor"]["cpp_templated_kernel_counter"] > 0
+
+
+def test_the_flag_reaches_the_run_config_and_bad_uses_are_refused():
+    from torch_tensorrt_dist.cli import build_parser
+    from torch_tensorrt_dist.cli._options import run_config
+    from torch_tensorrt_dist.config.jobs import GenerateJob
+
+    def config(*argv: str) -> Any:
+        ns = build_parser().parse_args(["generate", "--prompt", "hi", *argv])
+        return run_config(ns, GenerateJob())
+
+    assert config("--engine", "inductor").cpu_gemm == "aten"
+    assert config("--engine", "inductor", "--cpu-gemm", "template").cpu_gemm == "template"
+    with pytest.raises(ConfigError, match="applies to --engine inductor only"):
+        config("--engine", "eager", "--cpu-gemm", "template")
+    with pytest.raises(SystemExit):  # argparse names the choices
+        build_parser().parse_args(["serve", "--cpu-gemm", "fast"])
+    # compile builds artifacts (their GEMMs fixed there): it takes no such flag, and a serve
+    # from artifacts refuses it
+    assert build_parser().parse_args(["compile", "--out", "x"]).cpu_gemm == "aten"
+    with pytest.raises(ConfigError, match="--artifacts runs graphs compiled already"):
+        config("--artifacts", "/a", "--engine", "inductor", "--cpu-gemm", "template")
