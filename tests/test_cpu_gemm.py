@@ -122,3 +122,30 @@ def test_the_flag_reaches_the_run_config_and_bad_uses_are_refused():
     assert build_parser().parse_args(["compile", "--out", "x"]).cpu_gemm == "aten"
     with pytest.raises(ConfigError, match="--artifacts runs graphs compiled already"):
         config("--artifacts", "/a", "--engine", "inductor", "--cpu-gemm", "template")
+
+
+def _tp_rank(rank: int, world: int, path: str) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = load_llama(path, group=dist.group.WORLD, progress=False)
+    gen = Generator(
+        model, engine="inductor", max_batch_size=len(PROMPTS), cache_len=64, cpu_gemm="template"
+    )
+    tokens = gen.generate(PROMPTS, max_new_tokens=MAX_NEW).tokens
+    return {"tokens": tokens, "templated": counters["inductor"]["cpp_templated_kernel_counter"]}
+
+
+def test_tp2_tokens_equal_transformers(tmp_path):
+    """Two gloo ranks, each with its shard's weights frozen and packed, the collectives in
+    the same graph: the same greedy tokens as the unsharded model in HF transformers."""
+    pytest.importorskip("transformers")
+    from torch_tensorrt_dist.testing import run_on_ranks
+
+    hf = _llama_ckpt.save_checkpoint("llama_gqa", tmp_path / "ckpt")
+    want = [_llama_ckpt.hf_greedy(hf, p, MAX_NEW) for p in PROMPTS]
+    results = run_on_ranks(_tp_rank, 2, str(tmp_path / "ckpt"), timeout=300)
+    for rank, res in enumerate(results):
+        assert res["tokens"] == want, rank
+        assert res["templated"] > 0, rank

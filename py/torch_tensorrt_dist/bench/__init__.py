@@ -73,6 +73,22 @@ def _serve_quick() -> list[Figure]:
     return serve_figures(ServeSizes.quick())
 
 
+def _serve_template() -> list[Figure]:
+    from torch_tensorrt_dist.bench.serve import serve_figures
+    from torch_tensorrt_dist.bench.serve_report import ServeSizes
+
+    return serve_figures(ServeSizes(cpu_gemm="template"))
+
+
+def _serve_template_quick() -> list[Figure]:
+    from dataclasses import replace
+
+    from torch_tensorrt_dist.bench.serve import serve_figures
+    from torch_tensorrt_dist.bench.serve_report import ServeSizes
+
+    return serve_figures(replace(ServeSizes.quick(), cpu_gemm="template"))
+
+
 def _serve_control() -> list[Figure]:
     from torch_tensorrt_dist.bench.serve_control import serve_figures
 
@@ -102,12 +118,16 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "cold_start": _cold_start,
     "quantize": _quantize,
     "serve": _serve,
+    "serve_template": _serve_template,
     "serve_control": _serve_control,
     "grammar": _grammar,
     "gpu": _gpu,
 }
 #: sections with smaller counts under ``--quick`` (the same figures)
-QUICK_SECTIONS: dict[str, Callable[[], list[Figure]]] = {"serve": _serve_quick}
+QUICK_SECTIONS: dict[str, Callable[[], list[Figure]]] = {
+    "serve": _serve_quick,
+    "serve_template": _serve_template_quick,
+}
 
 
 def run_sections(

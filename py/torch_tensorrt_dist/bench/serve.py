@@ -97,6 +97,7 @@ def our_server_args(path: str | Path, sizes: ServeSizes, kv_bytes: int) -> list[
         str(kv_bytes),
         "--served-model-name",
         MODEL,
+        *(["--cpu-gemm", sizes.cpu_gemm] if sizes.cpu_gemm != "aten" else []),
     ]
 
 
@@ -238,13 +239,19 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
                 path,
                 tok.encode(PROMPTS[0]),
                 engine=s.engine,
+                cpu_gemm=s.cpu_gemm,
                 max_batch_size=s.max_batch_size,
                 cache_len=s.max_seq_len,
                 kv_cache_memory=kv_bytes,
                 max_new_tokens=s.max_tokens,
             )
             steps = decode_step_times(
-                path, caches=s.caches, rows=(s.step_rows,), live=s.live, engine=s.engine
+                path,
+                caches=s.caches,
+                rows=(s.step_rows,),
+                live=s.live,
+                engine=s.engine,
+                cpu_gemm=s.cpu_gemm,
             )
         m.graphs, m.generate_tokens_per_s = int(gen["graphs"]), gen["tokens_per_s"]
         m.step_s = {c: t for (c, _), t in steps.items()}

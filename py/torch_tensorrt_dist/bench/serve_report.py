@@ -11,7 +11,7 @@ run met it (None: no goal, or the figure could not be taken, with the reason in 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from torch_tensorrt_dist.bench.common import Figure
 from torch_tensorrt_dist.bench.serve_scenarios import Join
@@ -52,6 +52,8 @@ class ServeSizes:
     kv_rows: int = 8
     kv_tokens: int = 512
     engine: str = "inductor"
+    cpu_gemm: str = "aten"
+    """Our server's ``--cpu-gemm`` (and the in-process generator's, the decode step's)."""
     baseline: bool = True
 
     @classmethod
@@ -168,7 +170,8 @@ def _client_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
             f"ours, round {i + 1} ({'cold' if i == 0 else 'warm'} start): output tok/s, C = {cs}",
             " / ".join(f"{_tps(r, c):.1f}" for c in s.clients),
             "tok/s",
-            note=f"{load}; torchtrt-dist serve --engine {s.engine}, 1 thread",
+            note=f"{load}; torchtrt-dist serve --engine {s.engine} --cpu-gemm {s.cpu_gemm}, "
+            "1 thread",
         )
         for i, r in enumerate(m.ours)
     ]
@@ -382,4 +385,7 @@ def serve_report(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
     )
     if m.load:
         figs.append(Figure(SECTION, "machine load average (start / end of the section)", m.load))
+    if s.cpu_gemm != "aten":  # a run of its own: its figures are told apart from the default's
+        label = f"{SECTION[:-1]}, --cpu-gemm {s.cpu_gemm})"
+        figs = [replace(f, section=label) for f in figs]
     return figs

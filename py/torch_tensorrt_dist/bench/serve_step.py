@@ -43,6 +43,7 @@ def decode_step_times(
     rounds: int = 5,
     steps: int = 10,
     engine: str = "inductor",
+    cpu_gemm: str = "aten",
 ) -> dict[tuple[int, int], float]:
     """Median seconds of a decode step, by (cache length, rows), every row at ``live`` tokens
     (see the module docstring). Runs with one torch thread, as a server's rank does."""
@@ -61,6 +62,7 @@ def decode_step_times(
                 engine=engine,
                 max_batch_size=max(rows),
                 cache_len=c,
+                cpu_gemm=cpu_gemm,
             )
             for c in caches
         }
@@ -98,6 +100,7 @@ def server_generator(
     cache_len: int,
     kv_cache_memory: int,
     max_new_tokens: int,
+    cpu_gemm: str = "aten",
 ) -> dict[str, float]:
     """A ``Generator`` of the server's shape (one rank, one thread): the graphs its warm-up
     compiles (``warmup_all``, as the server's), and then ``generate``'s decode tokens/s on
@@ -117,6 +120,7 @@ def server_generator(
             max_batch_size=max_batch_size,
             cache_len=cache_len,
             kv_cache_memory=kv_cache_memory,
+            cpu_gemm=cpu_gemm,
         )
         before = counters["stats"]["unique_graphs"]
         warm = gen.warmup_all()
