@@ -3,14 +3,16 @@
 
     also = gemm_weights(real_inputs)                       # the 2-D float parameters
     keep = freeze_inputs(aten_gm, inputs, real_inputs, also=also)   # constants of the graph
-    with template_gemms():                                 # around compile_fx_inner
+    with template_gemms(example_inputs):                   # around compile_fx_inner
         ...
 
 Why: on the bench checkpoint's decode step (one thread, this AMD EPYC) ATen's matmuls (MKL)
 read the weights at about 9 GB/s at one row, and an 8-row product costs 2.5x a 1-row one; the
 template packs each weight at compile time and runs its own vectorized micro-kernels: the step
-took 1.34-1.72 ms against 3.39-3.51 at 1 row and 3.96-4.17 against 5.01-5.17 at 8, the same
-greedy tokens (docs/performance.md).
+took 1.84-2.17 ms against 3.15-4.06 at 1 row and 4.12-4.32 against 4.67-5.03 at 8, the same
+greedy tokens. Where many rows or long prompt chunks run it is slower than ATen (prefill about
+1.4x, 32 streaming clients 0.7x the tokens/s): an option, not the default
+(docs/performance.md).
 
 How: the template applies only to a constant second operand (a "module buffer" of the graph).
 The weights Dynamo hands the backend as inputs are made constants of the aten graph

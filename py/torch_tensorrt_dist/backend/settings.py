@@ -60,7 +60,8 @@ class CompileSettings:
     #: the Inductor engine's matrix products on CPU: ``aten`` (ATen's, MKL) or ``template``
     #: (Inductor's C++ GEMM template over the graph's 2-D float parameters made constants and
     #: packed at compile time: ``backend/cpu_gemm.py``; the decode step of the bench checkpoint
-    #: 2.0-2.5x faster at 1 row, 1.27x at 8; longer compiles, a packed copy of each weight)
+    #: 1.7x faster at 1 row, 1.16x at 8; prefill about 1.4x slower, longer compiles, a packed
+    #: copy of each weight)
     cpu_gemm: str = "aten"
 
     def __post_init__(self) -> None:

@@ -147,8 +147,9 @@ def add_engine(
         choices=("aten", "template"),
         default="aten",
         help="--engine inductor's matrix products on CPU: aten (MKL) or template (Inductor's "
-        "C++ GEMM template over the weights packed at compile time: faster steps, 3-6x longer "
-        "compiles, a packed copy of each weight; docs/performance.md); default aten",
+        "C++ GEMM template over the weights packed at compile time: faster decoding at few "
+        "rows, slower prefill and many rows, longer compiles, a packed copy of each weight; "
+        "docs/performance.md); default aten",
     )
     p.add_argument(
         "--verify",
