@@ -61,7 +61,8 @@ class CompileSettings:
     #: (Inductor's C++ GEMM template over the graph's 2-D float parameters made constants and
     #: packed at compile time: ``backend/cpu_gemm.py``; the decode step of the bench checkpoint
     #: 1.7x faster at 1 row, 1.16x at 8; prefill about 1.4x slower, longer compiles, a packed
-    #: copy of each weight)
+    #: copy of each weight, which is what runs: a weight written in place after a graph's
+    #: first call is not seen by it)
     cpu_gemm: str = "aten"
 
     def __post_init__(self) -> None:
