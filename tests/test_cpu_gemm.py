@@ -149,3 +149,21 @@ def test_tp2_tokens_equal_transformers(tmp_path):
     for rank, res in enumerate(results):
         assert res["tokens"] == want, rank
         assert res["templated"] > 0, rank
+
+
+def test_a_product_of_two_activations_is_refused_naming_aten():
+    """The template takes constant weights only, and the compile offers it alone: a product of
+    two inputs has no kernel to run, which is said in one line naming the other setting."""
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x @ y
+
+    torch._dynamo.reset()
+    fn = torch.compile(
+        f, backend="torch_tensorrt_dist", options={"engine": "inductor", "cpu_gemm": "template"}
+    )
+    with pytest.raises(Exception, match="compile it with cpu_gemm='aten'") as info:
+        fn(torch.randn(4, 8), torch.randn(8, 16))
+    # Dynamo wraps what a backend raises (BackendCompilerFailed); ours is the one inside
+    inner = getattr(info.value, "inner_exception", info.value)
+    assert isinstance(inner, ConfigError), repr(inner)

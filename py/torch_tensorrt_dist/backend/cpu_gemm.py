@@ -82,10 +82,25 @@ def template_gemms(example_inputs: Sequence[Any]) -> Iterator[None]:
         with config.patch(changes), real_constants:
             yield
     except Exception as exc:
-        if "NoValidChoicesError" not in f"{type(exc).__name__}: {exc}":
+        if not _no_choice(exc):
             raise
         raise ConfigError(
             "cpu_gemm='template': Inductor's C++ GEMM template cannot take a matrix product "
             "of this graph (its second operand is not a constant weight, or N or K is "
             "dynamic); compile it with cpu_gemm='aten'"
         ) from exc
+
+
+def _no_choice(exc: BaseException) -> bool:
+    """Whether Inductor's "no GEMM choice" error is ``exc`` or what it wraps (Inductor raises
+    it inside a lowering, wrapped in ``LoweringException`` and ``InductorError``)."""
+    from torch._inductor.select_algorithm import NoValidChoicesError
+
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, NoValidChoicesError):
+            return True
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return "NoValidChoicesError" in str(exc)  # the wrappers keep its name in their message

@@ -6,6 +6,7 @@ Speeds are ratios of two things measured in the same run, so a noisy machine shi
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from torch_tensorrt_dist.bench.common import Figure
 
@@ -60,33 +61,14 @@ def _quantize() -> list[Figure]:
     return quantize_figures()
 
 
-def _serve() -> list[Figure]:
-    from torch_tensorrt_dist.bench.serve import serve_figures
-
-    return serve_figures()
-
-
-def _serve_quick() -> list[Figure]:
-    from torch_tensorrt_dist.bench.serve import serve_figures
-    from torch_tensorrt_dist.bench.serve_report import ServeSizes
-
-    return serve_figures(ServeSizes.quick())
-
-
-def _serve_template() -> list[Figure]:
-    from torch_tensorrt_dist.bench.serve import serve_figures
-    from torch_tensorrt_dist.bench.serve_report import ServeSizes
-
-    return serve_figures(ServeSizes(cpu_gemm="template"))
-
-
-def _serve_template_quick() -> list[Figure]:
+def _serve(*, quick: bool = False, cpu_gemm: str = "aten") -> list[Figure]:
     from dataclasses import replace
 
     from torch_tensorrt_dist.bench.serve import serve_figures
     from torch_tensorrt_dist.bench.serve_report import ServeSizes
 
-    return serve_figures(replace(ServeSizes.quick(), cpu_gemm="template"))
+    sizes = ServeSizes.quick() if quick else ServeSizes.full()
+    return serve_figures(replace(sizes, cpu_gemm=cpu_gemm))
 
 
 def _serve_control() -> list[Figure]:
@@ -118,15 +100,15 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "cold_start": _cold_start,
     "quantize": _quantize,
     "serve": _serve,
-    "serve_template": _serve_template,
+    "serve_template": partial(_serve, cpu_gemm="template"),
     "serve_control": _serve_control,
     "grammar": _grammar,
     "gpu": _gpu,
 }
 #: sections with smaller counts under ``--quick`` (the same figures)
 QUICK_SECTIONS: dict[str, Callable[[], list[Figure]]] = {
-    "serve": _serve_quick,
-    "serve_template": _serve_template_quick,
+    "serve": partial(_serve, quick=True),
+    "serve_template": partial(_serve, quick=True, cpu_gemm="template"),
 }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from torch_tensorrt_dist.config.jobs import Job
 from torch_tensorrt_dist.config.run import (
+    CPU_GEMMS,
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_PREFILL_TOKENS,
     ENGINES,
@@ -144,7 +145,7 @@ def add_engine(
         return
     p.add_argument(
         "--cpu-gemm",
-        choices=("aten", "template"),
+        choices=CPU_GEMMS,
         default="aten",
         help="--engine inductor's matrix products on CPU: aten (MKL) or template (Inductor's "
         "C++ GEMM template over the weights packed at compile time: faster decoding at few "

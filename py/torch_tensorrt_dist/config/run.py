@@ -27,6 +27,7 @@ from torch_tensorrt_dist.validation import check_int
 
 __all__ = [
     "BLOCK_SIZES",
+    "CPU_GEMMS",
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_MAX_PREFILL_TOKENS",
     "ENGINES",
@@ -41,6 +42,8 @@ __all__ = [
 
 #: what runs the model: Torch-TensorRT, Inductor, the lowered graph as is, or plain PyTorch
 ENGINES = ("tensorrt", "inductor", "eager", "none")
+#: ``--cpu-gemm``: the Inductor engine's CPU matrix products (``backend/cpu_gemm.py``)
+CPU_GEMMS = ("aten", "template")
 #: how the embedding and the LM head are split over the TP ranks
 Layout = Literal["vocab_parallel", "replicated"]
 LAYOUTS: tuple[Layout, ...] = ("vocab_parallel", "replicated")
@@ -210,8 +213,8 @@ class RunConfig:
             raise ConfigError(f"--engine {self.engine!r} is not one of {', '.join(ENGINES)}")
         if self.verify and self.engine == "none":
             raise ConfigError("--verify checks a compiled engine; --engine none compiles nothing")
-        if self.cpu_gemm not in ("aten", "template"):
-            raise ConfigError(f"--cpu-gemm {self.cpu_gemm!r} is not one of aten, template")
+        if self.cpu_gemm not in CPU_GEMMS:
+            raise ConfigError(f"--cpu-gemm {self.cpu_gemm!r} is not one of {', '.join(CPU_GEMMS)}")
         if self.cpu_gemm == "template" and self.engine != "inductor":
             raise ConfigError(
                 f"--cpu-gemm template applies to --engine inductor only (--engine {self.engine})"
