@@ -111,6 +111,10 @@ def test_the_flag_reaches_the_run_config_and_bad_uses_are_refused():
         ns = build_parser().parse_args(["generate", "--prompt", "hi", *argv])
         return run_config(ns, GenerateJob())
 
+    from torch_tensorrt_dist.backend.settings import CPU_GEMMS
+    from torch_tensorrt_dist.config.run import CPU_GEMMS as CLI_GEMMS
+
+    assert CLI_GEMMS == CPU_GEMMS  # two layers, one list of values (settings.py says why)
     assert config("--engine", "inductor").cpu_gemm == "aten"
     assert config("--engine", "inductor", "--cpu-gemm", "template").cpu_gemm == "template"
     with pytest.raises(ConfigError, match="applies to --engine inductor only"):

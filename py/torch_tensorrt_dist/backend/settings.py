@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from torch_tensorrt_dist.config.run import CPU_GEMMS
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.validation import check_known_options
 
@@ -22,6 +21,9 @@ __all__ = [
 
 ENGINES = ("tensorrt", "inductor", "eager")
 COLLECTIVE_IMPLS = ("auto", "native", "plugin", "torch_nccl")
+#: as ``config.run.CPU_GEMMS`` (the CLI's; as with ``ENGINES``, the backend does not import
+#: the command-line layer, which imports the generation core and with it this package)
+CPU_GEMMS = ("aten", "template")
 #: overrides ``collective_impl`` when set (the settings value wins if given explicitly)
 ENV_COLLECTIVE_IMPL = "TORCH_TENSORRT_DIST_COLLECTIVE_IMPL"
 
