@@ -310,3 +310,23 @@ def test_the_check_sees_gpt_fast_form_dequantize_in_float32() -> None:
     torch._dynamo.reset()
     use = weight_only_use(graphs[-1])
     assert not use.kernels and len(use.dequantized) == 1
+
+
+def test_an_int8_prefill_graph_whose_chunks_straddle_the_kernel_rows_compiles() -> None:
+    """A compiled prefill graph's chunk length is dynamic over [2, limit]; with a limit above
+    KERNEL_ROWS the int8 layer's kernel-or-GEMM choice must not add a guard that splits that
+    range (Dynamo refused the graph: ``generate --engine inductor --quantize int8`` failed).
+    The choice is made once per graph (the dense GEMM here); the tokens equal plain PyTorch's,
+    which takes the kernel at decode and the GEMM for the 40-token prompt."""
+    from torch_tensorrt_dist.generation import Generator
+
+    def tokens(engine: str) -> list[list[int]]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = Transformer(ModelArgs(**{**ARGS.__dict__, "max_seq_len": 128})).eval()
+        quantize_model(model, QuantConfig("int8"))
+        gen = Generator(model, engine=engine, max_batch_size=1, cache_len=128)
+        prompt = [(7 * i) % ARGS.vocab_size for i in range(40)]
+        return gen.generate([prompt, prompt[:5]], max_new_tokens=6).tokens
+
+    assert tokens("eager") == tokens("none")

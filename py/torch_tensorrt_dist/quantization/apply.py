@@ -139,6 +139,8 @@ def quantize_model(
             linear = getattr(owner, child_name)
             before += linear.weight.numel() * linear.weight.element_size()
             quantized = _quantized_linear(linear, config, kind)
+            if engine == "tensorrt":  # its weight-only layer at every size, int8 kept
+                quantized.dense_rows = None
             after += sum(b.nbytes for b in quantized.buffers())
             setattr(owner, child_name, quantized)
             del linear  # the last reference: its float weight is freed here

@@ -46,14 +46,32 @@ def quantize_matrix(
 
 
 def quantized_matmul(
-    x: Tensor, weight: Tensor, scales: Tensor, kind: str, group_size: int
+    x: Tensor,
+    weight: Tensor,
+    scales: Tensor,
+    kind: str,
+    group_size: int,
+    dense_rows: int | None = KERNEL_ROWS,
 ) -> Tensor:
     """``x`` [M, K] (in the scales' dtype) -> [M, N]: the weight-only kernel, except an int8
-    matmul of more than ``KERNEL_ROWS`` rows (prefill), which dequantizes the matrix once and
-    runs a dense GEMM."""
-    if kind == "int8" and x.shape[0] > KERNEL_ROWS:
+    matmul of more than ``dense_rows`` rows (prefill), which dequantizes the matrix once and
+    runs a dense GEMM (``None``: the kernel at every size, for TensorRT, which converts the
+    kernel's op into its own weight-only layer and keeps the int8 weights)."""
+    if kind == "int8" and dense_rows is not None and _many_rows(x.shape[0], dense_rows):
         return F.linear(x, weight.to(x.dtype) * scales[:, None])
     return weight_only_mm(x, weight, scales, kind, group_size)
+
+
+def _many_rows(rows: int | torch.SymInt, limit: int) -> bool:
+    """More than ``limit`` rows. A traced step's dynamic row count decides once per graph,
+    with no guard (a guard would split the range its inputs were marked with, which Dynamo
+    refuses): the kernel where every size the range allows fits (a decode graph of up to
+    ``limit`` rows), else the dense GEMM (a prefill graph's chunks)."""
+    if not torch.compiler.is_compiling():
+        return bool(rows > limit)
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return not statically_known_true(rows <= limit)
 
 
 class WeightOnlyLinear(nn.Module):
@@ -61,6 +79,9 @@ class WeightOnlyLinear(nn.Module):
 
     weight: Tensor
     scales: Tensor
+    #: an int8 matmul of more rows dequantizes (``quantized_matmul``); ``quantize_model`` sets
+    #: None for the TensorRT engine
+    dense_rows: int | None = KERNEL_ROWS
 
     def __init__(
         self,
@@ -92,7 +113,9 @@ class WeightOnlyLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # x: [..., K] (model dtype) -> [..., N]; the matmul runs in the scales' dtype
         x2 = x.reshape(-1, self.in_features).to(self.scales.dtype)  # [M, K]
-        y = quantized_matmul(x2, self.weight, self.scales, self.kind, self.group_size)
+        y = quantized_matmul(
+            x2, self.weight, self.scales, self.kind, self.group_size, self.dense_rows
+        )
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
