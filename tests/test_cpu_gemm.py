@@ -1,5 +1,7 @@
 """``cpu_gemm="template"``: the Inductor engine's matrix products by Inductor's C++ GEMM
-template over the weights made constants (``backend/cpu_gemm.py``)."""
+template over the weights made constants (``backend/cpu_gemm.py``); ``"auto"``: the template
+for the generator's decode steps of few rows, ATen's elsewhere and for a graph the template
+cannot take."""
 
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ def test_only_float_matrices_that_are_parameters_are_taken():
 
 
 def test_bad_settings_are_refused():
-    with pytest.raises(ConfigError, match="cpu_gemm='fast' is not one of aten, template"):
+    with pytest.raises(ConfigError, match="cpu_gemm='fast' is not one of aten, template, auto"):
         CompileSettings(engine="inductor", cpu_gemm="fast")
     with pytest.raises(ConfigError, match="applies to engine='inductor' only"):
         CompileSettings(engine="eager", cpu_gemm="template")
@@ -119,6 +121,9 @@ def test_the_flag_reaches_the_run_config_and_bad_uses_are_refused():
     assert config("--engine", "inductor", "--cpu-gemm", "template").cpu_gemm == "template"
     with pytest.raises(ConfigError, match="applies to --engine inductor only"):
         config("--engine", "eager", "--cpu-gemm", "template")
+    # auto is the template where it applies: aten with another engine, artifacts as compiled
+    assert config("--engine", "eager", "--cpu-gemm", "auto").cpu_gemm == "auto"
+    assert config("--artifacts", "/a", "--cpu-gemm", "auto").cpu_gemm == "auto"
     with pytest.raises(SystemExit):  # argparse names the choices
         build_parser().parse_args(["serve", "--cpu-gemm", "fast"])
     # compile builds artifacts (their GEMMs fixed there): it takes no such flag, and a serve
@@ -166,8 +171,78 @@ def test_a_product_of_two_activations_is_refused_naming_aten():
     fn = torch.compile(
         f, backend="torch_tensorrt_dist", options={"engine": "inductor", "cpu_gemm": "template"}
     )
-    with pytest.raises(Exception, match="compile it with cpu_gemm='aten'") as info:
+    with pytest.raises(Exception, match="compile it with cpu_gemm='aten' \\(or 'auto'") as info:
         fn(torch.randn(4, 8), torch.randn(8, 16))
     # Dynamo wraps what a backend raises (BackendCompilerFailed); ours is the one inside
     inner = getattr(info.value, "inner_exception", info.value)
     assert isinstance(inner, ConfigError), repr(inner)
+
+
+def test_auto_compiles_a_graph_the_template_cannot_take_with_aten():
+    """``auto`` in the backend: the template where the graph's products all take it (the
+    MLP's two linears), ATen's for a graph where one does not (a product of two inputs),
+    which then runs and is right."""
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ y)
+
+    x, y = torch.randn(4, 8), torch.randn(8, 16)
+    fn = _compiled(f, "auto")  # type: ignore[arg-type]
+    torch.testing.assert_close(fn(x, y), f(x, y))
+    assert counters["inductor"]["cpp_templated_kernel_counter"] == 0
+    model, x = _mlp(), torch.randn(5, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(_compiled(model, "auto")(x), model(x), rtol=1e-5, atol=1e-5)
+    assert counters["inductor"]["cpp_templated_kernel_counter"] == 2
+
+
+def test_auto_gives_the_template_to_decode_steps_of_few_rows_only(tmp_path, monkeypatch):
+    """The generator's ``auto``: decode steps of at most TEMPLATE_ROWS rows compile with the
+    template (a lone row as two equal rows in the same graph); prefill, and decode steps of
+    more rows, with ATen's. Every split gives transformers' greedy tokens."""
+    pytest.importorskip("transformers")
+    from torch_tensorrt_dist.generation import generate as generate_module
+
+    monkeypatch.setattr(generate_module, "TEMPLATE_ROWS", 2)
+    hf = _llama_ckpt.save_checkpoint("llama_gqa", tmp_path / "ckpt")
+    prompts = [*PROMPTS, [9, 8, 7]]
+    want = [_llama_ckpt.hf_greedy(hf, p, MAX_NEW) for p in prompts]
+    torch._dynamo.reset()
+    counters.clear()
+    model = load_llama(str(tmp_path / "ckpt"), progress=False)
+    gen = Generator(model, engine="inductor", max_batch_size=3, cache_len=64, cpu_gemm="auto")
+
+    def templated() -> int:
+        return counters["inductor"]["cpp_templated_kernel_counter"]
+
+    assert gen.generate([prompts[0]], max_new_tokens=1).tokens == [want[0][:1]]
+    assert templated() == 0  # a prefill of one row: ATen's
+    assert gen.generate(prompts, max_new_tokens=MAX_NEW).tokens == want
+    assert templated() == 0  # three rows (prefill and decode): ATen's
+    assert gen.generate(prompts[:2], max_new_tokens=MAX_NEW).tokens == want[:2]
+    two_rows = templated()
+    assert two_rows > 0  # a decode of two rows: the template
+    assert gen.generate([prompts[2]], max_new_tokens=MAX_NEW).tokens == want[2:]
+    assert templated() == two_rows  # a lone row runs twice in the two-row graph: no compile
+
+
+def test_auto_with_quantized_and_expert_weights_gives_atens_tokens():
+    """A quantized MoE model (int8 linears and experts, the router and head in float): the
+    template takes the float products of its decode graphs, and the tokens are those of
+    ``aten``."""
+    from torch_tensorrt_dist.parallel.moe_load import random_moe
+    from torch_tensorrt_dist.quantization import QuantConfig, quantize_model
+
+    from .test_quantization_moe import ARGS, MOE
+
+    def tokens(cpu_gemm: str) -> list[list[int]]:
+        torch._dynamo.reset()
+        counters.clear()
+        model = random_moe(ARGS, MOE, seed=0)
+        quantize_model(model, QuantConfig("int8"))
+        gen = Generator(model, engine="inductor", max_batch_size=2, cache_len=32, cpu_gemm=cpu_gemm)
+        return gen.generate([[1, 2, 3], [4, 5, 6, 7]], max_new_tokens=6).tokens
+
+    auto = tokens("auto")
+    assert counters["inductor"]["cpp_templated_kernel_counter"] > 0
+    assert auto == tokens("aten")

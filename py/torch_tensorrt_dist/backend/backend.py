@@ -179,7 +179,7 @@ def torch_tensorrt_dist_backend(
     resolve = _resolver(gm)
     recorded = bool(_recorders)
     trt_freeze = settings.engine == "tensorrt"
-    gemm_freeze = settings.cpu_gemm == "template"  # engine inductor (settings check it)
+    gemm_freeze = settings.cpu_gemm != "aten"  # engine inductor (settings check it)
 
     def fw_compiler(aten_gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., Any]:
         # TensorRT dequantizes constant weights only, and IMoELayer takes constant experts:

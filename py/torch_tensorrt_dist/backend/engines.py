@@ -39,11 +39,11 @@ def build_engine(
         from torch_tensorrt_dist.lowering.flex_inputs import contiguous_flex_inputs
 
         contiguous_flex_inputs(gm)  # a torch 2.14 bug of CPU flex attention (see the module)
-        if settings.cpu_gemm == "template":
-            from torch_tensorrt_dist.backend.cpu_gemm import template_gemms
+        if settings.cpu_gemm != "aten":
+            from torch_tensorrt_dist.backend.cpu_gemm import compile_gemms
 
-            with template_gemms(example_inputs):
-                return compile_fx_inner(gm, example_inputs)
+            fallback = settings.cpu_gemm == "auto"
+            return compile_gemms(compile_fx_inner, gm, example_inputs, fallback=fallback)
         return compile_fx_inner(gm, example_inputs)
     if settings.engine == "tensorrt":
         return _tensorrt_module().compile_tensorrt(gm, example_inputs, settings)

@@ -101,6 +101,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "quantize": _quantize,
     "serve": _serve,
     "serve_template": partial(_serve, cpu_gemm="template"),
+    "serve_auto": partial(_serve, cpu_gemm="auto"),
     "serve_control": _serve_control,
     "grammar": _grammar,
     "gpu": _gpu,
@@ -109,6 +110,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
 QUICK_SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "serve": partial(_serve, quick=True),
     "serve_template": partial(_serve, quick=True, cpu_gemm="template"),
+    "serve_auto": partial(_serve, quick=True, cpu_gemm="auto"),
 }
 
 

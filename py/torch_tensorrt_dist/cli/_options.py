@@ -147,10 +147,11 @@ def add_engine(
         "--cpu-gemm",
         choices=CPU_GEMMS,
         default="aten",
-        help="--engine inductor's matrix products on CPU: aten (MKL) or template (Inductor's "
+        help="--engine inductor's matrix products on CPU: aten (MKL), template (Inductor's "
         "C++ GEMM template over the weights packed at compile time: faster decoding at few "
-        "rows, slower prefill and many rows, longer compiles, a packed copy of each weight; "
-        "docs/performance.md); default aten",
+        "rows, slower prefill and many rows, longer compiles, a packed copy of each weight) "
+        "or auto (the template for decode steps of up to 8 rows, aten for the rest, and aten "
+        "with any other engine; docs/performance.md); default aten",
     )
     p.add_argument(
         "--verify",

@@ -43,7 +43,7 @@ __all__ = [
 #: what runs the model: Torch-TensorRT, Inductor, the lowered graph as is, or plain PyTorch
 ENGINES = ("tensorrt", "inductor", "eager", "none")
 #: ``--cpu-gemm``: the Inductor engine's CPU matrix products (``backend/cpu_gemm.py``)
-CPU_GEMMS = ("aten", "template")
+CPU_GEMMS = ("aten", "template", "auto")
 #: how the embedding and the LM head are split over the TP ranks
 Layout = Literal["vocab_parallel", "replicated"]
 LAYOUTS: tuple[Layout, ...] = ("vocab_parallel", "replicated")
@@ -198,7 +198,8 @@ class RunConfig:
     verify: bool | None = None
     """Check each compiled graph's first call against eager (None: on for tensorrt only)."""
     cpu_gemm: str = "aten"
-    """``--cpu-gemm``: the Inductor engine's matrix products (``backend/cpu_gemm.py``)."""
+    """``--cpu-gemm``: the Inductor engine's matrix products (``backend/cpu_gemm.py``;
+    ``auto``: the template for decode steps of few rows, ``generation/generate.py``)."""
     quantize: QuantConfig | None = None
     cache: CacheOptions = field(default_factory=CacheOptions)
     threads: int | None = None

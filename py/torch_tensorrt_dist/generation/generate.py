@@ -29,7 +29,7 @@ from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for
 from torch_tensorrt_dist.generation.kv_memory import kv_layout
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
 from torch_tensorrt_dist.generation.scheduler import Scheduler
-from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
+from torch_tensorrt_dist.generation.step_inputs import StepLimits, mark_step_dims, step_inputs
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 from torch_tensorrt_dist.models.weight_layout import column_major_linears
@@ -41,6 +41,7 @@ __all__ = [
     "GenerationResult",
     "Generator",
     "StepFn",
+    "compile_paged_step",
     "compile_step",
     "decode_example",
     "paged_step",
@@ -55,6 +56,11 @@ logger = logging.getLogger(__name__)
 ENGINES = ("tensorrt", "inductor", "eager", "none")
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_PREFILL_TOKENS = 512
+#: ``cpu_gemm="auto"``: the decode steps of at most this many rows run Inductor's C++ GEMM
+#: template, the rest ATen's (the bench checkpoint's step, one thread: 1 row 1.3-2.3 ms against
+#: 3.9, 8 rows 4.2-4.5 against 5.7, 16 rows 7.4-7.9 against 7.1-7.3, 32 rows 14.3 against
+#: 10.6; a 512-token prefill 210 against 117 ms: docs/performance.md)
+TEMPLATE_ROWS = 8
 
 F = TypeVar("F", bound=Callable[..., Tensor])
 
@@ -130,6 +136,41 @@ def compile_step(fn: F, engine: str, *, verify: bool | None = None, cpu_gemm: st
         dynamic=None,  # only the dimensions marked dynamic are symbolic
     )
     return cast(F, _module_tag_guards(compiled))
+
+
+def compile_paged_step(
+    fn: F,
+    engine: str,
+    *,
+    verify: bool | None,
+    cpu_gemm: str,
+    device: torch.device,
+    limits: StepLimits,
+) -> F:
+    """:func:`compile_step` of a step over ``(tokens or hidden [R, S, ...], ...)``. With
+    ``cpu_gemm="auto"`` (the Inductor engine on CPU) two compiles of ``fn`` split the shapes:
+    decode steps of 2 to :data:`TEMPLATE_ROWS` rows on the C++ GEMM template (a graph it
+    cannot take: ATen's products, ``backend/cpu_gemm.py``), prefill and more rows on ATen's. A
+    lone decode row runs as two equal rows in the template's graph (the same values written
+    twice to the same KV slots): one packed copy of the weights and one compile, not two.
+    Elsewhere ``auto`` is ``aten``."""
+    if cpu_gemm != "auto" or engine != "inductor" or device.type != "cpu":
+        plain = "aten" if cpu_gemm == "auto" else cpu_gemm
+        return compile_step(fn, engine, verify=verify, cpu_gemm=plain)
+    few = compile_step(fn, engine, verify=verify, cpu_gemm="auto")
+    rest = compile_step(fn, engine, verify=verify)
+
+    def step(*inputs: Tensor) -> Tensor:
+        r, s = inputs[0].shape[:2]
+        if s != 1 or r > TEMPLATE_ROWS:
+            return rest(*inputs)
+        if r > 1:
+            return few(*inputs)
+        twice = [torch.cat([t, t]) for t in inputs]
+        mark_step_dims(limits, *twice)
+        return few(*twice)[:1]
+
+    return cast(F, step)
 
 
 def _module_tag_guards(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -240,8 +281,13 @@ class Generator:
         if engine != "none":  # a handful of graphs (shape classes): let Dynamo keep them all
             limit = torch._dynamo.config.recompile_limit
             torch._dynamo.config.recompile_limit = max(limit, 16)
-        self._step: StepFn = compile_step(
-            paged_step(model), engine, verify=verify, cpu_gemm=cpu_gemm
+        self._step: StepFn = compile_paged_step(
+            paged_step(model),
+            engine,
+            verify=verify,
+            cpu_gemm=cpu_gemm,
+            device=self.device,
+            limits=self.limits,
         )
 
     def core(self, *, tokenizer: Tokenizer | None = None, text: bool = False) -> GenerationCore:

@@ -42,9 +42,10 @@ class StepLimits:
 
 def mark_step_dims(limits: StepLimits, *inputs: Tensor) -> None:
     """Mark the dynamic dimensions of a call's inputs ``(tokens, start, last, past, dest)``:
-    sizes >= 2, ranges up to ``limits``."""
+    sizes >= 2, ranges up to ``limits`` (a later pipeline stage's hidden state [R, S, dim] in
+    the place of the tokens: its rows and tokens)."""
     tokens, past, dest = inputs[0], inputs[3], inputs[4]
-    r, s = tokens.shape
+    r, s = tokens.shape[:2]
     if r >= 2:
         for t in inputs:
             torch._dynamo.mark_dynamic(t, 0, min=2, max=max(limits.rows, 2))
