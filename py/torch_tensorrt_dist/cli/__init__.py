@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from torch_tensorrt_dist.runtime.huge_pages import use_huge_pages
+
+    use_huge_pages()  # before this process's first tensor (runtime/huge_pages.py)
     parser = build_parser()
     args = parser.parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)

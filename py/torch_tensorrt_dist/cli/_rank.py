@@ -14,6 +14,7 @@ ranks, ``runtime.agree``), then the command's job (``_generate_job``, ``_serve_j
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from collections.abc import Callable
 from types import ModuleType
@@ -33,6 +34,8 @@ from torch_tensorrt_dist.errors import TensorRTDistError, VerificationError
 from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank, checkpoint_spec
 
 __all__ = ["plan_run", "rank_main", "spec_for", "start"]
+
+logger = logging.getLogger(__name__)
 
 #: what each kind of job runs once the model is planned: ``check(config, spec, plan)`` (also in the
 #: launching process), ``build(rank)`` (with the model, inside the loading verdict),
@@ -69,8 +72,11 @@ def rank_main(config: RunConfig) -> int:
 
     from torch_tensorrt_dist.runtime import agreed
     from torch_tensorrt_dist.runtime.distributed import join_world
+    from torch_tensorrt_dist.runtime.huge_pages import use_huge_pages
     from torch_tensorrt_dist.runtime.threads import rank_thread_count, use_threads
 
+    # a launched rank's first tensor is yet to come (runtime/huge_pages.py)
+    logger.info(use_huge_pages().describe())
     with alike_on_every_rank():
         threads = rank_thread_count(config.threads)
     with use_threads(threads):
@@ -121,6 +127,10 @@ def start(
         return refuse(exc, 2)
     if launch_ranks is not None:
         return launch_ranks(config)
-    result = launch(rank_entry, config.parallel.world, [rank_main, config])
+    from torch_tensorrt_dist.runtime.huge_pages import rank_env
+
+    result = launch(
+        rank_entry, config.parallel.world, [rank_main, config], env=rank_env(os.environ)
+    )
     print_launch_failure(result, verbose=ns.verbose)
     return int(result.returncode)

@@ -139,6 +139,7 @@ def _launch(config: RunConfig, verbose: int) -> int:
     from torch_tensorrt_dist.cli._failures import print_launch_failure, rank_entry
     from torch_tensorrt_dist.cli._rank import rank_main
     from torch_tensorrt_dist.runtime import launch
+    from torch_tensorrt_dist.runtime.huge_pages import rank_env
 
     world = config.parallel.world
     drain_dir = tempfile.mkdtemp(prefix="torchtrt-serve-")
@@ -154,7 +155,13 @@ def _launch(config: RunConfig, verbose: int) -> int:
         filter(None, [warnings, "ignore:resource_tracker:UserWarning"])
     )
     try:
-        result = launch(rank_entry, world, [rank_main, config], stop_timeout=stop_timeout)
+        result = launch(
+            rank_entry,
+            world,
+            [rank_main, config],
+            stop_timeout=stop_timeout,
+            env=rank_env(os.environ),  # runtime/huge_pages.py
+        )
         drained = all((Path(drain_dir) / f"rank-{r}.drained").is_file() for r in range(world))
     finally:
         shutil.rmtree(drain_dir, ignore_errors=True)
