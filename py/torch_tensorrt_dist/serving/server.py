@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import logging
 import os
 import re
@@ -57,7 +58,7 @@ from torch_tensorrt_dist.serving.watchdog import (
     beat_interval,
 )
 
-__all__ = ["DEFAULT_STEP_TIMEOUT_S", "ServeConfig", "ServeResult", "serve_rank"]
+__all__ = ["DEFAULT_STEP_TIMEOUT_S", "ServeConfig", "ServeResult", "serve_rank", "settle_heap"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ def serve_rank(
     loop = StepLoop(core, ControlChannel(control))
     if rank != 0:
         gen.warmup_all(stop=lambda: _stop_agreed(control, signals))
+        settle_heap()
         measure_latency(control)
         _rank_pids(control)
         beat = Heartbeat(
@@ -237,6 +239,7 @@ def _lead(
     dog: Watchdog | None = None
     try:
         warm = gen.warmup_all(stop=lambda: _stop_agreed(control, signals))
+        settle_heap()
         metrics.control_latency.set(measure_latency(control))
         state.pids = _rank_pids(control)
         dog = _watchdog(control, loop.progress, config, hang)
@@ -336,6 +339,20 @@ def default_action(sig: int) -> None:
     libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
     if libc.signal(int(sig), None) == ctypes.c_void_p(-1).value:  # SIG_ERR
         os._exit(128 + int(sig))  # the exit status a shell gives a process ended by sig
+
+
+def settle_heap() -> int:
+    """Collect, then move every object the load and the warm-up made out of the garbage
+    collector's reach (``gc.freeze``); return how many. Dynamo's and Inductor's compiles leave
+    hundreds of thousands of long-lived objects, and a full collection scanning them stopped
+    the step loop for 474 ms in the middle of serving (a 490 ms gap in every stream and a
+    569 ms p99 time to first token at 32 clients, with ``--cpu-gemm auto``). Frozen, they are
+    never scanned again; what serving allocates is collected as before."""
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    logger.info("%d objects of the load and warm-up frozen (out of the collector's scans)", frozen)
+    return frozen
 
 
 @contextlib.contextmanager
