@@ -75,29 +75,23 @@ def compile_gemms(
     matrix products on the C++ GEMM template. A product the template cannot take: with
     ``fallback`` (``cpu_gemm="auto"``) the graph is compiled with ATen's products instead (one
     log line says so); without, a ConfigError naming ``aten``."""
+    # Inductor's post-grad passes rewrite the graph they compile: a trial that may fall back
+    # gets a copy of the graph (the module's constants are shared, not copied)
+    trial = fx.GraphModule(gm, copy.deepcopy(gm.graph)) if fallback else gm
     with _real_constants(example_inputs):
-        if not fallback:
-            try:
-                with _template_only():
-                    return compile_graph(gm, example_inputs)
-            except Exception as exc:
-                if not _no_choice(exc):
-                    raise
-                raise ConfigError(
-                    "cpu_gemm='template': Inductor's C++ GEMM template cannot take a matrix "
-                    "product of this graph (its second operand is not a constant weight, or N "
-                    "or K is dynamic); compile it with cpu_gemm='aten' (or 'auto': the template "
-                    "where it applies)"
-                ) from exc
-        # Inductor's post-grad passes rewrite the graph they compile: the trial gets a copy
-        # of the graph (the module's constants are shared, not copied)
-        trial = fx.GraphModule(gm, copy.deepcopy(gm.graph))
         try:
             with _template_only():
                 return compile_graph(trial, example_inputs)
         except Exception as exc:
             if not _no_choice(exc):
                 raise
+            if not fallback:
+                raise ConfigError(
+                    "cpu_gemm='template': Inductor's C++ GEMM template cannot take a matrix "
+                    "product of this graph (its second operand is not a constant weight, or N "
+                    "or K is dynamic); compile it with cpu_gemm='aten' (or 'auto': the template "
+                    "where it applies)"
+                ) from exc
         logger.info(
             "cpu_gemm='auto': the C++ GEMM template cannot take a matrix product of this graph "
             "(a non-constant operand, or N or K dynamic); its products run on ATen's"
