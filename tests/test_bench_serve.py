@@ -235,5 +235,5 @@ def test_the_template_run_passes_its_flag_and_labels_its_figures() -> None:
     assert "--cpu-gemm template" in figs[0].note
     default = serve_report(_measured(hf_scale=0.25), ServeSizes.full())
     assert [f.value for f in figs] == [f.value for f in default]  # the same arithmetic
-    for name in ("serve_template", "serve_auto"):
+    for name in ("serve_aten", "serve_template", "serve_auto"):
         assert name in SECTIONS and name in QUICK_SECTIONS

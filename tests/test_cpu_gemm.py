@@ -117,7 +117,7 @@ def test_the_flag_reaches_the_run_config_and_bad_uses_are_refused():
     from torch_tensorrt_dist.config.run import CPU_GEMMS as CLI_GEMMS
 
     assert CLI_GEMMS == CPU_GEMMS  # two layers, one list of values (settings.py says why)
-    assert config("--engine", "inductor").cpu_gemm == "aten"
+    assert config("--engine", "inductor").cpu_gemm == "reduce"  # the default
     assert config("--engine", "inductor", "--cpu-gemm", "template").cpu_gemm == "template"
     with pytest.raises(ConfigError, match="applies to --engine inductor only"):
         config("--engine", "eager", "--cpu-gemm", "template")
@@ -128,36 +128,46 @@ def test_the_flag_reaches_the_run_config_and_bad_uses_are_refused():
         build_parser().parse_args(["serve", "--cpu-gemm", "fast"])
     # compile builds artifacts (their GEMMs fixed there): it takes no such flag, and a serve
     # from artifacts refuses it
-    assert build_parser().parse_args(["compile", "--out", "x"]).cpu_gemm == "aten"
+    assert build_parser().parse_args(["compile", "--out", "x"]).cpu_gemm == "reduce"
     with pytest.raises(ConfigError, match="--artifacts runs graphs compiled already"):
         config("--artifacts", "/a", "--engine", "inductor", "--cpu-gemm", "template")
 
 
-def _tp_rank(rank: int, world: int, path: str) -> dict[str, Any]:
+#: how each option's products show in Dynamo's counters: templated kernels, rewritten products
+_USED = {
+    "template": ("inductor", "cpp_templated_kernel_counter"),
+    "reduce": ("torch_tensorrt_dist", "reduced_products"),
+}
+
+
+def _tp_rank(rank: int, world: int, path: str, cpu_gemm: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     torch._dynamo.reset()
     counters.clear()
     model = load_llama(path, group=dist.group.WORLD, progress=False)
     gen = Generator(
-        model, engine="inductor", max_batch_size=len(PROMPTS), cache_len=64, cpu_gemm="template"
+        model, engine="inductor", max_batch_size=len(PROMPTS), cache_len=64, cpu_gemm=cpu_gemm
     )
     tokens = gen.generate(PROMPTS, max_new_tokens=MAX_NEW).tokens
-    return {"tokens": tokens, "templated": counters["inductor"]["cpp_templated_kernel_counter"]}
+    group, name = _USED[cpu_gemm]
+    return {"tokens": tokens, "used": counters[group][name]}
 
 
-def test_tp2_tokens_equal_transformers(tmp_path):
-    """Two gloo ranks, each with its shard's weights frozen and packed, the collectives in
-    the same graph: the same greedy tokens as the unsharded model in HF transformers."""
+@pytest.mark.parametrize("cpu_gemm", ["template", "reduce"])
+def test_tp2_tokens_equal_transformers(tmp_path, cpu_gemm):
+    """Two gloo ranks, each with its shard's weights (frozen and packed by the template,
+    row-major for the reductions, ``backend/row_products.py``), the collectives in the same
+    graph: the same greedy tokens as the unsharded model in HF transformers."""
     pytest.importorskip("transformers")
     from torch_tensorrt_dist.testing import run_on_ranks
 
     hf = _llama_ckpt.save_checkpoint("llama_gqa", tmp_path / "ckpt")
     want = [_llama_ckpt.hf_greedy(hf, p, MAX_NEW) for p in PROMPTS]
-    results = run_on_ranks(_tp_rank, 2, str(tmp_path / "ckpt"), timeout=300)
+    results = run_on_ranks(_tp_rank, 2, str(tmp_path / "ckpt"), cpu_gemm, timeout=300)
     for rank, res in enumerate(results):
         assert res["tokens"] == want, rank
-        assert res["templated"] > 0, rank
+        assert res["used"] > 0, rank
 
 
 def test_a_product_of_two_activations_is_refused_naming_aten():

@@ -9,7 +9,11 @@ from torch import nn
 
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
-from torch_tensorrt_dist.models.weight_layout import column_major_linears, is_column_major
+from torch_tensorrt_dist.models.weight_layout import (
+    column_major_linears,
+    is_column_major,
+    row_major_linears,
+)
 from torch_tensorrt_dist.quantization import QuantConfig, quantize_model
 
 ARGS = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, intermediate_size=96)
@@ -61,10 +65,29 @@ def test_meta_and_vector_weights_are_left_alone() -> None:
     assert all(m.weight.is_contiguous() for m in (*layers, meta))
 
 
-@pytest.mark.parametrize(("engine", "changed"), [("inductor", True), ("none", False)])
-def test_the_inductor_generator_lays_out_its_linears(engine: str, changed: bool) -> None:
-    """Only the Inductor engine: the eager engine is the reference (and the compile-once
-    artifacts' export, whose packages read row-major weights from their file)."""
+@pytest.mark.parametrize(
+    ("engine", "cpu_gemm", "changed"),
+    [("inductor", "aten", True), ("inductor", "reduce", False), ("none", "aten", False)],
+)
+def test_the_inductor_generator_lays_out_its_linears(
+    engine: str, cpu_gemm: str, changed: bool
+) -> None:
+    """Only the Inductor engine with ATen's products: the eager engine is the reference (and
+    the compile-once artifacts' export, whose packages read row-major weights from their
+    file); ``reduce`` reads weight rows (``backend/row_products.py``)."""
     model = _model()
-    Generator(model, engine=engine, max_batch_size=2, cache_len=32)  # compiles on first call
-    assert all(is_column_major(w) == changed for w in _linears(model).values())
+    column_major_linears(model)  # what an earlier generator over the same model did
+    Generator(model, engine=engine, max_batch_size=2, cache_len=32, cpu_gemm=cpu_gemm)
+    assert all(
+        is_column_major(w) == (changed or engine == "none") for w in _linears(model).values()
+    )
+
+
+def test_row_major_undoes_column_major_with_the_values() -> None:
+    model = _model()
+    values = {n: w.detach().clone() for n, w in _linears(model).items()}
+    assert row_major_linears(model) == 0  # as loaded
+    column_major_linears(model)
+    assert row_major_linears(model) == len(values)
+    for name, w in _linears(model).items():
+        assert w.is_contiguous() and torch.equal(w, values[name])

@@ -179,7 +179,7 @@ def torch_tensorrt_dist_backend(
     resolve = _resolver(gm)
     recorded = bool(_recorders)
     trt_freeze = settings.engine == "tensorrt"
-    gemm_freeze = settings.cpu_gemm != "aten"  # engine inductor (settings check it)
+    gemm_freeze = settings.cpu_gemm in ("template", "auto")  # engine inductor (settings check)
 
     def fw_compiler(aten_gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., Any]:
         # TensorRT dequantizes constant weights only, and IMoELayer takes constant experts:
@@ -207,6 +207,11 @@ def torch_tensorrt_dist_backend(
         if settings.engine == "eager":
             reinplace_input_writes(aten_gm)  # Inductor does this itself
         reference = reference_graph(aten_gm) if _verifies(settings) else None
+        if settings.cpu_gemm == "reduce":  # after the reference: verify checks the rewrite
+            from torch_tensorrt_dist.backend.cpu_gemm import gemm_weights
+            from torch_tensorrt_dist.backend.row_products import products_as_reductions
+
+            products_as_reductions(aten_gm, gemm_weights(example_inputs))
         engine = build_engine(aten_gm, inputs, settings)
         report.engine_module = getattr(engine, "trt_module", None)
         if reference is not None:  # inside the schedule check: that runs first

@@ -39,7 +39,7 @@ def build_engine(
         from torch_tensorrt_dist.lowering.flex_inputs import contiguous_flex_inputs
 
         contiguous_flex_inputs(gm)  # a torch 2.14 bug of CPU flex attention (see the module)
-        if settings.cpu_gemm != "aten":
+        if settings.cpu_gemm in ("template", "auto"):  # reduce: rewritten before (backend.py)
             from torch_tensorrt_dist.backend.cpu_gemm import compile_gemms
 
             fallback = settings.cpu_gemm == "auto"

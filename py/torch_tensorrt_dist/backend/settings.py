@@ -23,7 +23,7 @@ ENGINES = ("tensorrt", "inductor", "eager")
 COLLECTIVE_IMPLS = ("auto", "native", "plugin", "torch_nccl")
 #: as ``config.run.CPU_GEMMS`` (the CLI's; as with ``ENGINES``, the backend does not import
 #: the command-line layer, which imports the generation core and with it this package)
-CPU_GEMMS = ("aten", "template", "auto")
+CPU_GEMMS = ("aten", "template", "auto", "reduce")
 #: overrides ``collective_impl`` when set (the settings value wins if given explicitly)
 ENV_COLLECTIVE_IMPL = "TORCH_TENSORRT_DIST_COLLECTIVE_IMPL"
 
@@ -65,7 +65,9 @@ class CompileSettings:
     #: 1.7x faster at 1 row, 1.16x at 8; prefill about 1.4x slower, longer compiles, a packed
     #: copy of each weight, which is what runs: a weight written in place after a graph's
     #: first call is not seen by it); ``auto``: the template where every product of the graph
-    #: takes it, ATen's for a graph where one does not
+    #: takes it, ATen's for a graph where one does not; ``reduce``: each product with a
+    #: row-major float32 weight as a vectorized reduction (``backend/row_products.py``: for
+    #: steps of few rows, bound by reading the weights)
     cpu_gemm: str = "aten"
 
     def __post_init__(self) -> None:

@@ -49,6 +49,7 @@ from torch_tensorrt_dist.bench.serve_report import (
 )
 from torch_tensorrt_dist.bench.serve_scenarios import join_during_streams, random_ids, shared_prefix
 from torch_tensorrt_dist.bench.serve_streams import ClientRun, run_clients
+from torch_tensorrt_dist.config.run import DEFAULT_CPU_GEMM
 from torch_tensorrt_dist.errors import ConfigError
 
 __all__ = ["our_server_args", "serve_figures"]
@@ -97,7 +98,7 @@ def our_server_args(path: str | Path, sizes: ServeSizes, kv_bytes: int) -> list[
         str(kv_bytes),
         "--served-model-name",
         MODEL,
-        *(["--cpu-gemm", sizes.cpu_gemm] if sizes.cpu_gemm != "aten" else []),
+        *(["--cpu-gemm", sizes.cpu_gemm] if sizes.cpu_gemm != DEFAULT_CPU_GEMM else []),
     ]
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from torch_tensorrt_dist.bench.common import Figure
 from torch_tensorrt_dist.bench.serve_scenarios import Join
 from torch_tensorrt_dist.bench.serve_streams import ClientRun, Stream, slowest_ttft_share
+from torch_tensorrt_dist.config.run import DEFAULT_CPU_GEMM
 from torch_tensorrt_dist.errors import ConfigError
 
 __all__ = ["SECTION", "ServeMeasured", "ServeSizes", "ThreadCPU", "serve_report"]
@@ -52,7 +53,7 @@ class ServeSizes:
     kv_rows: int = 8
     kv_tokens: int = 512
     engine: str = "inductor"
-    cpu_gemm: str = "aten"
+    cpu_gemm: str = DEFAULT_CPU_GEMM
     """Our server's ``--cpu-gemm`` (and the in-process generator's, the decode step's)."""
     baseline: bool = True
 
@@ -385,7 +386,7 @@ def serve_report(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
     )
     if m.load:
         figs.append(Figure(SECTION, "machine load average (start / end of the section)", m.load))
-    if s.cpu_gemm != "aten":  # a run of its own: its figures are told apart from the default's
+    if s.cpu_gemm != DEFAULT_CPU_GEMM:  # a run of its own: told apart from the default run
         label = f"{SECTION[:-1]}, --cpu-gemm {s.cpu_gemm})"
         figs = [replace(f, section=label) for f in figs]
     return figs

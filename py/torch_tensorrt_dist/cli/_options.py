@@ -16,6 +16,7 @@ from torch_tensorrt_dist.config.jobs import Job
 from torch_tensorrt_dist.config.run import (
     CPU_GEMMS,
     DEFAULT_BLOCK_SIZE,
+    DEFAULT_CPU_GEMM,
     DEFAULT_MAX_PREFILL_TOKENS,
     ENGINES,
     LAYOUTS,
@@ -47,7 +48,7 @@ _ABSENT: dict[str, Any] = {
     "ep": 1,
     "split": None,
     "verify": None,
-    "cpu_gemm": "aten",
+    "cpu_gemm": DEFAULT_CPU_GEMM,
     "max_batch_size": None,
     "max_seq_len": None,
     "kv_cache_memory": None,
@@ -146,12 +147,14 @@ def add_engine(
     p.add_argument(
         "--cpu-gemm",
         choices=CPU_GEMMS,
-        default="aten",
-        help="--engine inductor's matrix products on CPU: aten (MKL), template (Inductor's "
-        "C++ GEMM template over the weights packed at compile time: faster decoding at few "
-        "rows, slower prefill and many rows, longer compiles, a packed copy of each weight) "
-        "or auto (the template for decode steps of up to 8 rows, aten for the rest, and aten "
-        "with any other engine; docs/performance.md); default aten",
+        default=DEFAULT_CPU_GEMM,
+        help="--engine inductor's matrix products on CPU: reduce (decode steps of up to 16 "
+        "rows compute each product with a weight as one pass over its rows, the rest run "
+        "aten's on the same weights), aten (MKL, on column-major weights), template (Inductor's "
+        "C++ GEMM template over the weights packed at compile time: a packed copy of each "
+        "weight, slower prefill and compiles) or auto (the template for decode steps of up to "
+        "8 rows, aten for the rest); reduce and auto are aten with any other engine "
+        f"(docs/performance.md); default {DEFAULT_CPU_GEMM}",
     )
     p.add_argument(
         "--verify",

@@ -29,6 +29,7 @@ __all__ = [
     "BLOCK_SIZES",
     "CPU_GEMMS",
     "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_CPU_GEMM",
     "DEFAULT_MAX_PREFILL_TOKENS",
     "ENGINES",
     "LAYOUTS",
@@ -43,7 +44,9 @@ __all__ = [
 #: what runs the model: Torch-TensorRT, Inductor, the lowered graph as is, or plain PyTorch
 ENGINES = ("tensorrt", "inductor", "eager", "none")
 #: ``--cpu-gemm``: the Inductor engine's CPU matrix products (``backend/cpu_gemm.py``)
-CPU_GEMMS = ("aten", "template", "auto")
+CPU_GEMMS = ("aten", "template", "auto", "reduce")
+#: the default ``--cpu-gemm`` (``generation/generate.py``'s ``REDUCE_ROWS`` says why)
+DEFAULT_CPU_GEMM = "reduce"
 #: how the embedding and the LM head are split over the TP ranks
 Layout = Literal["vocab_parallel", "replicated"]
 LAYOUTS: tuple[Layout, ...] = ("vocab_parallel", "replicated")
@@ -197,9 +200,10 @@ class RunConfig:
     engine: str = "eager"
     verify: bool | None = None
     """Check each compiled graph's first call against eager (None: on for tensorrt only)."""
-    cpu_gemm: str = "aten"
+    cpu_gemm: str = DEFAULT_CPU_GEMM
     """``--cpu-gemm``: the Inductor engine's matrix products (``backend/cpu_gemm.py``;
-    ``auto``: the template for decode steps of few rows, ``generation/generate.py``)."""
+    ``auto``: the template for decode steps of few rows, ``reduce``: those steps' products as
+    reductions, ``backend/row_products.py``; the split: ``generation/generate.py``)."""
     quantize: QuantConfig | None = None
     cache: CacheOptions = field(default_factory=CacheOptions)
     threads: int | None = None

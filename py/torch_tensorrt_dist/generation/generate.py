@@ -32,7 +32,7 @@ from torch_tensorrt_dist.generation.scheduler import Scheduler
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, mark_step_dims, step_inputs
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
-from torch_tensorrt_dist.models.weight_layout import column_major_linears
+from torch_tensorrt_dist.models.weight_layout import column_major_linears, row_major_linears
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -61,6 +61,13 @@ DEFAULT_MAX_PREFILL_TOKENS = 512
 #: 3.9, 8 rows 4.2-4.5 against 5.7, 16 rows 7.4-7.9 against 7.1-7.3, 32 rows 14.3 against
 #: 10.6; a 512-token prefill 210 against 117 ms: docs/performance.md)
 TEMPLATE_ROWS = 8
+#: ``cpu_gemm="reduce"``: the decode steps of at most this many rows compute their products as
+#: reductions over the row-major weights, the rest with ATen's GEMM on the same weights (the
+#: bench checkpoint's step, one thread: 1 row 1.36-1.41 ms against 2.53 for ATen's on
+#: column-major weights, 8 rows 3.97-4.05 against 4.35-4.63, 16 rows 6.85 against 6.15 and
+#: 7.58 for ATen's on row-major weights, 32 rows 13.4 against 9.6 and 11.1:
+#: ``backend/row_products.py``, docs/performance.md)
+REDUCE_ROWS = 16
 
 F = TypeVar("F", bound=Callable[..., Tensor])
 
@@ -153,10 +160,22 @@ def compile_paged_step(
     cannot take: ATen's products, ``backend/cpu_gemm.py``), prefill and more rows on ATen's. A
     lone decode row runs as two equal rows in the template's graph (the same values written
     twice to the same KV slots): one packed copy of the weights and one compile, not two.
-    Elsewhere ``auto`` is ``aten``."""
-    if cpu_gemm != "auto" or engine != "inductor" or device.type != "cpu":
-        plain = "aten" if cpu_gemm == "auto" else cpu_gemm
+    Elsewhere ``auto`` is ``aten``. ``cpu_gemm="reduce"`` splits them the same way: decode
+    steps of up to :data:`REDUCE_ROWS` rows (a lone row included) with their products as
+    reductions (``backend/row_products.py``), the rest with ATen's; elsewhere ``aten``."""
+    split = cpu_gemm in ("auto", "reduce")
+    if not split or engine != "inductor" or device.type != "cpu":
+        plain = "aten" if split else cpu_gemm
         return compile_step(fn, engine, verify=verify, cpu_gemm=plain)
+    if cpu_gemm == "reduce":
+        reduced = compile_step(fn, engine, verify=verify, cpu_gemm="reduce")
+        gemm = compile_step(fn, engine, verify=verify)
+
+        def by_rows(*inputs: Tensor) -> Tensor:
+            r, s = inputs[0].shape[:2]
+            return gemm(*inputs) if s != 1 or r > REDUCE_ROWS else reduced(*inputs)
+
+        return cast(F, by_rows)
     few = compile_step(fn, engine, verify=verify, cpu_gemm="auto")
     rest = compile_step(fn, engine, verify=verify)
 
@@ -245,14 +264,16 @@ class Generator:
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         prefix_caching: bool = True,
         salt: bytes = b"",
-        cpu_gemm: str = "aten",
+        cpu_gemm: str = "reduce",
     ) -> None:
         """``max_batch_size``: rows run together; ``cache_len``: the longest sequence (prompt
         and generated tokens; default the model's); ``kv_cache_memory``: bytes of KV cache
         on this rank (default: ``max_batch_size`` sequences of ``cache_len`` tokens);
         ``max_prefill_tokens``: prompt tokens computed per step; ``salt``: the model's
-        identity in prefix-cache keys; ``cpu_gemm``: the backend's option (``template``:
-        Inductor's C++ GEMM template on the weights, ``backend/cpu_gemm.py``)."""
+        identity in prefix-cache keys; ``cpu_gemm``: how the Inductor engine computes the
+        products with weights on CPU (``compile_paged_step``; ``reduce``, the default: decode
+        steps of few rows as reductions, ``backend/row_products.py``; ``aten``, ``template``,
+        ``auto``: ``backend/cpu_gemm.py``)."""
         self.model, self.args, self.engine = model, model.args, engine
         self.max_batch_size = max_batch_size
         self.cache_len = cache_len or model.args.max_seq_len
@@ -276,7 +297,9 @@ class Generator:
             blocks=max(2, blocks_for(self.cache_len, block_size)),  # tables have >= 2 blocks
             block_size=block_size,
         )
-        if engine == "inductor":  # CPU matmuls of few rows run faster on column-major weights
+        if engine == "inductor" and cpu_gemm == "reduce":  # reductions read weight rows
+            row_major_linears(model)
+        elif engine == "inductor":  # CPU matmuls of few rows run faster on column-major weights
             column_major_linears(model)
         if engine != "none":  # a handful of graphs (shape classes): let Dynamo keep them all
             limit = torch._dynamo.config.recompile_limit

@@ -1,6 +1,7 @@
 """The layout of linear weights for CPU matmuls: column-major, so small batches run faster.
 
     changed = column_major_linears(model)   # before the step is compiled; shapes unchanged
+    changed = row_major_linears(model)      # back, for products as reductions
 
 ``F.linear(x, w)`` with ``w`` [out, in] multiplies ``x`` by ``w.t()``. Stored row-major (as
 loaded), ``w.t()`` is a transposed operand, and MKL's GEMM packs it on every call, which
@@ -16,6 +17,9 @@ stacks, DTensor parameters and any weight on a GPU keep their layout. A model wh
 are then exported by value with fixed strides (AOTInductor packages that load their constants
 from a file) must not be changed: the compile-once artifacts use the eager engine and keep
 the layout of their weights file.
+
+The products of ``cpu_gemm="reduce"`` (``backend/row_products.py``) read each weight row as
+a contiguous vector: they want the row-major layout, and the generator keeps it with them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["column_major_linears", "is_column_major"]
+__all__ = ["column_major_linears", "is_column_major", "row_major_linears"]
 
 
 def is_column_major(w: torch.Tensor) -> bool:
@@ -35,20 +39,36 @@ def column_major_linears(model: nn.Module) -> int:
     """Re-lay every eligible linear weight of ``model`` column-major, in place (the parameter
     object and its shape stay; its storage is replaced); returns how many changed."""
     changed = 0
-    for module in model.modules():
-        if not isinstance(module, nn.Linear):
-            continue
-        w = module.weight
-        if (
-            type(w.data) is not torch.Tensor  # a DTensor, a quantized or fake tensor
-            or w.device.type != "cpu"
-            or not w.is_floating_point()
-            or w.dim() != 2
-            or min(w.shape) < 2  # one row or column: both layouts are one
-            or is_column_major(w)
-        ):
-            continue
-        with torch.no_grad():
-            w.data = w.data.t().contiguous().t()
-        changed += 1
+    for w in _eligible(model):
+        if not is_column_major(w):
+            with torch.no_grad():
+                w.data = w.data.t().contiguous().t()
+            changed += 1
     return changed
+
+
+def row_major_linears(model: nn.Module) -> int:
+    """Re-lay every eligible linear weight of ``model`` row-major (contiguous), in place; the
+    inverse of :func:`column_major_linears`; returns how many changed."""
+    changed = 0
+    for w in _eligible(model):
+        if not w.is_contiguous():
+            with torch.no_grad():
+                w.data = w.data.contiguous()
+            changed += 1
+    return changed
+
+
+def _eligible(model: nn.Module) -> list[torch.Tensor]:
+    """The weights of ``model``'s ``nn.Linear`` modules that are plain 2-D floating-point CPU
+    tensors of at least two rows and columns (one row or column: both layouts are one)."""
+    return [
+        module.weight
+        for module in model.modules()
+        if isinstance(module, nn.Linear)
+        and type(module.weight.data) is torch.Tensor  # not a DTensor, quantized or fake tensor
+        and module.weight.device.type == "cpu"
+        and module.weight.is_floating_point()
+        and module.weight.dim() == 2
+        and min(module.weight.shape) >= 2
+    ]
