@@ -96,7 +96,7 @@ def test_tp2_starts_its_own_ranks(ckpt: tuple[Path, list[int]]) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "py"), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, "-m", "torch_tensorrt_dist", *_args(path, "--tp", "2", *layout)],
+        [sys.executable, "-m", "torch_tensorrt_dist", "-v", *_args(path, "--tp", "2", *layout)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -106,6 +106,9 @@ def test_tp2_starts_its_own_ranks(ckpt: tuple[Path, list[int]]) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = _json(proc.stdout)
     assert out["tokens"] == [expected] and out["tp"] == 2
+    # -v reaches the ranks it started: each logs at INFO, its lines naming it
+    for rank in (0, 1):
+        assert f"INFO rank {rank} torch_tensorrt_dist" in proc.stderr, proc.stderr[-3000:]
     # rank 0's threads: its share of the cores (two ranks here), or what OMP_NUM_THREADS says
     from torch_tensorrt_dist.runtime.threads import cores_given, threads_for
 

@@ -10,6 +10,7 @@ once per node for what every rank refuses alike (:func:`prints_refusal`).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -74,9 +75,13 @@ def exit_codes() -> Iterator[None]:
         raise SystemExit(2) from exc
 
 
-def rank_entry(rank_main: Callable[[Any], int], ns: Any) -> None:
-    """Entry of a rank our launcher started (``launch(rank_entry, n, [rank_main, ns])``):
-    ``rank_main(ns)``, its errors and non-zero return as the rank's exit status."""
+def rank_entry(rank_main: Callable[[Any], int], ns: Any, log_level: int = logging.WARNING) -> None:
+    """Entry of a rank our launcher started (``launch(rank_entry, n, [rank_main, ns,
+    log_level])``): ``rank_main(ns)``, its errors and non-zero return as the rank's exit
+    status. ``log_level``: the command's (``-v``: INFO, ``-vv``: DEBUG); a started process
+    has no logging set up, and its lines name the rank."""
+    rank = os.environ.get("RANK", "?")
+    logging.basicConfig(level=log_level, format=f"%(levelname)s rank {rank} %(name)s: %(message)s")
     with exit_codes():
         code = rank_main(ns)
     if code:

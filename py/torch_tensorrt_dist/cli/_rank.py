@@ -129,8 +129,9 @@ def start(
         return launch_ranks(config)
     from torch_tensorrt_dist.runtime.huge_pages import rank_env
 
+    level = logging.getLogger().getEffectiveLevel()  # -v reaches the ranks
     result = launch(
-        rank_entry, config.parallel.world, [rank_main, config], env=rank_env(os.environ)
+        rank_entry, config.parallel.world, [rank_main, config, level], env=rank_env(os.environ)
     )
     print_launch_failure(result, verbose=ns.verbose)
     return int(result.returncode)

@@ -18,6 +18,7 @@ prefill to its last token, and every step decodes all running rows at once. Rank
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import signal
@@ -158,7 +159,7 @@ def _launch(config: RunConfig, verbose: int) -> int:
         result = launch(
             rank_entry,
             world,
-            [rank_main, config],
+            [rank_main, config, logging.getLogger().getEffectiveLevel()],  # -v reaches ranks
             stop_timeout=stop_timeout,
             env=rank_env(os.environ),  # runtime/huge_pages.py
         )
