@@ -62,11 +62,13 @@ DEFAULT_MAX_PREFILL_TOKENS = 512
 #: 10.6; a 512-token prefill 210 against 117 ms: docs/performance.md)
 TEMPLATE_ROWS = 8
 #: ``cpu_gemm="reduce"``: the decode steps of at most this many rows compute their products as
-#: reductions over the row-major weights, the rest with ATen's GEMM on the same weights (the
-#: bench checkpoint's step, one thread: 1 row 1.36-1.41 ms against 2.53 for ATen's on
-#: column-major weights, 8 rows 3.97-4.05 against 4.35-4.63, 16 rows 6.85 against 6.15 and
-#: 7.58 for ATen's on row-major weights, 32 rows 13.4 against 9.6 and 11.1:
-#: ``backend/row_products.py``, docs/performance.md)
+#: reductions over the row-major weights, the rest with ATen's GEMM on the same weights. The
+#: bench checkpoint's step, one thread, the two modes one after the other: 1 / 2 / 8 / 16 rows
+#: 1.38 / 2.03 / 4.23 / 7.07 ms against 3.25 / 3.68 / 4.78 / 6.49 for ``aten`` (its GEMM on
+#: column-major weights); 17 and 32 rows, on ATen's GEMM over row-major weights, 8.85 and
+#: 11.54 against 7.05 and 10.99 (the reductions at 32 rows: 13.4). Up to 16 rows the reductions
+#: beat ATen's GEMM on the same row-major weights (16 rows: 7.07 against 7.58); past that, MKL's
+#: register-blocked GEMM wins (``backend/row_products.py``, docs/performance.md).
 REDUCE_ROWS = 16
 
 F = TypeVar("F", bound=Callable[..., Tensor])
