@@ -91,3 +91,12 @@ def test_row_major_undoes_column_major_with_the_values() -> None:
     assert row_major_linears(model) == len(values)
     for name, w in _linears(model).items():
         assert w.is_contiguous() and torch.equal(w, values[name])
+
+
+def test_reduce_keeps_float32_weights_row_major_and_others_column_major() -> None:
+    """The reductions take float32 weights only (``backend/row_products.py``): a bf16 model's
+    products stay ATen's, on the layout ATen's GEMM reads faster."""
+    for dtype, column in ((torch.float32, False), (torch.bfloat16, True)):
+        model = _model().to(dtype)
+        Generator(model, engine="inductor", max_batch_size=2, cache_len=32, cpu_gemm="reduce")
+        assert all(is_column_major(w) == column for w in _linears(model).values()), dtype

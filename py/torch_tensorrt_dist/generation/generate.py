@@ -299,10 +299,10 @@ class Generator:
             blocks=max(2, blocks_for(self.cache_len, block_size)),  # tables have >= 2 blocks
             block_size=block_size,
         )
-        if engine == "inductor" and cpu_gemm == "reduce":  # reductions read weight rows
-            row_major_linears(model)
-        elif engine == "inductor":  # CPU matmuls of few rows run faster on column-major weights
+        if engine == "inductor":  # CPU matmuls of few rows run faster on column-major weights
             column_major_linears(model)
+            if cpu_gemm == "reduce":  # but the reductions read float32 weight rows
+                row_major_linears(model, torch.float32)
         if engine != "none":  # a handful of graphs (shape classes): let Dynamo keep them all
             limit = torch._dynamo.config.recompile_limit
             torch._dynamo.config.recompile_limit = max(limit, 16)

@@ -18,8 +18,9 @@ are then exported by value with fixed strides (AOTInductor packages that load th
 from a file) must not be changed: the compile-once artifacts use the eager engine and keep
 the layout of their weights file.
 
-The products of ``cpu_gemm="reduce"`` (``backend/row_products.py``) read each weight row as
-a contiguous vector: they want the row-major layout, and the generator keeps it with them.
+The products of ``cpu_gemm="reduce"`` (``backend/row_products.py``) read each float32 weight
+row as a contiguous vector: they want the row-major layout, and the generator keeps it for
+those weights (the others, which ATen's GEMM multiplies, stay column-major).
 """
 
 from __future__ import annotations
@@ -47,12 +48,13 @@ def column_major_linears(model: nn.Module) -> int:
     return changed
 
 
-def row_major_linears(model: nn.Module) -> int:
-    """Re-lay every eligible linear weight of ``model`` row-major (contiguous), in place; the
-    inverse of :func:`column_major_linears`; returns how many changed."""
+def row_major_linears(model: nn.Module, dtype: torch.dtype | None = None) -> int:
+    """Re-lay every eligible linear weight of ``model`` (of ``dtype`` only, if given) row-major
+    (contiguous), in place; the inverse of :func:`column_major_linears`; returns how many
+    changed."""
     changed = 0
     for w in _eligible(model):
-        if not w.is_contiguous():
+        if not w.is_contiguous() and dtype in (None, w.dtype):
             with torch.no_grad():
                 w.data = w.data.contiguous()
             changed += 1
