@@ -20,6 +20,17 @@ from . import _llama_ckpt
 
 PROMPTS = [[3, 5, 7, 9, 11], [4, 8, 15, 16, 23, 42, 7, 1, 2], [9, 8, 7]]
 MAX_NEW = 10
+#: products with weights in a step of the test checkpoint: 2 layers x (q, k, v, o, gate, up,
+#: down) and the head
+PRODUCTS = 2 * 7 + 1
+
+
+def decode_inputs(gen: Generator, rows: int) -> Any:
+    """A decode step's inputs of ``rows`` rows, each at position 3 of its own block."""
+    from torch_tensorrt_dist.generation.step_inputs import step_inputs
+
+    spans = [([1], 3, [1 + i]) for i in range(rows)]
+    return step_inputs(spans, gen.limits, gen.device, mark_dynamic=gen.mark_dynamic)
 
 
 def _reduced() -> int:
@@ -119,10 +130,35 @@ def test_reduce_gives_decode_steps_of_few_rows_the_reductions_only(tmp_path, mon
     assert gen.generate(PROMPTS, max_new_tokens=MAX_NEW).tokens == want
     assert _reduced() == 0  # three rows (prefill and decode): ATen's
     assert gen.generate(PROMPTS[:2], max_new_tokens=MAX_NEW).tokens == want[:2]
-    two_rows = _reduced()
-    assert two_rows > 0  # a decode of two rows: reductions
+    # a decode of two rows: reductions, every product (2 layers x 7, and the head)
+    assert _reduced() == PRODUCTS
     assert gen.generate([PROMPTS[2]], max_new_tokens=MAX_NEW).tokens == want[2:]
-    assert _reduced() > two_rows  # a lone row: its own (static) graph, reductions too
+    assert _reduced() == 2 * PRODUCTS  # a lone row: its own (static) graph, reductions too
+    # the logits come out row-major, as ATen's product gives them
+    logits = gen._step(*decode_inputs(gen, rows=2))
+    assert logits.is_contiguous()
+
+
+def test_a_model_without_float32_weights_compiles_its_step_once(monkeypatch):
+    """A bf16 model has nothing to rewrite: ``reduce`` is ``aten`` for it (one compile of the
+    step, not two)."""
+    from torch_tensorrt_dist.generation import generate as generate_module
+    from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+
+    seen: list[str] = []
+    plain = generate_module.compile_paged_step
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["cpu_gemm"])
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(generate_module, "compile_paged_step", spy)
+    args = ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=96, max_seq_len=32)
+    for dtype, want in ((torch.bfloat16, "aten"), (torch.float32, "reduce")):
+        Generator(
+            Transformer(args).to(dtype), engine="inductor", max_batch_size=2, cpu_gemm="reduce"
+        )
+        assert seen.pop() == want, dtype
 
 
 def test_the_flag_reaches_the_run_config():

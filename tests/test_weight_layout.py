@@ -74,13 +74,24 @@ def test_the_inductor_generator_lays_out_its_linears(
 ) -> None:
     """Only the Inductor engine with ATen's products: the eager engine is the reference (and
     the compile-once artifacts' export, whose packages read row-major weights from their
-    file); ``reduce`` reads weight rows (``backend/row_products.py``)."""
+    file); ``reduce`` reads weight rows (``backend/row_products.py``), and gets them back
+    from a model an earlier generator laid out column-major."""
     model = _model()
-    column_major_linears(model)  # what an earlier generator over the same model did
     Generator(model, engine=engine, max_batch_size=2, cache_len=32, cpu_gemm=cpu_gemm)
-    assert all(
-        is_column_major(w) == (changed or engine == "none") for w in _linears(model).values()
-    )
+    assert all(is_column_major(w) == changed for w in _linears(model).values())
+    if cpu_gemm == "reduce":
+        column_major_linears(model)
+        Generator(model, engine=engine, max_batch_size=2, cache_len=32, cpu_gemm=cpu_gemm)
+        assert all(w.is_contiguous() for w in _linears(model).values())
+
+
+def test_reduce_copies_no_float32_weight() -> None:
+    """Row-major as loaded, a float32 weight keeps its storage under ``reduce`` (it is not laid
+    out column-major and back)."""
+    model = _model()
+    storages = {n: w.data_ptr() for n, w in _linears(model).items()}
+    Generator(model, engine="inductor", max_batch_size=2, cache_len=32, cpu_gemm="reduce")
+    assert {n: w.data_ptr() for n, w in _linears(model).items()} == storages
 
 
 def test_row_major_undoes_column_major_with_the_values() -> None:

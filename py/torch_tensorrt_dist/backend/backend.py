@@ -211,7 +211,7 @@ def torch_tensorrt_dist_backend(
             from torch_tensorrt_dist.backend.cpu_gemm import gemm_weights
             from torch_tensorrt_dist.backend.row_products import products_as_reductions
 
-            products_as_reductions(aten_gm, gemm_weights(example_inputs))
+            products_as_reductions(aten_gm, gemm_weights(example_inputs), len(example_inputs))
         engine = build_engine(aten_gm, inputs, settings)
         report.engine_module = getattr(engine, "trt_module", None)
         if reference is not None:  # inside the schedule check: that runs first

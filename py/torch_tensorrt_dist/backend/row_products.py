@@ -44,13 +44,25 @@ logger = logging.getLogger(__name__)
 aten = torch.ops.aten
 
 
-def products_as_reductions(gm: fx.GraphModule, weights: Collection[int]) -> int:
+def products_as_reductions(
+    gm: fx.GraphModule, weights: Collection[int], inputs: int | None = None
+) -> int:
     """Rewrite ``gm``'s products of an activation with a row-major float32 weight (one of the
-    graph inputs at the positions ``weights``: ``cpu_gemm.gemm_weights``) as reductions, in
-    place; returns how many (also counted in Dynamo's
-    ``counters["torch_tensorrt_dist"]["reduced_products"]``)."""
+    graph inputs at the positions ``weights``: ``cpu_gemm.gemm_weights`` of the ``inputs``
+    inputs Dynamo gave) as reductions, in place; returns how many (also counted in Dynamo's
+    ``counters["torch_tensorrt_dist"]["reduced_products"]``). Where the graph does not have
+    ``inputs`` placeholders (an input that AOTAutograd flattened or added), the positions say
+    nothing: nothing is rewritten (a log line says so)."""
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if inputs is not None and inputs != len(placeholders):
+        logger.info(
+            "cpu_gemm='reduce': the graph has %d inputs where %d were given; its products "
+            "stay ATen's",
+            len(placeholders),
+            inputs,
+        )
+        return 0
     allowed = {placeholders[i] for i in weights if i < len(placeholders)}
     rewritten = 0
     for node in list(graph.nodes):
@@ -74,11 +86,18 @@ def products_as_reductions(gm: fx.GraphModule, weights: Collection[int]) -> int:
             out = graph.call_function(aten.permute.default, (summed, [1, 0]))
             if bias is not None:
                 out = graph.call_function(aten.add.Tensor, (out, bias))
+            if _feeds_output(node):  # the logits: row-major, as the product gave them
+                out = graph.call_function(
+                    aten.clone.default, (out,), {"memory_format": torch.contiguous_format}
+                )
+                out.meta = dict(node.meta)
+        transpose = node.args[-1]
         node.replace_all_uses_with(out)
         graph.erase_node(node)
+        if isinstance(transpose, fx.Node) and not transpose.users:
+            graph.erase_node(transpose)
         rewritten += 1
     if rewritten:
-        graph.eliminate_dead_code()
         gm.recompile()
         counters["torch_tensorrt_dist"]["reduced_products"] += rewritten
     logger.debug("%d products with weights as reductions", rewritten)
@@ -126,6 +145,33 @@ def _transposed(node: fx.Node) -> fx.Node | None:
     )
     src = node.args[0] if transposes else None
     return src if isinstance(src, fx.Node) else None
+
+
+#: ops through which a product's layout reaches the graph's output unchanged in kind
+_VIEWS = {
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.select.int,
+    aten.slice.Tensor,
+    aten.squeeze.dim,
+    aten.unsqueeze.default,
+}
+
+
+def _feeds_output(node: fx.Node, depth: int = 4) -> bool:
+    """Whether ``node`` is a graph output, directly or through a few views."""
+    for user in node.users:
+        if user.op == "output":
+            return True
+        if (
+            depth
+            and user.op == "call_function"
+            and user.target in _VIEWS
+            and _feeds_output(user, depth - 1)
+        ):
+            return True
+    return False
 
 
 def _val(node: fx.Node) -> torch.Tensor | None:

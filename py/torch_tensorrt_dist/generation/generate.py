@@ -32,7 +32,11 @@ from torch_tensorrt_dist.generation.scheduler import Scheduler
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, mark_step_dims, step_inputs
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
-from torch_tensorrt_dist.models.weight_layout import column_major_linears, row_major_linears
+from torch_tensorrt_dist.models.weight_layout import (
+    column_major_linears,
+    has_float32_linears,
+    row_major_linears,
+)
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -299,10 +303,13 @@ class Generator:
             blocks=max(2, blocks_for(self.cache_len, block_size)),  # tables have >= 2 blocks
             block_size=block_size,
         )
-        if engine == "inductor":  # CPU matmuls of few rows run faster on column-major weights
-            column_major_linears(model)
-            if cpu_gemm == "reduce":  # but the reductions read float32 weight rows
-                row_major_linears(model, torch.float32)
+        if cpu_gemm == "reduce" and not has_float32_linears(model):
+            cpu_gemm = "aten"  # nothing to rewrite (bf16, fp16, quantized): no second compile
+        if engine == "inductor":  # CPU matmuls of few rows run faster on column-major weights,
+            reduce = torch.float32 if cpu_gemm == "reduce" else None  # reductions read rows
+            column_major_linears(model, keep=reduce)
+            if reduce is not None:  # a model laid out by an earlier generator
+                row_major_linears(model, reduce)
         if engine != "none":  # a handful of graphs (shape classes): let Dynamo keep them all
             limit = torch._dynamo.config.recompile_limit
             torch._dynamo.config.recompile_limit = max(limit, 16)

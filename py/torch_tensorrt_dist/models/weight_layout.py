@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["column_major_linears", "is_column_major", "row_major_linears"]
+__all__ = ["column_major_linears", "has_float32_linears", "is_column_major", "row_major_linears"]
 
 
 def is_column_major(w: torch.Tensor) -> bool:
@@ -36,12 +36,13 @@ def is_column_major(w: torch.Tensor) -> bool:
     return w.dim() == 2 and w.t().is_contiguous()
 
 
-def column_major_linears(model: nn.Module) -> int:
+def column_major_linears(model: nn.Module, keep: torch.dtype | None = None) -> int:
     """Re-lay every eligible linear weight of ``model`` column-major, in place (the parameter
-    object and its shape stay; its storage is replaced); returns how many changed."""
+    object and its shape stay; its storage is replaced), except those of dtype ``keep``;
+    returns how many changed."""
     changed = 0
     for w in _eligible(model):
-        if not is_column_major(w):
+        if not is_column_major(w) and w.dtype != keep:
             with torch.no_grad():
                 w.data = w.data.t().contiguous().t()
             changed += 1
@@ -59,6 +60,11 @@ def row_major_linears(model: nn.Module, dtype: torch.dtype | None = None) -> int
                 w.data = w.data.contiguous()
             changed += 1
     return changed
+
+
+def has_float32_linears(model: nn.Module) -> bool:
+    """Whether ``model`` has an eligible float32 linear weight (what ``reduce`` rewrites)."""
+    return any(w.dtype == torch.float32 for w in _eligible(model))
 
 
 def _eligible(model: nn.Module) -> list[torch.Tensor]:
