@@ -32,11 +32,7 @@ from torch_tensorrt_dist.generation.scheduler import Scheduler
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, mark_step_dims, step_inputs
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
-from torch_tensorrt_dist.models.weight_layout import (
-    column_major_linears,
-    has_float32_linears,
-    row_major_linears,
-)
+from torch_tensorrt_dist.models.weight_layout import has_float32_linears, lay_out_linears
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -70,9 +66,9 @@ TEMPLATE_ROWS = 8
 #: bench checkpoint's step, one thread, the two modes one after the other: 1 / 2 / 8 / 16 rows
 #: 1.38 / 2.03 / 4.23 / 7.07 ms against 3.25 / 3.68 / 4.78 / 6.49 for ``aten`` (its GEMM on
 #: column-major weights); 17 and 32 rows, on ATen's GEMM over row-major weights, 8.85 and
-#: 11.54 against 7.05 and 10.99 (the reductions at 32 rows: 13.4). Up to 16 rows the reductions
-#: beat ATen's GEMM on the same row-major weights (16 rows: 7.07 against 7.58); past that, MKL's
-#: register-blocked GEMM wins (``backend/row_products.py``, docs/performance.md).
+#: 11.54 against 7.05 and 10.99. Up to 16 rows the reductions beat ATen's GEMM on the same
+#: row-major weights (an earlier pair of runs: 16 rows 6.68-6.85 against 7.58, 32 rows 13.2-13.4
+#: against 11.07); past that, MKL's register-blocked GEMM wins (docs/performance.md).
 REDUCE_ROWS = 16
 
 F = TypeVar("F", bound=Callable[..., Tensor])
@@ -173,23 +169,15 @@ def compile_paged_step(
     if not split or engine != "inductor" or device.type != "cpu":
         plain = "aten" if split else cpu_gemm
         return compile_step(fn, engine, verify=verify, cpu_gemm=plain)
-    if cpu_gemm == "reduce":
-        reduced = compile_step(fn, engine, verify=verify, cpu_gemm="reduce")
-        gemm = compile_step(fn, engine, verify=verify)
-
-        def by_rows(*inputs: Tensor) -> Tensor:
-            r, s = inputs[0].shape[:2]
-            return gemm(*inputs) if s != 1 or r > REDUCE_ROWS else reduced(*inputs)
-
-        return cast(F, by_rows)
-    few = compile_step(fn, engine, verify=verify, cpu_gemm="auto")
+    few = compile_step(fn, engine, verify=verify, cpu_gemm=cpu_gemm)
     rest = compile_step(fn, engine, verify=verify)
+    pad_lone_row = cpu_gemm == "auto"  # the template's graph takes two rows and more
 
     def step(*inputs: Tensor) -> Tensor:
         r, s = inputs[0].shape[:2]
-        if s != 1 or r > TEMPLATE_ROWS:
+        if s != 1 or r > (TEMPLATE_ROWS if pad_lone_row else REDUCE_ROWS):
             return rest(*inputs)
-        if r > 1:
+        if r > 1 or not pad_lone_row:
             return few(*inputs)
         twice = [torch.cat([t, t]) for t in inputs]
         mark_step_dims(limits, *twice)
@@ -305,11 +293,9 @@ class Generator:
         )
         if cpu_gemm == "reduce" and not has_float32_linears(model):
             cpu_gemm = "aten"  # nothing to rewrite (bf16, fp16, quantized): no second compile
-        if engine == "inductor":  # CPU matmuls of few rows run faster on column-major weights,
-            reduce = torch.float32 if cpu_gemm == "reduce" else None  # reductions read rows
-            column_major_linears(model, keep=reduce)
-            if reduce is not None:  # a model laid out by an earlier generator
-                row_major_linears(model, reduce)
+        if engine == "inductor":  # ATen's products of few rows read column-major weights
+            # faster; the reductions read float32 weight rows
+            lay_out_linears(model, row_major={torch.float32} if cpu_gemm == "reduce" else ())
         if engine != "none":  # a handful of graphs (shape classes): let Dynamo keep them all
             limit = torch._dynamo.config.recompile_limit
             torch._dynamo.config.recompile_limit = max(limit, 16)

@@ -1,7 +1,8 @@
 """The layout of linear weights for CPU matmuls: column-major, so small batches run faster.
 
     changed = column_major_linears(model)   # before the step is compiled; shapes unchanged
-    changed = row_major_linears(model)      # back, for products as reductions
+    changed = row_major_linears(model)      # back, as loaded
+    changed = lay_out_linears(model, row_major={torch.float32})   # what ``reduce`` reads
 
 ``F.linear(x, w)`` with ``w`` [out, in] multiplies ``x`` by ``w.t()``. Stored row-major (as
 loaded), ``w.t()`` is a transposed operand, and MKL's GEMM packs it on every call, which
@@ -25,10 +26,20 @@ those weights (the others, which ATen's GEMM multiplies, stay column-major).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from torch import nn
 
-__all__ = ["column_major_linears", "has_float32_linears", "is_column_major", "row_major_linears"]
+__all__ = [
+    "column_major_linears",
+    "has_float32_linears",
+    "is_column_major",
+    "lay_out_linears",
+    "row_major_linears",
+]
+
+_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 def is_column_major(w: torch.Tensor) -> bool:
@@ -36,30 +47,35 @@ def is_column_major(w: torch.Tensor) -> bool:
     return w.dim() == 2 and w.t().is_contiguous()
 
 
-def column_major_linears(model: nn.Module, keep: torch.dtype | None = None) -> int:
-    """Re-lay every eligible linear weight of ``model`` column-major, in place (the parameter
-    object and its shape stay; its storage is replaced), except those of dtype ``keep``;
-    returns how many changed."""
+def lay_out_linears(model: nn.Module, row_major: Collection[torch.dtype] = ()) -> int:
+    """Re-lay every eligible linear weight of ``model`` in place (the parameter object and its
+    shape stay; its storage is replaced): row-major where its dtype is in ``row_major``,
+    column-major otherwise; returns how many changed."""
     changed = 0
     for w in _eligible(model):
-        if not is_column_major(w) and w.dtype != keep:
-            with torch.no_grad():
-                w.data = w.data.t().contiguous().t()
-            changed += 1
+        if w.dtype in row_major:
+            if w.is_contiguous():
+                continue
+            new = w.data.contiguous()
+        elif is_column_major(w):
+            continue
+        else:
+            new = w.data.t().contiguous().t()
+        with torch.no_grad():
+            w.data = new
+        changed += 1
     return changed
 
 
-def row_major_linears(model: nn.Module, dtype: torch.dtype | None = None) -> int:
-    """Re-lay every eligible linear weight of ``model`` (of ``dtype`` only, if given) row-major
-    (contiguous), in place; the inverse of :func:`column_major_linears`; returns how many
-    changed."""
-    changed = 0
-    for w in _eligible(model):
-        if not w.is_contiguous() and dtype in (None, w.dtype):
-            with torch.no_grad():
-                w.data = w.data.contiguous()
-            changed += 1
-    return changed
+def column_major_linears(model: nn.Module) -> int:
+    """Every eligible linear weight of ``model`` column-major (:func:`lay_out_linears`)."""
+    return lay_out_linears(model)
+
+
+def row_major_linears(model: nn.Module) -> int:
+    """Every eligible linear weight of ``model`` row-major, as loaded (the inverse of
+    :func:`column_major_linears`)."""
+    return lay_out_linears(model, row_major=_FLOATS)
 
 
 def has_float32_linears(model: nn.Module) -> bool:
