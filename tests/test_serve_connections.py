@@ -126,3 +126,33 @@ def test_connections_send_without_nagles_delay(http: HttpThread) -> None:
         assert sockets and all(
             sk.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for sk in sockets
         )
+
+
+def test_http_thread_runs_uvloop_where_installed(http: HttpThread) -> None:
+    """The serve extra brings uvloop; the HTTP thread's loop is uvloop's then (the figures in
+    docs/performance.md), asyncio's where it is not installed."""
+    try:
+        import uvloop
+    except ImportError:
+        assert http.loop == "asyncio"
+        return
+    assert http.loop == "uvloop"
+    loop = http.server.servers[0].get_loop() if http.server.servers else None
+    assert isinstance(loop, uvloop.Loop)
+
+
+def test_event_loop_choice() -> None:
+    from torch_tensorrt_dist.errors import ConfigError
+    from torch_tensorrt_dist.serving.http import HTTP_LOOP_ENV, event_loop
+
+    assert event_loop({HTTP_LOOP_ENV: "asyncio"}) == "asyncio"
+    with pytest.raises(ConfigError, match="use uvloop or asyncio"):
+        event_loop({HTTP_LOOP_ENV: "trio"})
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        assert event_loop({}) == "asyncio"
+        with pytest.raises(ConfigError, match="not installed"):
+            event_loop({HTTP_LOOP_ENV: "uvloop"})
+    else:
+        assert event_loop({}) == event_loop({HTTP_LOOP_ENV: "uvloop"}) == "uvloop"
