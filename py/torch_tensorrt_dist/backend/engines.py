@@ -36,6 +36,7 @@ def build_engine(
     if settings.engine == "inductor":
         from torch._inductor.compile_fx import compile_fx_inner
 
+        from torch_tensorrt_dist.backend.kernel_gil import kernels_release_gil
         from torch_tensorrt_dist.lowering.flex_inputs import contiguous_flex_inputs
 
         contiguous_flex_inputs(gm)  # a torch 2.14 bug of CPU flex attention (see the module)
@@ -43,8 +44,10 @@ def build_engine(
             from torch_tensorrt_dist.backend.cpu_gemm import compile_gemms
 
             fallback = settings.cpu_gemm == "auto"
-            return compile_gemms(compile_fx_inner, gm, example_inputs, fallback=fallback)
-        return compile_fx_inner(gm, example_inputs)
+            with kernels_release_gil():
+                return compile_gemms(compile_fx_inner, gm, example_inputs, fallback=fallback)
+        with kernels_release_gil():  # other threads run while a kernel does (see the module)
+            return compile_fx_inner(gm, example_inputs)
     if settings.engine == "tensorrt":
         return _tensorrt_module().compile_tensorrt(gm, example_inputs, settings)
     raise AssertionError(f"unreachable: engine {settings.engine!r} passed validation")

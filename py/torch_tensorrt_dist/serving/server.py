@@ -63,10 +63,16 @@ __all__ = ["DEFAULT_STEP_TIMEOUT_S", "ServeConfig", "ServeResult", "serve_rank",
 logger = logging.getLogger(__name__)
 
 #: Rank 0's thread switch interval while serving (Python's default is 5 ms). The step loop
-#: releases the interpreter lock inside every collective; when the HTTP thread holds it then,
-#: the loop waits for it until the HTTP thread's interval ends, and every other rank waits with
-#: it. 0.5 ms bounds that wait per handover.
-GIL_SWITCH_S = 5e-4
+#: releases the interpreter lock (GIL) inside every kernel (``backend/kernel_gil.py``), matmul
+#: and collective, and the HTTP thread runs then; when the loop comes back while the HTTP
+#: thread holds the lock, it waits until the HTTP thread's interval ends (every other rank
+#: waiting with it). 50 us bounds that wait per handover: with eight streaming clients, 10 %
+#: more tokens/s than 0.5 ms (docs/performance.md).
+GIL_SWITCH_S = 5e-5
+#: The interval where Inductor's kernels keep the lock (``kernel_gil.released()`` is False):
+#: the loop then runs Python-held stretches that a short interval would cut into (50 us was
+#: 7 % slower than 0.5 ms there).
+GIL_SWITCH_HELD_S = 5e-4
 
 
 @dataclass(frozen=True)
@@ -248,7 +254,7 @@ def _lead(
             state.set("ready")
             if on_ready is not None:
                 on_ready(http.url, warm)
-        with _gil_switch(GIL_SWITCH_S):
+        with _gil_switch(_switch_interval(gen.engine)):
             leader.run()
     except Exception as exc:  # a failed collective (a rank died) or a failed graph
         verdict = dog.verdict() if dog is not None else None
@@ -353,6 +359,13 @@ def settle_heap() -> int:
     frozen = gc.get_freeze_count()
     logger.info("%d objects of the load and warm-up frozen (out of the collector's scans)", frozen)
     return frozen
+
+
+def _switch_interval(engine: str) -> float:
+    """The step loop's switch interval: short where its kernels release the GIL."""
+    from torch_tensorrt_dist.backend.kernel_gil import released
+
+    return GIL_SWITCH_S if engine != "inductor" or released() else GIL_SWITCH_HELD_S
 
 
 @contextlib.contextmanager
