@@ -78,6 +78,7 @@ def test_health_models_and_the_ready_line(server: Server, client: Any) -> None:
     assert [m.id for m in client.models.list().data] == ["demo"]
     ready = server.output()
     assert re.search(r"serving demo at http://127\.0\.0\.1:\d+/v1 \(tp=2 ep=1", ready)
+    assert re.search(r"HTTP on (uvloop|asyncio), warm-up [\d.]+ s\)", ready)
     assert "curl http://127.0.0.1:" in ready and "Authorization: Bearer $TORCHTRT_API_KEY" in ready
 
 

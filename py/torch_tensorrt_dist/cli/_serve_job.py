@@ -69,6 +69,8 @@ def build(rank: Rank) -> Built:
 
 
 def _ready(rank: Rank, built: Built, name: str, url: str, warm_s: float) -> None:
+    from torch_tensorrt_dist.serving.http import event_loop
+
     job, p = cast(ServeJob, rank.config.job), rank.plan.parallel
     body = json.dumps({"model": name, "prompt": "The return statement", "max_tokens": 32})
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if job.api_key else ""
@@ -76,7 +78,8 @@ def _ready(rank: Rank, built: Built, name: str, url: str, warm_s: float) -> None
     print(
         f"serving {name} at {url}/v1 ({stages}tp={p.tp} ep={p.ep}, engine "
         f"{built.generator.engine}, "
-        f"{built.rows} rows x {built.cache_len} tokens, warm-up {warm_s:.1f} s)",
+        f"{built.rows} rows x {built.cache_len} tokens, HTTP on {event_loop()}, "
+        f"warm-up {warm_s:.1f} s)",
         flush=True,
     )
     print(
