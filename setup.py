@@ -15,7 +15,7 @@ SERVE = [
     "fastapi>=0.110",
     "pydantic>=2.6",  # the request schema (serving/schema.py); fastapi brings it too
     "uvicorn>=0.29",
-    # the HTTP thread's event loop (serving/http.py: 1.1x output tok/s at 1 and 8 clients)
+    # the HTTP thread's event loop (serving/http.py says why)
     "uvloop>=0.19; sys_platform != 'win32'",
     "prometheus-client>=0.20",
     "jinja2>=3.1.6",

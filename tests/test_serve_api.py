@@ -17,6 +17,7 @@ import pytest
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 from torch_tensorrt_dist.parallel.llama_load import load_llama
+from torch_tensorrt_dist.serving.http import event_loop
 
 from ._core_fns import one_thread
 from ._serve import Server, demo_tp2_server, demo_with_chat_template
@@ -78,7 +79,7 @@ def test_health_models_and_the_ready_line(server: Server, client: Any) -> None:
     assert [m.id for m in client.models.list().data] == ["demo"]
     ready = server.output()
     assert re.search(r"serving demo at http://127\.0\.0\.1:\d+/v1 \(tp=2 ep=1", ready)
-    assert re.search(r"HTTP on (uvloop|asyncio), warm-up [\d.]+ s\)", ready)
+    assert re.search(rf"HTTP on {event_loop()}, warm-up [\d.]+ s\)", ready)  # what it ran
     assert "curl http://127.0.0.1:" in ready and "Authorization: Bearer $TORCHTRT_API_KEY" in ready
 
 

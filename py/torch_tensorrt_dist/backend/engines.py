@@ -40,13 +40,12 @@ def build_engine(
         from torch_tensorrt_dist.lowering.flex_inputs import contiguous_flex_inputs
 
         contiguous_flex_inputs(gm)  # a torch 2.14 bug of CPU flex attention (see the module)
-        if settings.cpu_gemm in ("template", "auto"):  # reduce: rewritten before (backend.py)
-            from torch_tensorrt_dist.backend.cpu_gemm import compile_gemms
-
-            fallback = settings.cpu_gemm == "auto"
-            with kernels_release_gil():
-                return compile_gemms(compile_fx_inner, gm, example_inputs, fallback=fallback)
         with kernels_release_gil():  # other threads run while a kernel does (see the module)
+            if settings.cpu_gemm in ("template", "auto"):  # reduce: rewritten before (backend.py)
+                from torch_tensorrt_dist.backend.cpu_gemm import compile_gemms
+
+                fallback = settings.cpu_gemm == "auto"
+                return compile_gemms(compile_fx_inner, gm, example_inputs, fallback=fallback)
             return compile_fx_inner(gm, example_inputs)
     if settings.engine == "tensorrt":
         return _tensorrt_module().compile_tensorrt(gm, example_inputs, settings)

@@ -8,8 +8,9 @@ Inductor calls each C++ kernel it generates through a small Python binding
 (``CppPythonBindingsCodeCache``) that keeps the GIL for the whole kernel; ``aten`` ops (its
 matmuls) release it. Within one process that serializes every other Python thread with the
 kernels: in ``serve``, rank 0's HTTP thread could run only while the step was inside a matmul,
-and the step waited for the HTTP thread at each return (measured: eight streaming clients got
-8-14 % fewer tokens/s than with the kernels releasing it, docs/performance.md).
+and the step waited for the HTTP thread at each return. Measured (docs/performance.md, servers
+alternated): eight streaming clients got 1.01-1.10x the tokens/s with the kernels releasing it
+(five runs, none below), one client the same (0.92-1.04x); the step alone is not slower.
 
 The binding's call is built from two class attributes at the moment a kernel is loaded (the
 code is compiled, or found in the cache by the hash of that code): here the arguments are still

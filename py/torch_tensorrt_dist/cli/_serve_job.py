@@ -68,9 +68,7 @@ def build(rank: Rank) -> Built:
     return Built(gen, rank.tokenizer(), rows, cache_len, signals, sock)
 
 
-def _ready(rank: Rank, built: Built, name: str, url: str, warm_s: float) -> None:
-    from torch_tensorrt_dist.serving.http import event_loop
-
+def _ready(rank: Rank, built: Built, name: str, url: str, warm_s: float, loop: str) -> None:
     job, p = cast(ServeJob, rank.config.job), rank.plan.parallel
     body = json.dumps({"model": name, "prompt": "The return statement", "max_tokens": 32})
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if job.api_key else ""
@@ -78,7 +76,7 @@ def _ready(rank: Rank, built: Built, name: str, url: str, warm_s: float) -> None
     print(
         f"serving {name} at {url}/v1 ({stages}tp={p.tp} ep={p.ep}, engine "
         f"{built.generator.engine}, "
-        f"{built.rows} rows x {built.cache_len} tokens, HTTP on {event_loop()}, "
+        f"{built.rows} rows x {built.cache_len} tokens, HTTP on {loop}, "
         f"warm-up {warm_s:.1f} s)",
         flush=True,
     )
@@ -122,7 +120,7 @@ def run(rank: Rank, built: Built) -> int:
             step_timeout_s=job.step_timeout,
         ),
         control=control,
-        on_ready=lambda url, s: _ready(rank, built, name, url, s),
+        on_ready=lambda url, s, loop: _ready(rank, built, name, url, s, loop),
         signals=built.signals,
         sock=built.sock,
     )

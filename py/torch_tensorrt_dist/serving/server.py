@@ -66,8 +66,9 @@ logger = logging.getLogger(__name__)
 #: releases the interpreter lock (GIL) inside every kernel (``backend/kernel_gil.py``), matmul
 #: and collective, and the HTTP thread runs then; when the loop comes back while the HTTP
 #: thread holds the lock, it waits until the HTTP thread's interval ends (every other rank
-#: waiting with it). 50 us bounds that wait per handover: with eight streaming clients, 10 %
-#: more tokens/s than 0.5 ms (docs/performance.md).
+#: waiting with it). 50 us bounds that wait per handover: the kernels released at 50 us gave
+#: eight streaming clients 1.01-1.10x the tokens/s over five alternated runs, at 0.5 ms 0.99x
+#: (docs/performance.md).
 GIL_SWITCH_S = 5e-5
 #: The interval where Inductor's kernels keep the lock (``kernel_gil.released()`` is False):
 #: the loop then runs Python-held stretches that a short interval would cut into (50 us was
@@ -113,7 +114,7 @@ def serve_rank(
     stop_ids: tuple[int, ...],
     config: ServeConfig,
     control: dist.ProcessGroup | None,
-    on_ready: Callable[[str, float], None] | None = None,
+    on_ready: Callable[[str, float, str], None] | None = None,
     signals: StopSignals | None = None,
     sock: socket.socket | None = None,
 ) -> ServeResult:
@@ -177,7 +178,7 @@ def _lead(
     stop_ids: tuple[int, ...],
     config: ServeConfig,
     control: dist.ProcessGroup | None,
-    on_ready: Callable[[str, float], None] | None,
+    on_ready: Callable[[str, float, str], None] | None,
     signals: StopSignals,
     sock: socket.socket | None,
     grammar_error: str,
@@ -253,7 +254,7 @@ def _lead(
         if state.state == "warming":
             state.set("ready")
             if on_ready is not None:
-                on_ready(http.url, warm)
+                on_ready(http.url, warm, http.loop)  # its URL, warm-up s, event loop
         with _gil_switch(_switch_interval(gen.engine)):
             leader.run()
     except Exception as exc:  # a failed collective (a rank died) or a failed graph
