@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from torch_tensorrt_dist.bench import QUICK_SECTIONS, SECTIONS
-from torch_tensorrt_dist.bench.serve import our_server_args, warmup_seconds
+from torch_tensorrt_dist.bench.serve import http_loop, our_server_args, warmup_seconds
 from torch_tensorrt_dist.bench.serve_checkpoint import CHECKPOINT
 from torch_tensorrt_dist.bench.serve_hf import HF_READY, hf_serve_command
 from torch_tensorrt_dist.bench.serve_report import (
@@ -90,6 +90,8 @@ def test_sizes_fit_the_checkpoint_and_the_kv_memory() -> None:
         ServeSizes(join_prompt=3000).check(positions)
     with pytest.raises(ConfigError, match=r"burst \(the KV memory\) needs 8192 tokens, has 4096"):
         ServeSizes(burst_tokens=240).check(positions)
+    with pytest.raises(ConfigError, match="rounds must be >= 1, got 0"):
+        ServeSizes(rounds=0).check(positions)
 
 
 def test_server_options_parse() -> None:
@@ -106,6 +108,8 @@ def test_server_options_parse() -> None:
 def test_warmup_and_baseline_lines() -> None:
     line = "serving bench at http://127.0.0.1:4242/v1 (tp=1 ep=1, engine inductor, 32 rows x "
     assert warmup_seconds(line + "2560 tokens, warm-up 41.3 s)\n") == 41.3
+    assert http_loop(line + "2560 tokens, HTTP on uvloop, warm-up 41.3 s)\n") == "uvloop"
+    assert http_loop(line + "2560 tokens, warm-up 41.3 s)\n") == ""
     with pytest.raises(ConfigError, match="no warm-up"):
         warmup_seconds("Traceback ...")
     uvicorn = "INFO:     Uvicorn running on http://127.0.0.1:33973 (Press CTRL+C to quit)"
@@ -116,7 +120,10 @@ def test_warmup_and_baseline_lines() -> None:
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[-1] == "0"
 
 
-def _measured(hf_scale: float) -> ServeMeasured:
+def _measured(hf_scale: float, second: float | None = None) -> ServeMeasured:
+    """Ours: a cold round and two warm ones, the same figures; transformers serve: one round
+    beside each warm one, ``hf_scale`` and ``second`` times as fast as ``runs(1.0)``."""
+
     def runs(scale: float) -> dict[int, ClientRun]:
         # C clients, 10 tokens each, over 1 s / scale
         return {c: ClientRun(1.0 / scale, [stream(0.0, [0.1] * 10)] * c) for c in (1, 8, 32)}
@@ -125,10 +132,11 @@ def _measured(hf_scale: float) -> ServeMeasured:
     ours = runs(1.0)
     ours[1] = ClientRun(0.5, [one, one])
     return ServeMeasured(
-        ours=[ours, ours],
+        ours=[ours, ours, ours],
         # round 1: the step thread busy 0.45 s of C = 1's 0.5 s; 0.002 s of HTTP for 20 tokens
-        threads=[{1: ThreadCPU(0.45, 0.002), 8: ThreadCPU(0.9, 0.016)}, {}],
-        hf=runs(hf_scale) if hf_scale else {},
+        threads=[{1: ThreadCPU(0.45, 0.002), 8: ThreadCPU(0.9, 0.016)}, {}, {}],
+        hf=[runs(hf_scale), runs(second or hf_scale)] if hf_scale else [],
+        loop="uvloop",
         hf_reason="" if hf_scale else "transformers serve did not run: why",
         warmup_s=(100.0, 20.0),
         graphs=4,
@@ -143,10 +151,24 @@ def _measured(hf_scale: float) -> ServeMeasured:
 
 
 def test_report_names_goals_and_judges_them() -> None:
-    figs = {f.name: f for f in serve_report(_measured(hf_scale=0.25), ServeSizes.full())}
-    ratio = figs["ours (mean of rounds) over transformers serve, C = 1 / 8 / 32"]
-    # ours: 40 tok/s at C = 1 (20 tokens in 0.5 s), 80 and 320; transformers: 10 C tokens in 4 s
-    assert ratio.value == "16.00 / 4.00 / 4.00" and ratio.met is True
+    figs = {f.name: f for f in serve_report(_measured(0.25, 0.5), ServeSizes.full())}
+    ratio = figs["ours over transformers serve (median of alternated rounds), C = 1 / 8 / 32"]
+    # ours: 40 tok/s at C = 1 (20 tokens in 0.5 s), 80 and 320; transformers: 10 C tokens in
+    # 4 s, then in 2 s: the pairs are 16 and 8 at C = 1, 4 and 2 at C = 8 and 32
+    assert ratio.value == "12.00 / 3.00 / 3.00" and ratio.met is True
+    assert ratio.note == "2 pairs, range C = 1: 8.00-16.00; C = 8: 2.00-4.00; C = 32: 2.00-4.00"
+    hf = figs["transformers serve --continuous-batching: output tok/s, C = 1 / 8 / 32"]
+    assert hf.value == "3.8 / 30.0 / 120.0" and hf.note.startswith("median of 2 rounds")
+    assert figs["ours, round 1 (cold start): output tok/s, C = 1 / 8 / 32"].note.endswith(
+        "1 thread, HTTP on uvloop"
+    )
+    assert "ours, round 3 (warm): output tok/s, C = 1 / 8 / 32" in figs
+    slower = serve_report(_measured(0.25, 1.0), ServeSizes.full())  # pairs 4 and 1 at C = 8
+    judged = next(f for f in slower if f.name.startswith("ours over"))
+    assert judged.value == "10.00 / 2.50 / 2.50" and judged.met is True
+    behind = serve_report(_measured(0.5, 1.0), ServeSizes.full())  # pairs 2 and 1 at C = 8
+    judged = next(f for f in behind if f.name.startswith("ours over"))
+    assert judged.value == "6.00 / 1.50 / 1.50" and judged.met is False
     decode = figs["one client's decode tok/s over generate's (same checkpoint, 1 thread)"]
     assert decode.value == 1.0 and decode.met is True and decode.goal == ">= 0.8x"
     step = figs["decode step at cache 4096 over 256"]
@@ -176,7 +198,7 @@ def test_report_without_the_baseline_says_why() -> None:
     figs = serve_report(_measured(hf_scale=0.0), ServeSizes.full())
     hf = next(f for f in figs if f.name.startswith("transformers serve"))
     assert hf.value == "skipped" and hf.met is None and "did not run: why" in hf.note
-    assert not any(f.name.startswith("ours (mean") for f in figs)
+    assert not any(f.name.startswith("ours over") for f in figs)
 
 
 @pytest.mark.slow
@@ -187,6 +209,7 @@ def test_serve_section_small_run() -> None:
 
     sizes = ServeSizes(
         clients=(1, 2),
+        rounds=1,
         requests_per_client=1,
         min_requests=1,
         max_tokens=4,

@@ -8,11 +8,13 @@ loopback only, every request streamed through the official ``openai`` client:
 
 1. ``torchtrt-dist serve`` (TP 1, one thread, an empty Inductor cache: the cold warm-up), then
    1, 8 and 32 concurrent clients;
-2. ``transformers serve --continuous-batching`` on the same checkpoint (one thread), the same
-   clients;
-3. our server again (the cache now filled: the warm warm-up), the same clients, then 32
-   requests at once in the KV memory of 8 rows x 512 tokens, 7 streams that a 2,000-token
-   prompt joins, and two requests sharing a 1,500-token prefix (issue 28);
+2. our server again (the cache now filled: the warm warm-up) and ``transformers serve
+   --continuous-batching`` on the same checkpoint (one thread) beside it: ``rounds`` rounds of
+   the same clients, each client count on one server then the other, the order swapped each
+   round (the ratio is the median of those pairs: this machine's load drifts within a run);
+3. transformers serve stops; on ours, 32 requests at once in the KV memory of 8 rows x 512
+   tokens, 7 streams that a 2,000-token prompt joins, and two requests sharing a 1,500-token
+   prefix (issue 28);
 4. in this process: a generator of the server's shape (its graphs, ``generate``'s decode
    tok/s) and the decode step at several cache lengths (``serve_step``).
 
@@ -110,30 +112,57 @@ def warmup_seconds(output: str) -> float:
     return float(match.group(1))
 
 
-def _clients(
-    url: str, model: str, sizes: ServeSizes, server: ServerProcess | None = None
-) -> tuple[dict[int, ClientRun], dict[int, ThreadCPU]]:
-    """Each client count's timed round; with ``server`` (ours), also the CPU its rank 0's step
-    and HTTP threads used over each round (``/metrics``)."""
-    runs, cpu = {}, {}
-    for c in sizes.clients:
-        # a short round first: the connections are open and the prompts seen before timing
-        _run(run_clients(url, model, PROMPTS, requests=c, concurrency=c, max_tokens=2))
-        before = _thread_cpu(server)
-        runs[c] = _run(
-            run_clients(
-                url,
-                model,
-                PROMPTS,
-                requests=max(c * sizes.requests_per_client, sizes.min_requests),
-                concurrency=c,
-                max_tokens=sizes.max_tokens,
-            )
+def http_loop(output: str) -> str:
+    """The HTTP event loop our server names in its ``serving ... at URL`` line ("" if none)."""
+    match = re.search(r"HTTP on (\w+)", output)
+    return match.group(1) if match else ""
+
+
+def _round(
+    url: str, model: str, sizes: ServeSizes, c: int, server: ServerProcess | None = None
+) -> tuple[ClientRun, ThreadCPU | None]:
+    """One timed round of ``c`` concurrent clients; with ``server`` (ours), also the CPU its
+    rank 0's step and HTTP threads used over it (``/metrics``)."""
+    # a short round first: the connections are open and the prompts seen before timing
+    _run(run_clients(url, model, PROMPTS, requests=c, concurrency=c, max_tokens=2))
+    before = _thread_cpu(server)
+    run = _run(
+        run_clients(
+            url,
+            model,
+            PROMPTS,
+            requests=max(c * sizes.requests_per_client, sizes.min_requests),
+            concurrency=c,
+            max_tokens=sizes.max_tokens,
         )
-        after = _thread_cpu(server)
-        if before is not None and after is not None:
-            cpu[c] = ThreadCPU(after[0] - before[0], after[1] - before[1])
-    return runs, cpu
+    )
+    after = _thread_cpu(server)
+    if before is None or after is None:
+        return run, None
+    return run, ThreadCPU(after[0] - before[0], after[1] - before[1])
+
+
+def _alternated(
+    ours: ServerProcess, hf: ServerProcess | None, hf_model: str, s: ServeSizes, m: ServeMeasured
+) -> None:
+    """``s.rounds`` warm rounds of ours, each client count run beside the same count on
+    ``hf`` (when it runs), the order swapped every round; appended to ``m``."""
+    for r in range(s.rounds):
+        runs: dict[int, ClientRun] = {}
+        cpu: dict[int, ThreadCPU] = {}
+        theirs: dict[int, ClientRun] = {}
+        for c in s.clients:
+            for side in ("ours", "hf") if r % 2 == 0 else ("hf", "ours"):
+                if side == "ours":
+                    runs[c], used = _round(ours.url, MODEL, s, c, ours)
+                    if used is not None:
+                        cpu[c] = used
+                elif hf is not None:
+                    theirs[c] = _round(hf.url, hf_model, s, c)[0]
+        m.ours.append(runs)
+        m.threads.append(cpu)
+        if hf is not None:
+            m.hf.append(theirs)
 
 
 def _thread_cpu(server: ServerProcess | None) -> tuple[float, float] | None:
@@ -202,33 +231,31 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
         logger.info("serve bench: our server, cold")
         with ServerProcess(server_args, env=cache) as ours:
             cold = warmup_seconds(ours.output())
-            runs, cpu = _clients(ours.url, MODEL, s, ours)
-            m.ours.append(runs)
-            m.threads.append(cpu)
+            rounds = [_round(ours.url, MODEL, s, c, ours) for c in s.clients]
+            m.ours.append({c: run for c, (run, _) in zip(s.clients, rounds)})
+            m.threads.append({c: cpu for c, (_, cpu) in zip(s.clients, rounds) if cpu})
 
         m.hf_reason = "" if s.baseline else "not run (baseline off)"
         m.hf_reason = m.hf_reason or hf_serve_unavailable()
-        if not m.hf_reason:
-            logger.info("serve bench: transformers serve")
-            hf = ServerProcess(
-                [],
-                command=hf_serve_command(path),
-                ready=HF_READY,
-                env=HF_ENV,
-                start_timeout_s=RUN_TIMEOUT_S,
-            )
-            try:
-                with hf:
-                    m.hf = _clients(hf.url, str(path), s)[0]
-            except ConfigError as exc:  # it did not start: say why, keep our figures
-                m.hf_reason = f"transformers serve did not run: {str(exc)[-600:]}"
-
-        logger.info("serve bench: our server, warm")
-        with ServerProcess(server_args, env=cache) as ours:
-            warm = warmup_seconds(ours.output())
-            runs, cpu = _clients(ours.url, MODEL, s, ours)
-            m.ours.append(runs)
-            m.threads.append(cpu)
+        logger.info("serve bench: our server, warm (then transformers serve beside it)")
+        with ServerProcess(server_args, env=cache) as ours, contextlib.ExitStack() as stack:
+            warm, m.loop = warmup_seconds(ours.output()), http_loop(ours.output())
+            hf = None
+            if not m.hf_reason:
+                try:
+                    hf = stack.enter_context(
+                        ServerProcess(
+                            [],
+                            command=hf_serve_command(path),
+                            ready=HF_READY,
+                            env=HF_ENV,
+                            start_timeout_s=RUN_TIMEOUT_S,
+                        )
+                    )
+                except ConfigError as exc:  # it did not start: say why, keep our figures
+                    m.hf_reason = f"transformers serve did not run: {str(exc)[-600:]}"
+            _alternated(ours, hf, str(path), s, m)
+            stack.close()  # transformers serve stops before the scenarios
             scenes = _scenarios(ours.url, s, args.vocab_size, special)
         m.warmup_s = (cold, warm)
         m.burst, m.join, m.prefix = scenes["burst"], scenes["join"], scenes["prefix"]

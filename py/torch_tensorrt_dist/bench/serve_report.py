@@ -33,6 +33,10 @@ class ServeSizes:
     """The counts and lengths of a run (``full``: the issues' sizes)."""
 
     clients: tuple[int, ...] = (1, 8, 32)
+    rounds: int = 3
+    """Timed rounds of each server once warm, alternated with transformers serve's (both up
+    at once, the order swapped each round): the ratio is the median of those pairs (a load
+    that drifts within the run moves both rounds of a pair alike)."""
     requests_per_client: int = 2
     min_requests: int = 8
     """At least this many requests per client count: one client's 2 requests last well under a
@@ -65,6 +69,7 @@ class ServeSizes:
     def quick(cls) -> ServeSizes:
         """Fewer requests and tokens, shorter prompts, two cache lengths (a few minutes)."""
         return cls(
+            rounds=2,
             requests_per_client=1,
             min_requests=2,
             max_tokens=24,
@@ -86,6 +91,8 @@ class ServeSizes:
         """ConfigError unless every request of the run fits the checkpoint's ``positions``,
         ``--max-seq-len`` and the KV memory (``prompt``: the longest text prompt in tokens),
         so that no request is refused or preempted."""
+        if self.rounds < 1:
+            raise ConfigError(f"serve bench sizes: rounds must be >= 1, got {self.rounds}")
         kv = self.kv_cache_tokens
         needs = {
             "--max-seq-len (the checkpoint's positions)": (self.max_seq_len, positions),
@@ -125,10 +132,13 @@ class ServeMeasured:
     """What one run of the section measured (seconds unless named otherwise)."""
 
     ours: list[dict[int, ClientRun]]
-    """Our server's rounds (cold start, then warm), by concurrent clients."""
+    """Our server's rounds (the first on a cold start, then warm), by concurrent clients."""
     threads: list[dict[int, ThreadCPU]] = field(default_factory=list)
     """Per round of ours, by concurrent clients: its rank 0 threads' CPU over that round."""
-    hf: dict[int, ClientRun] = field(default_factory=dict)
+    hf: list[dict[int, ClientRun]] = field(default_factory=list)
+    """transformers serve's rounds: ``hf[i]`` alternated with ``ours[i + 1]``."""
+    loop: str = ""
+    """Our server's HTTP event loop (its ready line)."""
     hf_reason: str = ""
     """Why ``transformers serve`` gave no figures ("" when it did)."""
     warmup_s: tuple[float, float] = (0.0, 0.0)
@@ -151,8 +161,14 @@ def _tps(runs: dict[int, ClientRun], c: int) -> float:
     return runs[c].tokens_per_s if c in runs else 0.0
 
 
-def _mean_tps(rounds: list[dict[int, ClientRun]], c: int) -> float:
-    return statistics.fmean(_tps(r, c) for r in rounds) if rounds else 0.0
+def _median_tps(rounds: list[dict[int, ClientRun]], c: int) -> float:
+    return statistics.median(_tps(r, c) for r in rounds) if rounds else 0.0
+
+
+def _pairs(m: ServeMeasured, c: int) -> list[float]:
+    """Ours over transformers serve, round by round (each warm round of ours with the round of
+    theirs run beside it)."""
+    return [_tps(o, c) / _tps(h, c) for o, h in zip(m.ours[1:], m.hf) if _tps(h, c) > 0]
 
 
 def _ratio(a: float, b: float) -> float:
@@ -165,14 +181,16 @@ def _client_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
         f"{s.requests_per_client} requests per client (at least {s.min_requests}) x "
         f"{s.max_tokens} tokens, streamed"
     )
+    how = f"torchtrt-dist serve --engine {s.engine} --cpu-gemm {s.cpu_gemm}, 1 thread" + (
+        f", HTTP on {m.loop}" if m.loop else ""
+    )
     figs = [
         Figure(
             SECTION,
-            f"ours, round {i + 1} ({'cold' if i == 0 else 'warm'} start): output tok/s, C = {cs}",
+            f"ours, round {i + 1} ({'cold start' if i == 0 else 'warm'}): output tok/s, C = {cs}",
             " / ".join(f"{_tps(r, c):.1f}" for c in s.clients),
             "tok/s",
-            note=f"{load}; torchtrt-dist serve --engine {s.engine} --cpu-gemm {s.cpu_gemm}, "
-            "1 thread",
+            note=f"{load}; {how}",
         )
         for i, r in enumerate(m.ours)
     ]
@@ -187,24 +205,31 @@ def _client_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
                 note=m.hf_reason,
             ),
         ]
-    ratios = {c: _ratio(_mean_tps(m.ours, c), _tps(m.hf, c)) for c in s.clients}
+    pairs = {c: _pairs(m, c) for c in s.clients}
+    ratios = {c: statistics.median(p) if p else 0.0 for c, p in pairs.items()}
     judged = [ratios[c] >= 2 for c in s.clients if c in (1, 8)]
+    spread = "; ".join(
+        f"C = {c}: {min(p):.2f}-{max(p):.2f}" for c, p in pairs.items() if len(p) > 1
+    )
     return [
         *figs,
         Figure(
             SECTION,
             f"transformers serve --continuous-batching: output tok/s, C = {cs}",
-            " / ".join(f"{_tps(m.hf, c):.1f}" for c in s.clients),
+            " / ".join(f"{_median_tps(m.hf, c):.1f}" for c in s.clients),
             "tok/s",
-            note=f"same checkpoint, prompts and client, 1 thread, between our two rounds; {load}",
+            note=f"median of {len(m.hf)} rounds, each beside a warm round of ours (both up, "
+            f"the order swapped each round); same checkpoint, prompts and client, 1 thread; "
+            f"{load}",
         ),
         Figure(
             SECTION,
-            f"ours (mean of rounds) over transformers serve, C = {cs}",
+            f"ours over transformers serve (median of alternated rounds), C = {cs}",
             " / ".join(f"{ratios[c]:.2f}" for c in s.clients),
             "x",
             goal=">= 2x at C = 1 and 8",
             met=all(judged) if judged else None,
+            note=f"{len(m.hf)} pairs" + (f", range {spread}" if spread else ""),
         ),
     ]
 
@@ -236,8 +261,9 @@ def _thread_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
 def _latency_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
     figs: list[Figure] = []
     last = m.ours[-1] if m.ours else {}
-    if 1 in last and m.generate_tokens_per_s > 0:
-        one = last[1].decode_tokens_per_s()
+    warm = [r for r in m.ours[1:] or m.ours if 1 in r]
+    if warm and m.generate_tokens_per_s > 0:
+        one = statistics.median(r[1].decode_tokens_per_s() for r in warm)
         figs.append(
             Figure(
                 SECTION,
@@ -246,13 +272,14 @@ def _latency_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
                 "x",
                 goal=">= 0.8x",
                 met=one >= 0.8 * m.generate_tokens_per_s,
-                note=f"{one:.1f} vs {m.generate_tokens_per_s:.1f} tok/s (the last round, "
-                "tokens after the first over their time)",
+                note=f"{one:.1f} vs {m.generate_tokens_per_s:.1f} tok/s (median of our warm "
+                "rounds, tokens after the first over their time)",
             )
         )
     if 8 in last:
         ttft = last[8].ttft_p(0.5)
-        hf = f"; transformers serve {1e3 * m.hf[8].ttft_p(0.5):.0f} ms" if 8 in m.hf else ""
+        theirs = m.hf[-1] if m.hf else {}
+        hf = f"; transformers serve {1e3 * theirs[8].ttft_p(0.5):.0f} ms" if 8 in theirs else ""
         figs.append(
             Figure(
                 SECTION,
