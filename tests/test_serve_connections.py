@@ -66,9 +66,9 @@ def _error(raw: bytes, status: int) -> dict[str, Any]:
 
 
 def test_a_slow_head_gets_408_and_an_idle_connection_is_closed(http: HttpThread) -> None:
+    start = time.monotonic()  # before the connection: its deadline starts when it is accepted
     with _connect(http) as slow, _connect(http) as idle:
         slow.sendall(b"GET /health HTTP/1.1\r\nHo")  # then nothing
-        start = time.monotonic()
         error = _error(_read_all(slow), 408)
         assert f"did not arrive within {HEADER_S:g} s" in error["message"]
         assert _read_all(idle) == b""  # closed without a word: it never began a request
