@@ -18,6 +18,7 @@ from torch_tensorrt_dist.backend import recording
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation import Generator, SamplingConfig
 from torch_tensorrt_dist.generation.core import Request
+from torch_tensorrt_dist.generation.generate import model_attention_span
 from torch_tensorrt_dist.models.demo import demo_checkpoint_path
 from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 from torch_tensorrt_dist.parallel.llama_load import load_llama
@@ -184,6 +185,8 @@ def test_compiled_core_never_recompiles_after_warmup(cases: dict[str, Any]) -> N
     torch._dynamo.reset()
     case = cases["llama_gqa"]
     gen = make_generator(load_llama(case["path"], progress=False), engine="eager")
+    # chunks shaped by the model's attention: more chunk lengths below
+    assert gen.scheduler(gen.core()).span == model_attention_span(gen.model.args)
     with recording() as warm:
         gen.warmup_all()
     assert len(warm) == 4

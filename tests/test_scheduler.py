@@ -4,12 +4,19 @@ cancels in every state, and steady steps that need no message to the other ranks
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import Tensor
 
+from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.core import GenerationCore, Request
 from torch_tensorrt_dist.generation.kv_blocks import BlockPool
-from torch_tensorrt_dist.generation.scheduler import Scheduler
+from torch_tensorrt_dist.generation.scheduler import (
+    Scheduler,
+    attention_span,
+    chunk_cost,
+    chunk_tokens,
+)
 from torch_tensorrt_dist.generation.step_inputs import StepLimits
 
 VOCAB = 16
@@ -52,6 +59,80 @@ def test_a_long_prompt_is_chunked_and_running_streams_decode_every_step() -> Non
         assert (9 in emitted) == (step == 4)  # its first token after the fifth chunk
     plan = sched.plan()
     assert plan.steady and not plan.chunks  # decode only: header, no payload
+
+
+def test_chunk_cost_counts_each_tokens_attention_over_what_comes_before_it() -> None:
+    # 4 tokens after 10: linear 4, attention over 11 + 12 + 13 + 14 = 50 positions at 1/25 each
+    assert chunk_cost(4, 10, 25.0) == pytest.approx(4 + 50 / 25)
+    assert chunk_cost(4, 10, None) == 4.0  # attention not counted: tokens
+    # the most tokens within a budget: the cost's inverse, exact at the boundary
+    for past in (0, 7, 100, 10_000):
+        for budget in (0.5, 1.0, 6.0, 37.3, 500.0):
+            n = chunk_tokens(budget, past, 25.0)
+            assert chunk_cost(n, past, 25.0) <= budget < chunk_cost(n + 1, past, 25.0)
+    assert chunk_tokens(chunk_cost(9, 30, 25.0), 30, 25.0) == 9
+    assert chunk_tokens(7.9, 5, None) == 7 and chunk_tokens(0.0, 0, 25.0) == 0
+    # hidden 256, 8 heads of 32 (4 KV heads), SwiGLU 768: per layer 256 x (256 + 2 x 128) for
+    # q, k, v, 256 x 256 for o, 3 x 256 x 768 for the MLP; attention 2 x 256 per position
+    linear = 256 * 512 + 256 * 256 + 3 * 256 * 768
+    assert attention_span(256, 8, 4, 32, 768) == linear / 512 == 1536.0
+
+
+def test_with_attention_counted_later_chunks_are_shorter_and_cost_the_same() -> None:
+    """A 40-token prompt after 3 decoding streams, 8 tokens at the start of a prompt per step,
+    a token's attention over 16 positions costing what its linear layers do: the chunks
+    shrink as the prompt's past grows, none costs more than the first, and the streams decode
+    at every step."""
+    core = _core()
+    sched = Scheduler(core, max_rows=8, max_prefill_tokens=8, attention_span=16.0)
+    assert sched.budget == chunk_cost(8, 0, 16.0)
+    for rid in range(3):
+        sched.add(Request(rid, (1, 2), 60))
+    _run(sched, 2)
+    sched.add(Request(9, tuple(range(40)), 5))
+    sizes: list[int] = []
+    while sum(sizes) < 40:
+        plan = sched.plan()
+        ((rid, n),) = plan.chunks
+        assert rid == 9 and chunk_cost(n, sum(sizes), 16.0) <= sched.budget
+        sizes.append(n)
+        assert {0, 1, 2} <= {e.rid for e in core.step(plan)}
+    assert sizes[0] == 8 and sizes == sorted(sizes, reverse=True) and len(sizes) > 5
+    assert sizes[:4] == [8, 5, 5, 4]  # pasts 0, 8, 13, 18 (budget 10.25; 5 after 13: 10)
+    with pytest.raises(ConfigError, match="attention_span must be > 0"):
+        Scheduler(core, max_rows=8, max_prefill_tokens=8, attention_span=0.0)
+
+
+def test_the_models_span_counts_what_a_token_runs() -> None:
+    from torch_tensorrt_dist.generation.generate import model_attention_span
+    from torch_tensorrt_dist.models.llama import Transformer
+    from torch_tensorrt_dist.models.llama_args import ModelArgs
+    from torch_tensorrt_dist.models.moe import MoETransformer
+    from torch_tensorrt_dist.models.moe_args import MoEArgs
+
+    args = ModelArgs(
+        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=32, intermediate_size=96
+    )
+    moe = MoEArgs(n_experts=4, top_k=2, expert_size=40, shared_expert_size=24)
+    with torch.device("meta"):
+        dense, sparse = Transformer(args), MoETransformer(args, moe)
+    assert model_attention_span(args) == attention_span(64, 4, 2, 16, 96)
+    # the experts a token runs (2 of 40) and the shared expert, not all 4
+    assert model_attention_span(args, moe) == attention_span(64, 4, 2, 16, 2 * 40 + 24)
+    assert (dense.args, sparse.moe) == (args, moe)  # what a Generator reads from its model
+
+
+def test_a_prompt_far_past_its_budget_still_advances_a_token_a_step() -> None:
+    core = _core(max_len=128)
+    # a span so short that one token after 50 costs more than the whole budget (2 at the start)
+    sched = Scheduler(core, max_rows=2, max_prefill_tokens=2, attention_span=0.5)
+    assert chunk_cost(1, 50, 0.5) > sched.budget
+    sched.add(Request(0, tuple(range(60)), 2))
+    steps = 0
+    while not any(e.rid == 0 for e in core.step(sched.plan())):
+        steps += 1
+        assert steps < 80
+    assert steps >= 30  # one token per step once the past is long
 
 
 def test_admission_is_first_come_first_served_within_rows_and_budget() -> None:

@@ -182,6 +182,7 @@ class ArtifactGenerator(Generator):
         self.manifest = manifest
         self.constants = constants or {}  # the graphs read these tensors in place: keep them
         self.args = model_args(manifest)
+        self.moe = None  # the manifest records no experts: chunks sized as for a dense MLP
         self.engine = f"artifacts:{manifest.engine}"
         self.max_batch_size = manifest.max_batch_size
         self.cache_len = manifest.cache_len

@@ -225,8 +225,9 @@ def add_kv_cache(
         "--max-prefill-tokens",
         type=int,
         default=None,
-        help="prompt tokens one step prefills at most: longer prompts are prefilled in chunks "
-        "while the running rows keep decoding (default "
+        help="a step's prefill budget: this many prompt tokens at a prompt's start, fewer "
+        "further into a long prompt (their attention counts); longer prompts are prefilled in "
+        "chunks while the running rows keep decoding (default "
         f"{DEFAULT_MAX_PREFILL_TOKENS}; at least --block-size)",
     )
     if not prefix_caching:

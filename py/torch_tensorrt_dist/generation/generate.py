@@ -28,9 +28,11 @@ from torch_tensorrt_dist.generation.core import GenerationCore, Request, StepFn
 from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for
 from torch_tensorrt_dist.generation.kv_memory import kv_layout
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
-from torch_tensorrt_dist.generation.scheduler import Scheduler
+from torch_tensorrt_dist.generation.scheduler import Scheduler, attention_span
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, mark_step_dims, step_inputs
 from torch_tensorrt_dist.models.llama import Transformer
+from torch_tensorrt_dist.models.llama_args import ModelArgs
+from torch_tensorrt_dist.models.moe_args import MoEArgs
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 from torch_tensorrt_dist.models.weight_layout import has_float32_linears, lay_out_linears
 
@@ -44,6 +46,7 @@ __all__ = [
     "compile_paged_step",
     "compile_step",
     "decode_example",
+    "model_attention_span",
     "paged_step",
     "prefill_example",
     "setup_example",
@@ -72,6 +75,16 @@ TEMPLATE_ROWS = 8
 REDUCE_ROWS = 16
 
 F = TypeVar("F", bound=Callable[..., Tensor])
+
+
+def model_attention_span(a: ModelArgs, moe: MoEArgs | None = None) -> float:
+    """The scheduler's ``attention_span`` of a model: from its shapes, a mixture of experts'
+    MLP (``moe``) counted as the experts a token runs plus its shared expert (its dense
+    layers, where some are, as if sparse: an estimate, which only shapes the prefill chunks)."""
+    ffn = a.intermediate_size
+    if moe is not None:
+        ffn = moe.top_k * moe.expert_size + moe.shared_expert_size
+    return attention_span(a.dim, a.n_heads, a.n_kv_heads, a.head_dim, ffn)
 
 
 def paged_step(model: Transformer) -> StepFn:
@@ -269,6 +282,8 @@ class Generator:
         steps of few rows as reductions, ``backend/row_products.py``; ``aten``, ``template``,
         ``auto``: ``backend/cpu_gemm.py``)."""
         self.model, self.args, self.engine = model, model.args, engine
+        #: a mixture of experts' MLP (``models/moe.py``), None for a dense model
+        self.moe: MoEArgs | None = getattr(model, "moe", None)
         self.max_batch_size = max_batch_size
         self.cache_len = cache_len or model.args.max_seq_len
         if max_batch_size < 1 or self.cache_len < 2:
@@ -326,7 +341,10 @@ class Generator:
 
     def scheduler(self, core: GenerationCore) -> Scheduler:
         return Scheduler(
-            core, max_rows=self.max_batch_size, max_prefill_tokens=self.max_prefill_tokens
+            core,
+            max_rows=self.max_batch_size,
+            max_prefill_tokens=self.max_prefill_tokens,
+            attention_span=model_attention_span(self.args, self.moe),
         )
 
     def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:

@@ -6,10 +6,17 @@
     emitted = core.step(plan)
 
 A step decodes every running sequence whose prompt is computed (one token each), then fills a
-token budget (``max_prefill_tokens``) with prefill chunks: first the prompts already being
-prefilled, oldest first, then waiting requests, admitted in arrival order while a row, the
-budget and KV blocks allow (the blocks a prompt shares with the prefix cache cost nothing).
-So a running stream waits at most one chunk, and a long prompt is prefilled over several steps.
+prefill budget with prompt chunks: first the prompts already being prefilled, oldest first,
+then waiting requests, admitted in arrival order while a row, the budget and KV blocks allow
+(the blocks a prompt shares with the prefix cache cost nothing). So a running stream waits at
+most one budget's prefill, and a long prompt is prefilled over several steps.
+
+The budget is the cost of ``max_prefill_tokens`` tokens at the start of a prompt. A token's
+cost is its linear layers plus its attention over the positions before it
+(:func:`chunk_cost`; ``attention_span``, from the model's shapes: the positions at which the
+two are equal), so a later chunk of a long prompt is shorter than its first: each chunk of a
+2,000-token prompt then stalls the running streams about as long as the first (on the bench
+checkpoint, 512 tokens took 117 ms at the start and 240 ms after 1,536 tokens).
 Another choice of a prompt (``Request.follows``: ``n`` > 1) is held back until the request it
 follows has computed its prompt: it then takes the prompt's full blocks from the prefix cache
 and computes only the last, partial block (requests behind it are not held with it).
@@ -26,6 +33,7 @@ the same scheduler on every rank with the same requests: the plans agree without
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -37,18 +45,63 @@ if TYPE_CHECKING:
     from torch_tensorrt_dist.generation.core import GenerationCore
     from torch_tensorrt_dist.generation.plan import Request
 
-__all__ = ["Scheduler", "StepPlan"]
+__all__ = ["Scheduler", "StepPlan", "attention_span", "chunk_cost", "chunk_tokens"]
+
+
+def chunk_cost(n: int, past: int, span: float | None) -> float:
+    """The cost of prefilling ``n`` prompt tokens after ``past`` computed ones, in tokens at the
+    start of a prompt: each token's linear layers (1) and its attention over the positions
+    before it and its own (``span`` positions cost 1; None: attention not counted)."""
+    if span is None:
+        return float(n)
+    return n * (1.0 + (past + (n + 1) / 2) / span)
+
+
+def chunk_tokens(budget: float, past: int, span: float | None) -> int:
+    """The most tokens after ``past`` computed ones whose :func:`chunk_cost` fits ``budget``."""
+    if budget <= 0:
+        return 0
+    if span is None:
+        return int(budget + 1e-9)
+    a, b = 1 / (2 * span), 1 + (past + 0.5) / span  # cost(n) = a n^2 + b n
+    n = max(0, int((math.sqrt(b * b + 4 * a * budget) - b) / (2 * a)))
+    while n > 0 and chunk_cost(n, past, span) > budget * (1 + 1e-12):
+        n -= 1  # the root's rounding
+    while chunk_cost(n + 1, past, span) <= budget * (1 + 1e-12):
+        n += 1
+    return n
+
+
+def attention_span(dim: int, n_heads: int, n_kv_heads: int, head_dim: int, ffn: int) -> float:
+    """The positions at which a token's attention (QK and PV over every head) costs what its
+    linear layers do (q, k, v, o and a SwiGLU of ``ffn``; for a mixture of experts, the
+    experts' size times those it runs): multiply-adds per layer, the same on every TP rank."""
+    q, kv = n_heads * head_dim, n_kv_heads * head_dim
+    linear = dim * (q + 2 * kv) + q * dim + 3 * dim * ffn
+    return linear / (2 * q)
 
 
 class Scheduler:
     """Rank 0's queue and planner over a :class:`GenerationCore` (see the module docstring)."""
 
-    def __init__(self, core: GenerationCore, *, max_rows: int, max_prefill_tokens: int) -> None:
+    def __init__(
+        self,
+        core: GenerationCore,
+        *,
+        max_rows: int,
+        max_prefill_tokens: int,
+        attention_span: float | None = None,
+    ) -> None:
         if max_rows < 1:
             raise ConfigError(f"max_rows must be >= 1, got {max_rows}")
         if max_prefill_tokens < 1:
             raise ConfigError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
-        self.core, self.max_rows, self.budget = core, max_rows, max_prefill_tokens
+        if attention_span is not None and not attention_span > 0:
+            raise ConfigError(f"attention_span must be > 0, got {attention_span}")
+        self.core, self.max_rows = core, max_rows
+        self.max_prefill_tokens, self.span = max_prefill_tokens, attention_span
+        #: a step's prefill cost: ``max_prefill_tokens`` at the start of a prompt
+        self.budget = chunk_cost(max_prefill_tokens, 0, attention_span)
         self.waiting: deque[Request] = deque()
         self._cancels: list[int] = []
         self.preemptions = 0
@@ -93,7 +146,7 @@ class Scheduler:
         i = 0
         while i < len(running):
             seq = running[i]
-            n = 1 if seq.decoding else min(budget, seq.to_compute)
+            n = 1 if seq.decoding else min(self._fit(budget, seq.computed), seq.to_compute)
             if n == 0:  # a prompt being prefilled, no budget left this step
                 i += 1
                 continue
@@ -109,7 +162,7 @@ class Scheduler:
                 avail -= need
                 scheduled.append((seq, n))
                 if not seq.decoding:
-                    budget -= n
+                    budget -= chunk_cost(n, seq.computed, self.span)
                 i += 1
         plan.chunks = [(seq.rid, n) for seq, n in scheduled if not seq.decoding]
 
@@ -121,12 +174,12 @@ class Scheduler:
         queue += [(r.rid, list(r.prompt), r) for r in self.waiting]
         joined: set[int] = set()
         for rid, tokens, req in queue:
-            if rows >= self.max_rows or budget < 1:
+            if rows >= self.max_rows or budget <= 0:
                 break
             if req is not None and req.follows is not None and self._prompt_pending(req, joined):
                 continue  # its prompt's blocks are not in the prefix cache yet
             hit, n, cost = self._first_chunk(tokens, budget)
-            if cost > avail:
+            if n == 0 or cost > avail:
                 break
             if req is None:
                 plan.resumes.append(rid)
@@ -137,8 +190,16 @@ class Scheduler:
             if hit:
                 plan.cached[rid] = hit
             plan.chunks.append((rid, n))
-            rows, budget, avail = rows + 1, budget - n, avail - cost
+            rows, avail = rows + 1, avail - cost
+            budget -= chunk_cost(n, hit * self.core.block_size, self.span)
         return plan
+
+    def _fit(self, budget: float, past: int) -> int:
+        """A chunk's tokens after ``past`` computed ones within ``budget`` (at most
+        ``max_prefill_tokens``, the graphs' limit); a step's whole budget always buys one
+        token, so every prompt advances however long its past."""
+        n = min(chunk_tokens(budget, past, self.span), self.max_prefill_tokens)
+        return max(n, 1) if budget >= self.budget else n
 
     def _prompt_pending(self, req: Request, joined: set[int]) -> bool:
         """Whether the request ``req`` follows has not computed its prompt yet (waiting,
@@ -151,7 +212,7 @@ class Scheduler:
         seq = self.core.sequences.get(rid)  # type: ignore[arg-type]
         return seq is not None and not seq.out
 
-    def _first_chunk(self, tokens: list[int], budget: int) -> tuple[int, int, int]:
+    def _first_chunk(self, tokens: list[int], budget: float) -> tuple[int, int, int]:
         """(cached prefix blocks, tokens of the first chunk, blocks it takes from the pool)
         of admitting ``tokens`` now. The last token is always computed (its logits pick the
         next token), so it is never part of the cached prefix."""
@@ -159,6 +220,6 @@ class Scheduler:
         usable = (len(tokens) - 1) // bs * bs
         keys = prefix_keys(tokens[:usable], bs, salt=self.core.salt)
         hit = pool.cached_prefix(keys)
-        n = min(budget, len(tokens) - hit * bs)
+        n = min(self._fit(budget, hit * bs), len(tokens) - hit * bs)
         cost = blocks_for(hit * bs + n, bs) - hit + pool.reclaimable(keys[:hit])
         return hit, n, cost
