@@ -140,7 +140,7 @@ def _measured(hf_scale: float, second: float | None = None) -> ServeMeasured:
         hf_reason="" if hf_scale else "transformers serve did not run: why",
         warmup_s=(100.0, 20.0),
         graphs=4,
-        generate_tokens_per_s=100.0,
+        generate=[100.0, 80.0],
         step_s={256: 0.010, 1024: 0.011, 4096: 0.014},
         kv_bytes=(11915.6, 1016800.0, 8192),
         burst=ClientRun(1.0, [stream(0.0, [0.2, 1.0]), stream(0.0, [0.1, 2.0])]),
@@ -170,7 +170,9 @@ def test_report_names_goals_and_judges_them() -> None:
     judged = next(f for f in behind if f.name.startswith("ours over"))
     assert judged.value == "6.00 / 1.50 / 1.50" and judged.met is False
     decode = figs["one client's decode tok/s over generate's (same checkpoint, 1 thread)"]
-    assert decode.value == 1.0 and decode.met is True and decode.goal == ">= 0.8x"
+    # ours 100 tok/s after its first token in both warm rounds; generate 100, then 80
+    assert decode.value == 1.12 and decode.met is True and decode.goal == ">= 0.8x"
+    assert decode.note.startswith("median of 2 pairs") and "(1.00-1.25)" in decode.note
     step = figs["decode step at cache 4096 over 256"]
     assert step.value == 1.4 and step.met is False and step.goal == "<= 1.3x"
     assert figs["server warm-up, cold / warm (Inductor cache empty / filled)"].met is True

@@ -15,8 +15,10 @@ loopback only, every request streamed through the official ``openai`` client:
 3. transformers serve stops; on ours, 32 requests at once in the KV memory of 8 rows x 512
    tokens, 7 streams that a 2,000-token prompt joins, and two requests sharing a 1,500-token
    prefix (issue 28);
-4. in this process: a generator of the server's shape (its graphs, ``generate``'s decode
-   tok/s) and the decode step at several cache lengths (``serve_step``).
+4. in this process: a generator of the server's shape, built between steps 1 and 2 (its
+   graphs), whose ``generate`` is timed after each round of step 2 (the one-client figure is
+   the median of those pairs), and at the end the decode step at several cache lengths
+   (``serve_step``).
 
 Figures and goals: ``serve_report``. Every figure is a ratio or a time of this run.
 """
@@ -29,7 +31,8 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -143,10 +146,16 @@ def _round(
 
 
 def _alternated(
-    ours: ServerProcess, hf: ServerProcess | None, hf_model: str, s: ServeSizes, m: ServeMeasured
+    ours: ServerProcess,
+    hf: ServerProcess | None,
+    hf_model: str,
+    s: ServeSizes,
+    m: ServeMeasured,
+    generate: Callable[[], float],
 ) -> None:
     """``s.rounds`` warm rounds of ours, each client count run beside the same count on
-    ``hf`` (when it runs), the order swapped every round; appended to ``m``."""
+    ``hf`` (when it runs), the order swapped every round, and ``generate`` timed once a round
+    (after the client counts: the one-client figure's pair); appended to ``m``."""
     for r in range(s.rounds):
         runs: dict[int, ClientRun] = {}
         cpu: dict[int, ThreadCPU] = {}
@@ -163,6 +172,16 @@ def _alternated(
         m.threads.append(cpu)
         if hf is not None:
             m.hf.append(theirs)
+        m.generate.append(generate())
+
+
+def _generate_speed(gen: Any, prompt: list[int], max_new_tokens: int, env: dict[str, str]) -> float:
+    """``generate``'s decode tok/s (``serve_step.generate_speed``) with the run's Inductor cache
+    (nothing compiles there after the warm-up; if something did, it would go there)."""
+    from torch_tensorrt_dist.bench.serve_step import generate_speed
+
+    with _env(**env):
+        return generate_speed(gen, prompt, max_new_tokens=max_new_tokens)
 
 
 def _thread_cpu(server: ServerProcess | None) -> tuple[float, float] | None:
@@ -235,6 +254,19 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
             m.ours.append({c: run for c, (run, _) in zip(s.clients, rounds)})
             m.threads.append({c: cpu for c, (_, cpu) in zip(s.clients, rounds) if cpu})
 
+        logger.info("serve bench: a generator of the server's shape, in this process")
+        prompt = load_tokenizer(path, vocab_size=args.vocab_size).encode(PROMPTS[0])
+        with _env(**cache):
+            gen, m.graphs = server_generator(
+                path,
+                engine=s.engine,
+                cpu_gemm=s.cpu_gemm,
+                max_batch_size=s.max_batch_size,
+                cache_len=s.max_seq_len,
+                kv_cache_memory=kv_bytes,
+            )
+        _generate_speed(gen, prompt, s.max_tokens, cache)  # untimed: caches, allocator
+
         m.hf_reason = "" if s.baseline else "not run (baseline off)"
         m.hf_reason = m.hf_reason or hf_serve_unavailable()
         logger.info("serve bench: our server, warm (then transformers serve beside it)")
@@ -254,25 +286,16 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
                     )
                 except ConfigError as exc:  # it did not start: say why, keep our figures
                     m.hf_reason = f"transformers serve did not run: {str(exc)[-600:]}"
-            _alternated(ours, hf, str(path), s, m)
+            timed = partial(_generate_speed, gen, prompt, s.max_tokens, cache)
+            _alternated(ours, hf, str(path), s, m, timed)
             stack.close()  # transformers serve stops before the scenarios
             scenes = _scenarios(ours.url, s, args.vocab_size, special)
+        del gen, timed  # its KV pool and compiled graphs, before the decode steps' generators
         m.warmup_s = (cold, warm)
         m.burst, m.join, m.prefix = scenes["burst"], scenes["join"], scenes["prefix"]
 
-        logger.info("serve bench: in-process generator and decode steps")
-        tok = load_tokenizer(path, vocab_size=args.vocab_size)
+        logger.info("serve bench: decode steps by cache length, in this process")
         with _env(**cache):
-            gen = server_generator(
-                path,
-                tok.encode(PROMPTS[0]),
-                engine=s.engine,
-                cpu_gemm=s.cpu_gemm,
-                max_batch_size=s.max_batch_size,
-                cache_len=s.max_seq_len,
-                kv_cache_memory=kv_bytes,
-                max_new_tokens=s.max_tokens,
-            )
             steps = decode_step_times(
                 path,
                 caches=s.caches,
@@ -281,7 +304,6 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
                 engine=s.engine,
                 cpu_gemm=s.cpu_gemm,
             )
-        m.graphs, m.generate_tokens_per_s = int(gen["graphs"]), gen["tokens_per_s"]
         m.step_s = {c: t for (c, _), t in steps.items()}
         paged, static = kv_bytes_per_live_token(layout, live=s.live, cache_len=max(s.caches))
         m.kv_bytes = (paged, static, layout.bytes_per_token)

@@ -3,7 +3,8 @@ bytes per live token, and ``generate``'s decode speed (issue 27).
 
     times = decode_step_times(path, caches=(256, 1024, 4096), live=33)   # {(L, rows): s}
     kv_bytes_per_live_token(layout, live=33, cache_len=4096)              # paged, static
-    server_generator(path, ids, engine="inductor", max_batch_size=32, ...)  # graphs, tok/s
+    gen, graphs = server_generator(path, engine="inductor", max_batch_size=32, ...)
+    generate_speed(gen, ids, max_new_tokens=64)                            # decode tok/s
 
 The decode step: one ``Generator(model, engine="inductor", max_batch_size=8, cache_len=L)`` per
 cache length L (each its own copy of the model, as ``setup_paged`` sizes the model's block
@@ -24,7 +25,7 @@ from typing import Any
 from torch_tensorrt_dist.generation.kv_blocks import blocks_for
 from torch_tensorrt_dist.generation.kv_memory import KVLayout
 
-__all__ = ["decode_step_times", "kv_bytes_per_live_token", "server_generator"]
+__all__ = ["decode_step_times", "generate_speed", "kv_bytes_per_live_token", "server_generator"]
 
 
 def kv_bytes_per_live_token(layout: KVLayout, *, live: int, cache_len: int) -> tuple[float, float]:
@@ -93,18 +94,15 @@ def decode_step_times(
 
 def server_generator(
     path: str | Path,
-    prompt: list[int],
     *,
     engine: str,
     max_batch_size: int,
     cache_len: int,
     kv_cache_memory: int,
-    max_new_tokens: int,
     cpu_gemm: str = "aten",
-) -> dict[str, float]:
-    """A ``Generator`` of the server's shape (one rank, one thread): the graphs its warm-up
-    compiles (``warmup_all``, as the server's), and then ``generate``'s decode tokens/s on
-    ``prompt`` alone (what ``torchtrt-dist generate`` reports)."""
+) -> tuple[Any, int]:
+    """A ``Generator`` of the server's shape (one rank, one thread), warmed up as the server's
+    is (``warmup_all``), and the number of graphs that compiled."""
     import torch
     from torch._dynamo.utils import counters
 
@@ -123,10 +121,20 @@ def server_generator(
             cpu_gemm=cpu_gemm,
         )
         before = counters["stats"]["unique_graphs"]
-        warm = gen.warmup_all()
-        graphs = counters["stats"]["unique_graphs"] - before
-        gen.generate([prompt], max_new_tokens=max_new_tokens)  # caches warm, allocator too
-        result = gen.generate([prompt], max_new_tokens=max_new_tokens)
+        gen.warmup_all()
+        return gen, counters["stats"]["unique_graphs"] - before
     finally:
         torch.set_num_threads(saved)
-    return {"graphs": graphs, "warmup_s": warm, "tokens_per_s": result.tokens_per_s}
+
+
+def generate_speed(gen: Any, prompt: list[int], *, max_new_tokens: int) -> float:
+    """``generate``'s decode tokens/s on ``prompt`` alone, one thread (what ``torchtrt-dist
+    generate`` reports). Time a generator's second call: its first fills caches."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return float(gen.generate([prompt], max_new_tokens=max_new_tokens).tokens_per_s)
+    finally:
+        torch.set_num_threads(saved)
