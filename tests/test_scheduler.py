@@ -78,10 +78,10 @@ def test_chunk_cost_counts_each_tokens_attention_over_what_comes_before_it() -> 
     assert attention_span(256, 8, 4, 32, 768) == linear / 512 == 1536.0
 
 
-def test_with_attention_counted_later_chunks_are_shorter_and_cost_the_same() -> None:
+def test_with_attention_counted_later_chunks_are_shorter_and_fill_the_budget() -> None:
     """A 40-token prompt after 3 decoding streams, 8 tokens at the start of a prompt per step,
     a token's attention over 16 positions costing what its linear layers do: the chunks
-    shrink as the prompt's past grows, none costs more than the first, and the streams decode
+    shrink as the prompt's past grows, each as long as the budget allows, and the streams decode
     at every step."""
     core = _core()
     sched = Scheduler(core, max_rows=8, max_prefill_tokens=8, attention_span=16.0)
@@ -94,7 +94,10 @@ def test_with_attention_counted_later_chunks_are_shorter_and_cost_the_same() -> 
     while sum(sizes) < 40:
         plan = sched.plan()
         ((rid, n),) = plan.chunks
-        assert rid == 9 and chunk_cost(n, sum(sizes), 16.0) <= sched.budget
+        past = sum(sizes)
+        assert rid == 9 and chunk_cost(n, past, 16.0) <= sched.budget
+        # as long as the budget allows: one token more would not fit (unless the prompt ended)
+        assert past + n == 40 or chunk_cost(n + 1, past, 16.0) > sched.budget
         sizes.append(n)
         assert {0, 1, 2} <= {e.rid for e in core.step(plan)}
     assert sizes[0] == 8 and sizes == sorted(sizes, reverse=True) and len(sizes) > 5

@@ -175,15 +175,6 @@ def _alternated(
         m.generate.append(generate())
 
 
-def _generate_speed(gen: Any, prompt: list[int], max_new_tokens: int, env: dict[str, str]) -> float:
-    """``generate``'s decode tok/s (``serve_step.generate_speed``) with the run's Inductor cache
-    (nothing compiles there after the warm-up; if something did, it would go there)."""
-    from torch_tensorrt_dist.bench.serve_step import generate_speed
-
-    with _env(**env):
-        return generate_speed(gen, prompt, max_new_tokens=max_new_tokens)
-
-
 def _thread_cpu(server: ServerProcess | None) -> tuple[float, float] | None:
     """CPU seconds of rank 0's step and HTTP threads so far (None: not reported there)."""
     if server is None:
@@ -226,6 +217,7 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
 
     from torch_tensorrt_dist.bench.serve_step import (
         decode_step_times,
+        generate_speed,
         kv_bytes_per_live_token,
         server_generator,
     )
@@ -265,7 +257,7 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
                 cache_len=s.max_seq_len,
                 kv_cache_memory=kv_bytes,
             )
-        _generate_speed(gen, prompt, s.max_tokens, cache)  # untimed: caches, allocator
+        generate_speed(gen, prompt, max_new_tokens=s.max_tokens)  # untimed: caches, allocator
 
         m.hf_reason = "" if s.baseline else "not run (baseline off)"
         m.hf_reason = m.hf_reason or hf_serve_unavailable()
@@ -286,7 +278,8 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
                     )
                 except ConfigError as exc:  # it did not start: say why, keep our figures
                     m.hf_reason = f"transformers serve did not run: {str(exc)[-600:]}"
-            timed = partial(_generate_speed, gen, prompt, s.max_tokens, cache)
+            # the generator's graphs are all compiled: timing it compiles nothing
+            timed = partial(generate_speed, gen, prompt, max_new_tokens=s.max_tokens)
             _alternated(ours, hf, str(path), s, m, timed)
             stack.close()  # transformers serve stops before the scenarios
             scenes = _scenarios(ours.url, s, args.vocab_size, special)
