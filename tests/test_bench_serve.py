@@ -14,11 +14,11 @@ from torch_tensorrt_dist.bench.serve_checkpoint import CHECKPOINT
 from torch_tensorrt_dist.bench.serve_hf import HF_READY, hf_serve_command
 from torch_tensorrt_dist.bench.serve_report import (
     ServeMeasured,
-    ServeSizes,
     ThreadCPU,
     serve_report,
 )
 from torch_tensorrt_dist.bench.serve_scenarios import Join, random_ids
+from torch_tensorrt_dist.bench.serve_sizes import ServeSizes
 from torch_tensorrt_dist.bench.serve_step import kv_bytes_per_live_token
 from torch_tensorrt_dist.bench.serve_streams import (
     ClientRun,
@@ -194,6 +194,38 @@ def test_report_names_goals_and_judges_them() -> None:
     assert threads.value == "0.90 / 0.90; 100 / 200 us" and threads.met is None
     assert not any(k.startswith("ours, round 2: step thread") for k in figs)
     assert all(f.goal for f in figs.values() if f.met is not None)
+    # no rounds at default threads in this measurement: said, not invented
+    defaults = next(
+        f for k, f in figs.items() if k.startswith("ours over transformers serve, each")
+    )
+    assert defaults.value == "skipped" and defaults.note == "no rounds ran"
+
+
+def test_report_at_default_threads() -> None:
+    m = _measured(0.25)
+    m.defaults = [{1: (300.0, 100.0), 8: (900.0, 300.0)}, {1: (240.0, 120.0), 8: (1000.0, 400.0)}]
+    m.default_threads = 2
+    figs = {f.name: f for f in serve_report(m, ServeSizes.full())}
+    name = (
+        "ours over transformers serve, each at its default threads (median of alternated "
+        "rounds), C = 1 / 8"
+    )
+    fig = figs[name]
+    # pairs C = 1: 3.0 and 2.0; C = 8: 3.0 and 2.5 (no goal of its own: one thread each is judged)
+    assert fig.value == "2.50 / 2.75" and fig.met is None and not fig.goal
+    assert fig.note.startswith("2 pairs, range C = 1: 2.00-3.00; C = 8: 2.50-3.00; ours 270.0 / ")
+    assert "transformers serve 110.0 / 350.0 tok/s" in fig.note and "2 threads each" in fig.note
+    m.defaults, m.defaults_reason = [], "a server did not start: boom"
+    skipped = next(
+        f
+        for f in serve_report(m, ServeSizes.full())
+        if f.name.startswith("ours over transformers serve, each")
+    )
+    assert skipped.value == "skipped" and skipped.note == "a server did not start: boom"
+    m.hf_reason = "transformers serve did not run: why"  # no baseline: no comparison at all
+    assert not any("each at its default" in f.name for f in serve_report(m, ServeSizes.full()))
+    off = ServeSizes(defaults=())
+    assert not any("each at its default" in f.name for f in serve_report(_measured(0.25), off))
 
 
 def test_report_without_the_baseline_says_why() -> None:

@@ -65,7 +65,7 @@ def _serve(*, quick: bool = False, cpu_gemm: str | None = None) -> list[Figure]:
     from dataclasses import replace
 
     from torch_tensorrt_dist.bench.serve import serve_figures
-    from torch_tensorrt_dist.bench.serve_report import ServeSizes
+    from torch_tensorrt_dist.bench.serve_sizes import ServeSizes
 
     sizes = ServeSizes.quick() if quick else ServeSizes.full()
     return serve_figures(sizes if cpu_gemm is None else replace(sizes, cpu_gemm=cpu_gemm))

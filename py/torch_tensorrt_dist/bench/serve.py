@@ -15,7 +15,9 @@ loopback only, every request streamed through the official ``openai`` client:
 3. transformers serve stops; on ours, 32 requests at once in the KV memory of 8 rows x 512
    tokens, 7 streams that a 2,000-token prompt joins, and two requests sharing a 1,500-token
    prefix (issue 28);
-4. in this process: a generator of the server's shape, built between steps 1 and 2 (its
+4. both servers once more, neither told how many threads to use (what a user who starts each
+   as it comes gets), up at once: 1 and 8 clients, alternated as in step 2;
+5. in this process: a generator of the server's shape, built between steps 1 and 2 (its
    graphs), whose ``generate`` is timed after each round of step 2 (the one-client figure is
    the median of those pairs), and at the end the decode step at several cache lengths
    (``serve_step``).
@@ -48,11 +50,11 @@ from torch_tensorrt_dist.bench.serve_hf import (
 from torch_tensorrt_dist.bench.serve_load import ServerProcess
 from torch_tensorrt_dist.bench.serve_report import (
     ServeMeasured,
-    ServeSizes,
     ThreadCPU,
     serve_report,
 )
 from torch_tensorrt_dist.bench.serve_scenarios import join_during_streams, random_ids, shared_prefix
+from torch_tensorrt_dist.bench.serve_sizes import ServeSizes
 from torch_tensorrt_dist.bench.serve_streams import ClientRun, run_clients
 from torch_tensorrt_dist.config.run import DEFAULT_CPU_GEMM
 from torch_tensorrt_dist.errors import ConfigError
@@ -175,6 +177,41 @@ def _alternated(
         m.generate.append(generate())
 
 
+def _at_defaults(
+    path: Path, args: list[str], env: dict[str, str], s: ServeSizes, m: ServeMeasured
+) -> None:
+    """Both servers again, neither given ``OMP_NUM_THREADS`` (each picks its own threads), up
+    at once: ``s.rounds`` rounds of the ``s.defaults`` client counts, alternated as above;
+    appended to ``m.defaults`` (a server that does not start: ``m.defaults_reason``)."""
+    from torch_tensorrt_dist.runtime.threads import cores_given
+
+    m.default_threads = cores_given()
+    hf_command = hf_serve_command(path)
+    try:
+        with (
+            ServerProcess(args, env=env, threads=None) as ours,
+            ServerProcess(
+                [],
+                command=hf_command,
+                ready=HF_READY,
+                env=HF_ENV,
+                threads=None,
+                start_timeout_s=RUN_TIMEOUT_S,
+            ) as hf,
+        ):
+            sides = {"ours": (ours.url, MODEL), "hf": (hf.url, str(path))}
+            for r in range(s.rounds):
+                got: dict[int, tuple[float, float]] = {}
+                for c in s.defaults:
+                    tps = {}
+                    for side in ("ours", "hf") if r % 2 == 0 else ("hf", "ours"):
+                        tps[side] = _round(*sides[side], s, c)[0].tokens_per_s
+                    got[c] = (tps["ours"], tps["hf"])
+                m.defaults.append(got)
+    except ConfigError as exc:  # one did not start: say why, keep the other figures
+        m.defaults_reason = f"a server did not start: {str(exc)[-600:]}"
+
+
 def _thread_cpu(server: ServerProcess | None) -> tuple[float, float] | None:
     """CPU seconds of rank 0's step and HTTP threads so far (None: not reported there)."""
     if server is None:
@@ -284,6 +321,9 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
             stack.close()  # transformers serve stops before the scenarios
             scenes = _scenarios(ours.url, s, args.vocab_size, special)
         del gen, timed  # its KV pool and compiled graphs, before the decode steps' generators
+        if s.defaults and not m.hf_reason:
+            logger.info("serve bench: both servers at their default threads, alternated")
+            _at_defaults(path, server_args, cache, s, m)
         m.warmup_s = (cold, warm)
         m.burst, m.join, m.prefix = scenes["burst"], scenes["join"], scenes["prefix"]
 

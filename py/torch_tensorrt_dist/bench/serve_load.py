@@ -117,8 +117,9 @@ async def run_load(
 
 
 class ServerProcess:
-    """``torchtrt-dist serve ARGS --port 0`` as a child process (one torch thread per rank), in
-    its own process group; the bench uses it as a context manager, the serving tests too."""
+    """``torchtrt-dist serve ARGS --port 0`` as a child process (one torch thread per rank, or
+    with ``threads=None`` whatever the server picks itself), in its own process group; the
+    bench uses it as a context manager, the serving tests too."""
 
     def __init__(
         self,
@@ -128,11 +129,13 @@ class ServerProcess:
         command: list[str] | None = None,
         ready: str = r"serving \S+ at (http://[\w.:\[\]]+)/v1",
         env: dict[str, str] | None = None,
+        threads: int | None = 1,
     ) -> None:
         """``command``: run this instead of ``torchtrt-dist serve --port 0 ARGS`` (another
         server: ``transformers serve``); ``ready``: the pattern of its line that says it is up,
-        group 1 its URL; ``env``: more environment variables for it."""
-        self.args, self.timeout = args, start_timeout_s
+        group 1 its URL; ``env``: more environment variables for it; ``threads``: its
+        ``OMP_NUM_THREADS`` (None: unset, the server's own default)."""
+        self.args, self.timeout, self.threads = args, start_timeout_s, threads
         self.ready, self.extra_env = re.compile(ready), env or {}
         self.command = command or [
             sys.executable,
@@ -150,7 +153,11 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         """Start it; return once it printed its URL (ConfigError with its output if not)."""
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **self.extra_env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("OMP_NUM_THREADS", None)
+        if self.threads is not None:
+            env["OMP_NUM_THREADS"] = str(self.threads)
+        env.update(self.extra_env)
         self.proc = subprocess.Popen(
             self.command,
             stdout=subprocess.PIPE,

@@ -1,7 +1,7 @@
-"""``bench --section serve``: the sizes of a run, what it measured, and its figures (pure).
+"""``bench --section serve``: what a run measured, and its figures (pure; its sizes:
+``serve_sizes``).
 
-    sizes = ServeSizes.full()            # or .quick(): smaller counts, same figures
-    figures = serve_report(measured, sizes)
+    figures = serve_report(measured, ServeSizes.full())
 
 Every figure is a ratio or a time of one run; its goal comes from issue 27 (the step costs what
 is live, paged KV) or issue 28 (chunked prefill, prefix caching), and ``met`` says whether this
@@ -15,108 +15,17 @@ from dataclasses import dataclass, field, replace
 
 from torch_tensorrt_dist.bench.common import Figure
 from torch_tensorrt_dist.bench.serve_scenarios import Join
+from torch_tensorrt_dist.bench.serve_sizes import ServeSizes
 from torch_tensorrt_dist.bench.serve_streams import ClientRun, Stream, slowest_ttft_share
 from torch_tensorrt_dist.config.run import DEFAULT_CPU_GEMM
-from torch_tensorrt_dist.errors import ConfigError
 
-__all__ = ["SECTION", "ServeMeasured", "ServeSizes", "ThreadCPU", "serve_report"]
+__all__ = ["SECTION", "ServeMeasured", "ThreadCPU", "serve_report"]
 
 SECTION = "serve (CPU, TP 1, bench checkpoint)"
 #: issue 27's cold warm-up at TP 1 before the paged step (every prefill bucket compiled)
 COLD_WARMUP_BEFORE_S = 426.0
 #: issue 28: vLLM's CPU build, time to first token p50 at 8 clients on the same checkpoint
 VLLM_TTFT_P50_S = 0.124
-
-
-@dataclass(frozen=True)
-class ServeSizes:
-    """The counts and lengths of a run (``full``: the issues' sizes)."""
-
-    clients: tuple[int, ...] = (1, 8, 32)
-    rounds: int = 3
-    """Timed rounds of each server once warm, alternated with transformers serve's (both up
-    at once, the order swapped each round): the ratio is the median of those pairs (a load
-    that drifts within the run moves both rounds of a pair alike)."""
-    requests_per_client: int = 2
-    min_requests: int = 8
-    """At least this many requests per client count: one client's 2 requests last well under a
-    second, which this machine's noise swamps (rounds of the same server differed by 10 %)."""
-    max_tokens: int = 64
-    burst_requests: int = 32
-    burst_tokens: int = 96
-    join_streams: int = 7
-    join_prompt: int = 2000
-    stream_tokens: int = 256
-    prefix: int = 1500
-    suffix: int = 64
-    caches: tuple[int, ...] = (256, 1024, 4096)
-    live: int = 33
-    step_rows: int = 8
-    max_batch_size: int = 32
-    max_seq_len: int = 2560
-    kv_rows: int = 8
-    kv_tokens: int = 512
-    engine: str = "inductor"
-    cpu_gemm: str = DEFAULT_CPU_GEMM
-    """Our server's ``--cpu-gemm`` (and the in-process generator's, the decode step's)."""
-    baseline: bool = True
-
-    @classmethod
-    def full(cls) -> ServeSizes:
-        return cls()
-
-    @classmethod
-    def quick(cls) -> ServeSizes:
-        """Fewer requests and tokens, shorter prompts, two cache lengths (a few minutes)."""
-        return cls(
-            rounds=2,
-            requests_per_client=1,
-            min_requests=2,
-            max_tokens=24,
-            burst_tokens=48,
-            join_prompt=600,
-            stream_tokens=128,
-            prefix=400,
-            suffix=32,
-            caches=(256, 1024),
-            max_seq_len=1024,
-        )
-
-    @property
-    def kv_cache_tokens(self) -> int:
-        """The KV memory of the burst (and of every run): ``kv_rows`` x ``kv_tokens`` tokens."""
-        return self.kv_rows * self.kv_tokens
-
-    def check(self, positions: int, *, prompt: int = 16) -> None:
-        """ConfigError unless every request of the run fits the checkpoint's ``positions``,
-        ``--max-seq-len`` and the KV memory (``prompt``: the longest text prompt in tokens),
-        so that no request is refused or preempted."""
-        if self.rounds < 1:
-            raise ConfigError(f"serve bench sizes: rounds must be >= 1, got {self.rounds}")
-        kv = self.kv_cache_tokens
-        needs = {
-            "--max-seq-len (the checkpoint's positions)": (self.max_seq_len, positions),
-            "the longest cache length (the checkpoint's positions)": (max(self.caches), positions),
-            "the joining prompt (--max-seq-len)": (self.join_prompt + 4, self.max_seq_len),
-            "the shared prefix and a suffix (--max-seq-len)": (
-                self.prefix + self.suffix + 4,
-                self.max_seq_len,
-            ),
-            "--max-seq-len (the KV memory)": (self.max_seq_len, kv),
-            "the streams and the joining prompt (the KV memory)": (
-                self.join_streams * (prompt + self.stream_tokens) + self.join_prompt,
-                kv,
-            ),
-            "the burst (the KV memory)": (self.burst_requests * (prompt + self.burst_tokens), kv),
-            "the burst (--max-batch-size)": (self.burst_requests, self.max_batch_size),
-            "the streams and the join (--max-batch-size)": (
-                self.join_streams + 1,
-                self.max_batch_size,
-            ),
-        }
-        for what, (need, have) in needs.items():
-            if need > have:
-                raise ConfigError(f"serve bench sizes: {what} needs {need} tokens, has {have}")
 
 
 @dataclass(frozen=True)
@@ -156,6 +65,13 @@ class ServeMeasured:
     prefix: tuple[Stream, Stream] | None = None
     load: str = ""
     """The machine's load while it ran (``os.getloadavg`` at start and end)."""
+    defaults: list[dict[int, tuple[float, float]]] = field(default_factory=list)
+    """Each server at its default threads: per alternated round, by concurrent clients, (our
+    tok/s, transformers serve's tok/s)."""
+    default_threads: int = 0
+    """The threads both took by default (the cores this run was given)."""
+    defaults_reason: str = ""
+    """Why that comparison gave no figures ("" when it did)."""
 
 
 def _tps(runs: dict[int, ClientRun], c: int) -> float:
@@ -232,6 +148,41 @@ def _client_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
             met=all(judged) if judged else None,
             note=f"{len(m.hf)} pairs" + (f", range {spread}" if spread else ""),
         ),
+    ]
+
+
+def _default_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
+    """Ours over transformers serve with each at its default threads (no goal of its own: the
+    goal is judged on one thread each, the stricter comparison; this says what a user who
+    starts both as they come gets on this machine)."""
+    if not s.defaults or m.hf_reason:
+        return []
+    cs = [c for c in s.defaults if all(c in r for r in m.defaults)]
+    if not m.defaults or not cs:
+        return [
+            Figure(
+                SECTION,
+                "ours over transformers serve, each at its default threads",
+                "skipped",
+                note=m.defaults_reason or "no rounds ran",
+            )
+        ]
+    pairs = {c: [o / h for r in m.defaults for o, h in [r[c]] if h > 0] for c in cs}
+    ratio = {c: statistics.median(p) if p else 0.0 for c, p in pairs.items()}
+    ours = " / ".join(f"{statistics.median(r[c][0] for r in m.defaults):.1f}" for c in cs)
+    theirs = " / ".join(f"{statistics.median(r[c][1] for r in m.defaults):.1f}" for c in cs)
+    spread = "; ".join(f"C = {c}: {min(p):.2f}-{max(p):.2f}" for c, p in pairs.items() if p)
+    return [
+        Figure(
+            SECTION,
+            "ours over transformers serve, each at its default threads (median of alternated "
+            f"rounds), C = {' / '.join(str(c) for c in cs)}",
+            " / ".join(f"{ratio[c]:.2f}" for c in cs),
+            "x",
+            note=f"{len(m.defaults)} pairs, range {spread}; ours {ours}, transformers serve "
+            f"{theirs} tok/s; neither given OMP_NUM_THREADS: {m.default_threads} threads each "
+            "(ours: the cores over its ranks; transformers serve: torch's default)",
+        )
     ]
 
 
@@ -413,6 +364,7 @@ def serve_report(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
     """The section's figures, in the order of the issues' goals."""
     figs = (
         _client_figures(m, s)
+        + _default_figures(m, s)
         + _thread_figures(m, s)
         + _latency_figures(m, s)
         + _step_figures(m, s)
