@@ -1,6 +1,7 @@
 """``cpu_gemm="reduce"``: the Inductor engine's products with row-major float32 weights as
-vectorized reductions (``backend/row_products.py``), given by the generator to decode steps of
-few rows (``REDUCE_ROWS``), ATen's GEMM elsewhere. At TP 2: tests/test_cpu_gemm.py."""
+vectorized reductions (``backend/row_products.py``), given by the generator to steps of few
+token rows (``REDUCE_ROWS``: rows x tokens), ATen's GEMM elsewhere. At TP 2:
+tests/test_cpu_gemm.py."""
 
 from __future__ import annotations
 
@@ -112,7 +113,8 @@ def test_only_weight_positions_that_are_float32_and_row_major_are_taken():
 
 def test_reduce_gives_decode_steps_of_few_rows_the_reductions_only(tmp_path, monkeypatch):
     """Decode steps of at most REDUCE_ROWS rows (a lone row too) compile with reductions;
-    prefill and larger decode steps with ATen's GEMM on the same row-major weights. Every
+    prefills of more token rows and larger decode steps with ATen's GEMM on the same
+    row-major weights. Every
     split gives transformers' greedy tokens (the checkpoint's attention has biases: addmm)."""
     pytest.importorskip("transformers")
     from torch_tensorrt_dist.generation import generate as generate_module
@@ -137,6 +139,36 @@ def test_reduce_gives_decode_steps_of_few_rows_the_reductions_only(tmp_path, mon
     # the logits come out row-major, as ATen's product gives them
     logits = gen._step(*decode_inputs(gen, rows=2))
     assert logits.is_contiguous()
+
+
+def test_a_prefill_of_few_token_rows_takes_the_reductions_too(tmp_path, monkeypatch):
+    """The split counts token rows (rows x tokens: each product's rows): a prompt of 5 tokens
+    under a limit of 12 is prefilled with reductions, two prompts of 5 and 9 (18) with ATen's;
+    greedy tokens are transformers' either way, and a server's warm-up compiles both forms of
+    a prefill of several rows, so no mix of prompts compiles after it."""
+    pytest.importorskip("transformers")
+    from torch_tensorrt_dist.generation import generate as generate_module
+
+    monkeypatch.setattr(generate_module, "REDUCE_ROWS", 12)
+    hf = _llama_ckpt.save_checkpoint("llama_gqa", tmp_path / "ckpt")
+    want = [_llama_ckpt.hf_greedy(hf, p, MAX_NEW) for p in PROMPTS[:2]]
+    torch._dynamo.reset()
+    counters.clear()
+    model = load_llama(str(tmp_path / "ckpt"), progress=False)
+    gen = Generator(model, engine="inductor", max_batch_size=2, cache_len=64, cpu_gemm="reduce")
+    assert gen.generate([PROMPTS[0]], max_new_tokens=1).tokens == [want[0][:1]]
+    assert _reduced() == PRODUCTS  # 1 x 5 token rows: reductions
+    counters.clear()
+    assert gen.generate(PROMPTS[:2], max_new_tokens=1).tokens == [w[:1] for w in want]
+    assert _reduced() == 0  # 2 x 9 token rows: ATen's
+    assert gen.generate(PROMPTS[:2], max_new_tokens=MAX_NEW).tokens == want
+    torch._dynamo.reset()  # a fresh generator: its warm-up alone compiles every graph
+    gen = Generator(model, engine="inductor", max_batch_size=2, cache_len=64, cpu_gemm="reduce")
+    gen.warmup_all()
+    frames = counters["stats"]["unique_graphs"]
+    for prompts in ([PROMPTS[2]] * 2, PROMPTS[:2], [PROMPTS[1]], [[5] * 13, [6]]):
+        gen.generate(prompts, max_new_tokens=3)
+    assert counters["stats"]["unique_graphs"] == frames  # nothing compiled after the warm-up
 
 
 def test_a_model_without_float32_weights_compiles_its_step_once(monkeypatch):

@@ -15,7 +15,7 @@ Measured on the bench checkpoint's shapes (fp32, one thread, this AMD EPYC; 48 w
 1 row, 74 against 99-165 at 8, about the same at 32. The whole decode step: see
 ``REDUCE_ROWS`` (``generation/generate.py``); from about 16 rows on, Inductor's one
 accumulator per output (no register blocking over the rows) loses to MKL's GEMM, so the
-generator gives the reductions to decode steps of few rows only.
+generator gives the reductions to steps of few token rows only (rows x tokens).
 
 The operand that is not the weight is made a buffer first (``inductor_force_stride_order``):
 Inductor would otherwise compute what produces it (an RMSNorm's scaling, SiLU times the up

@@ -148,8 +148,9 @@ def add_engine(
         "--cpu-gemm",
         choices=CPU_GEMMS,
         default=DEFAULT_CPU_GEMM,
-        help="--engine inductor's matrix products on CPU: reduce (decode steps of up to 16 "
-        "rows compute each product with a weight as one pass over its rows, the rest run "
+        help="--engine inductor's matrix products on CPU: reduce (steps of up to 16 token "
+        "rows, rows x tokens, compute each product with a weight as one pass over its rows, "
+        "the rest run "
         "aten's on the same weights), aten (MKL, on column-major weights), template (Inductor's "
         "C++ GEMM template over the weights packed at compile time: a packed copy of each "
         "weight, slower prefill and compiles) or auto (the template for decode steps of up to "

@@ -64,14 +64,14 @@ DEFAULT_MAX_PREFILL_TOKENS = 512
 #: 3.9, 8 rows 4.2-4.5 against 5.7, 16 rows 7.4-7.9 against 7.1-7.3, 32 rows 14.3 against
 #: 10.6; a 512-token prefill 210 against 117 ms: docs/performance.md)
 TEMPLATE_ROWS = 8
-#: ``cpu_gemm="reduce"``: the decode steps of at most this many rows compute their products as
-#: reductions over the row-major weights, the rest with ATen's GEMM on the same weights. The
-#: bench checkpoint's step, one thread, the two modes one after the other: 1 / 2 / 8 / 16 rows
-#: 1.38 / 2.03 / 4.23 / 7.07 ms against 3.25 / 3.68 / 4.78 / 6.49 for ``aten`` (its GEMM on
-#: column-major weights); 17 and 32 rows, on ATen's GEMM over row-major weights, 8.85 and
-#: 11.54 against 7.05 and 10.99. Up to 16 rows the reductions beat ATen's GEMM on the same
-#: row-major weights (an earlier pair of runs: 16 rows 6.68-6.85 against 7.58, 32 rows 13.2-13.4
-#: against 11.07); past that, MKL's register-blocked GEMM wins (docs/performance.md).
+#: ``cpu_gemm="reduce"``: the steps of at most this many token rows (rows x tokens: a decode
+#: step's rows, a short prefill's tokens) compute their products as reductions over the
+#: row-major weights, the rest with ATen's GEMM on the same weights. The bench checkpoint,
+#: one thread: decode 1 / 2 / 8 / 16 rows 1.38 / 2.03 / 4.23 / 7.07 ms against 3.25 / 3.68 /
+#: 4.78 / 6.49 for ``aten`` (column-major weights), 17 and 32 rows on ATen's GEMM over
+#: row-major weights 8.85 and 11.54 against 7.05 and 10.99; a prefill of 6 / 10 / 16 token rows
+#: 3.4 / 4.5 / 6.4 ms against 5.6 / 6.1 / 6.9 on ATen's. Past 16, MKL's register-blocked GEMM
+#: wins (docs/performance.md).
 REDUCE_ROWS = 16
 
 F = TypeVar("F", bound=Callable[..., Tensor])
@@ -175,9 +175,9 @@ def compile_paged_step(
     cannot take: ATen's products, ``backend/cpu_gemm.py``), prefill and more rows on ATen's. A
     lone decode row runs as two equal rows in the template's graph (the same values written
     twice to the same KV slots): one packed copy of the weights and one compile, not two.
-    Elsewhere ``auto`` is ``aten``. ``cpu_gemm="reduce"`` splits them the same way: decode
-    steps of up to :data:`REDUCE_ROWS` rows (a lone row included) with their products as
-    reductions (``backend/row_products.py``), the rest with ATen's; elsewhere ``aten``."""
+    Elsewhere ``auto`` is ``aten``. ``cpu_gemm="reduce"`` splits by token rows (rows x tokens):
+    steps of up to :data:`REDUCE_ROWS`, decode or prefill, with their products as reductions
+    (``backend/row_products.py``), the rest with ATen's; elsewhere ``aten``."""
     split = cpu_gemm in ("auto", "reduce")
     if not split or engine != "inductor" or device.type != "cpu":
         plain = "aten" if split else cpu_gemm
@@ -188,9 +188,11 @@ def compile_paged_step(
 
     def step(*inputs: Tensor) -> Tensor:
         r, s = inputs[0].shape[:2]
-        if s != 1 or r > (TEMPLATE_ROWS if pad_lone_row else REDUCE_ROWS):
+        if not pad_lone_row:  # reduce: by token rows, decode or prefill
+            return few(*inputs) if r * s <= REDUCE_ROWS else rest(*inputs)
+        if s != 1 or r > TEMPLATE_ROWS:
             return rest(*inputs)
-        if r > 1 or not pad_lone_row:
+        if r > 1:
             return few(*inputs)
         twice = [torch.cat([t, t]) for t in inputs]
         mark_step_dims(limits, *twice)
@@ -213,8 +215,7 @@ def _module_tag_guards(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]
     change only in their data; rebinding a parameter still fails the guard (a test does it).
 
     The flag is read when a graph's guards are built, inside a call that compiles; it is set
-    for the length of each call only (5 us), so no other ``torch.compile`` of the process sees
-    it."""
+    for the length of each call only (5 us): no other ``torch.compile`` of the process sees it."""
     from torch._dynamo import config as dynamo_config
 
     def call(*inputs: Tensor) -> Tensor:
@@ -437,7 +438,9 @@ class Generator:
         rank)."""
         start = time.perf_counter()
         longest = min(self.limits.tokens, self.cache_len - 2)
-        shapes = [[[0] * 2] * min(2, self.max_batch_size), [[0] * 2], [[0] * longest]]
+        wide = min(longest, REDUCE_ROWS // 2 + 1)  # 2 rows past reduce's (compile_paged_step)
+        two = min(2, self.max_batch_size)
+        shapes = [[[0] * 2] * two, [[0] * 2], [[0] * longest], [[0] * wide] * two]
         if self.max_batch_size > 2:  # the most rows at once (a MoE layer may pick its form by it)
             shapes.append([[0] * 2] * self.max_batch_size)
         for prompts in shapes:
