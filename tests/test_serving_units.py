@@ -91,6 +91,37 @@ def test_leader_runs_more_requests_than_rows_and_each_gets_its_alone_text(gen: G
     assert not leader.core.sequences and leader.core.pool.stats().used == 0
 
 
+def test_a_step_is_published_between_the_next_steps_inputs_and_its_graph(
+    gen: Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The text of step k reaches HTTP once step k + 1's inputs are built and before its graph
+    runs (``GenerationCore.before_graph``): the HTTP thread writes while the kernels run."""
+    from torch_tensorrt_dist.generation import core as core_module
+
+    leader, inbox, _ = _leader(gen)
+    sink = _Sink()
+    inbox.submit(Submission((72, 105), 5, SamplingConfig(), None, (), sink))  # type: ignore[arg-type]
+    out = lambda: sum(x.tokens for x in sink.items if isinstance(x, Piece))  # noqa: E731
+    built: list[int] = []
+    called: list[int] = []
+    inputs, step = core_module.step_inputs, leader.core._step
+
+    def spy_inputs(*a: Any, **k: Any) -> Any:
+        built.append(out())
+        return inputs(*a, **k)
+
+    def spy_step(*a: Any) -> Any:
+        called.append(out())
+        return step(*a)
+
+    monkeypatch.setattr(core_module, "step_inputs", spy_inputs)
+    leader.core._step = spy_step
+    leader.run()
+    # the prefill, then four decode steps: each graph call after the step before was published
+    assert called == [0, 1, 2, 3, 4] and built == [0, 0, 1, 2, 3]
+    assert out() == 5 and sink.items[-1].finish == "length"  # type: ignore[union-attr]
+
+
 def test_leader_drain_refuses_waiting_and_a_join_that_does_not_fit(gen: Generator) -> None:
     leader, inbox, state = _leader(gen, drain_when_idle=False)
     sinks = [_Sink() for _ in range(4)]

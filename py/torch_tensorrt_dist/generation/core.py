@@ -160,6 +160,10 @@ class GenerationCore:
         #: leave the text of requests without stop strings (which only shows it, and decides
         #: nothing) to :meth:`render`, so a server can announce its next step first
         self.defer_text = False
+        #: called once a step, its inputs built, just before its first graph call (the
+        #: server's rank 0 hands the previous step's text to HTTP there: the HTTP thread then
+        #: runs while the kernels do, which release the GIL, rather than beside the host work)
+        self.before_graph: Callable[[], None] | None = None
         #: per-request isolation (see the module docstring): a server sets it on every rank
         self.isolate = False
         #: the grammar engine of structured output (the same on every rank); None: requests
@@ -219,9 +223,11 @@ class GenerationCore:
         sampling = [s for s, n in ones + many if s.computed + n == len(s.tokens)]
         masks = self._start_masks(sampling)
         done: list[tuple[Sequence, Tensor]] = []
+        hook = self.before_graph
         for group in (ones, many):
             if group:
-                done += self._run(group)
+                done += self._run(group, hook)
+                hook = None
         return emitted + self._sample(done, masks)
 
     def _join(self, req: Request, cached: int) -> Emitted | None:
@@ -282,14 +288,18 @@ class GenerationCore:
         if need > 0:
             seq.blocks += self.pool.allocate(need)
 
-    def _run(self, rows: list[tuple[Sequence, int]]) -> list[tuple[Sequence, Tensor]]:
-        """One call of the step graph over ``rows``; the rows that reached their last token,
-        with their logits [V]."""
+    def _run(
+        self, rows: list[tuple[Sequence, int]], before: Callable[[], None] | None = None
+    ) -> list[tuple[Sequence, Tensor]]:
+        """One call of the step graph over ``rows`` (``before()`` just before it); the rows
+        that reached their last token, with their logits [V]."""
         spans = [
             (seq.tokens[seq.computed : seq.computed + n], seq.computed, seq.blocks)
             for seq, n in rows
         ]
         inputs = step_inputs(spans, self.limits, self.device, mark_dynamic=self.mark_dynamic)
+        if before is not None:
+            before()
         logits = self._step(*inputs)  # [R, V]
         out = []
         for i, (seq, n) in enumerate(rows):

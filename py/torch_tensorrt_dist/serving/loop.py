@@ -148,23 +148,28 @@ class Leader:
         """Steps until a drain (``state`` draining) has finished; raises on a failed rank.
 
         The text of a step is rendered and handed to HTTP after the next step's control
-        header has gone out, so the other ranks start that step while rank 0 detokenizes."""
+        header has gone out, so the other ranks start that step while rank 0 detokenizes:
+        just before that step's first graph call (``GenerationCore.before_graph``), its
+        inputs built, so that the HTTP thread writes it while the kernels run (they release
+        the GIL) rather than while this thread builds inputs; after the step where it ran no
+        graph."""
         self.core.defer_text = True
+        self.core.before_graph = self._flush
         while True:
             if self._pending and self.scheduler.idle():
-                self._publish(self._pending)  # no step follows: tell them before waiting idle
-                self._pending = []
+                self._flush()  # no step follows: tell them before waiting idle
             plan = self._plan()
             self.loop.progress.begin()  # the watchdog times the step from here
             start = time.perf_counter()
             plan = self.loop.channel.exchange(plan)
-            self._publish(self._pending)
-            self._pending = self._collect(self.loop.apply(plan, start))
+            out = self.loop.apply(plan, start)
+            self._flush()  # the step ran no graph (cancels only): not handed over yet
+            self._pending = self._collect(out)
             if self.on_step is not None:
                 self.on_step(self)
             self.loop.progress.end()
             if plan.stop:
-                self._publish(self._pending)
+                self._flush()
                 return
 
     def fail_all(self, status: int, message: str) -> None:
@@ -290,6 +295,13 @@ class Leader:
                 if not any(rid in self.choices for rid in sub.rids):
                     del self.requests[sub.rid]
         return out
+
+    def _flush(self) -> None:
+        """Publish the last step's output, if not yet (kept until it is: a failure while
+        publishing leaves it to ``fail_all``)."""
+        if self._pending:
+            self._publish(self._pending)
+            self._pending = []
 
     def _publish(
         self, items: list[tuple[Submission, int, Emitted]], then: Sequence[tuple[Sink, Failed]] = ()
