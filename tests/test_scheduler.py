@@ -17,7 +17,7 @@ from torch_tensorrt_dist.generation.scheduler import (
     chunk_cost,
     chunk_tokens,
 )
-from torch_tensorrt_dist.generation.step_inputs import StepLimits
+from torch_tensorrt_dist.generation.step_inputs import StepLimits, warmup_prompts
 
 VOCAB = 16
 
@@ -199,3 +199,26 @@ def test_the_same_requests_give_the_same_plans() -> None:
         return [repr(e["plan"]) for e in _run(sched, 30)]
 
     assert plans() == plans()
+
+
+def _graph(rows: int, tokens: int, split: int) -> tuple[bool, bool, bool]:
+    """Which compiled graph a call of ``rows`` x ``tokens`` takes: one row or several (Dynamo
+    specialises 1), decode or prefill (1 token or more), and the side of ``split`` token rows
+    (``cpu_gemm="reduce"``: ``compile_paged_step``)."""
+    return rows == 1, tokens == 1, rows * tokens <= split
+
+
+@pytest.mark.parametrize("split", [2, 12, 16])
+def test_the_warmup_prompts_reach_every_graph_a_step_can_take(split: int) -> None:
+    """Every (rows, tokens) a step of at most ``max_rows`` rows and ``longest`` tokens can run
+    falls in a graph that the warm-up's prompts (their prefill, then their decode) ran."""
+    for max_rows in range(1, 35):
+        for longest in range(2, 41):
+            warm = warmup_prompts(max_rows, longest, split)
+            assert all(len(p) <= max_rows and len(p[0]) <= longest for p in warm)
+            ran = {_graph(len(p), len(p[0]), split) for p in warm}
+            ran |= {_graph(len(p), 1, split) for p in warm}
+            can = {
+                _graph(r, t, split) for r in range(1, max_rows + 1) for t in range(1, longest + 1)
+            }
+            assert can <= ran, (max_rows, longest, can - ran)

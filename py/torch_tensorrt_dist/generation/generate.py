@@ -29,7 +29,12 @@ from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for
 from torch_tensorrt_dist.generation.kv_memory import kv_layout
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
 from torch_tensorrt_dist.generation.scheduler import Scheduler, attention_span
-from torch_tensorrt_dist.generation.step_inputs import StepLimits, mark_step_dims, step_inputs
+from torch_tensorrt_dist.generation.step_inputs import (
+    StepLimits,
+    mark_step_dims,
+    step_inputs,
+    warmup_prompts,
+)
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs
@@ -434,16 +439,10 @@ class Generator:
         """Compile every graph a server may run (one row or several, decode or prefill, a
         short prompt and the longest chunk); return s. Nothing compiles after it. ``stop()``
         is asked before each run: True ends the warm-up there (a server stopped while warming
-        up; every rank must get the same answer, as each graph's collectives need every
-        rank)."""
+        up; every rank must get the same answer: each graph's collectives need every rank)."""
         start = time.perf_counter()
         longest = min(self.limits.tokens, self.cache_len - 2)
-        wide = min(longest, REDUCE_ROWS // 2 + 1)  # 2 rows past reduce's (compile_paged_step)
-        two = min(2, self.max_batch_size)
-        shapes = [[[0] * 2] * two, [[0] * 2], [[0] * longest], [[0] * wide] * two]
-        if self.max_batch_size > 2:  # the most rows at once (a MoE layer may pick its form by it)
-            shapes.append([[0] * 2] * self.max_batch_size)
-        for prompts in shapes:
+        for prompts in warmup_prompts(self.max_batch_size, longest, REDUCE_ROWS):
             if stop is not None and stop():
                 break
             self.generate(prompts, max_new_tokens=2)

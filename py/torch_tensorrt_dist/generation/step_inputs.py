@@ -22,7 +22,7 @@ from torch import Tensor
 
 from torch_tensorrt_dist.models.paged import NULL_BLOCK
 
-__all__ = ["StepLimits", "mark_step_dims", "step_inputs"]
+__all__ = ["StepLimits", "mark_step_dims", "step_inputs", "warmup_prompts"]
 
 
 @dataclass(frozen=True)
@@ -93,3 +93,18 @@ def step_inputs(
     if mark_dynamic:
         mark_step_dims(limits, *out)
     return out
+
+
+def warmup_prompts(max_rows: int, longest: int, split: int) -> list[list[list[int]]]:
+    """The prompts a warm-up generates (two tokens each), one list per run, so that every graph
+    a step can take compiles: one row or several, decode or prefill (the longest chunk too),
+    the most rows at once (a MoE layer may pick its form by it), and on each side of ``split``
+    token rows (rows x tokens: ``cpu_gemm="reduce"`` compiles the step twice and picks by
+    them, ``generate.compile_paged_step``) where a step can reach past it."""
+    two = min(2, max_rows)
+    wide = min(longest, split // 2 + 1)
+    rows = min(max_rows, max(2, -(-(split + 1) // wide)))
+    shapes = [[[0] * 2] * two, [[0] * 2], [[0] * longest], [[0] * wide] * rows]
+    if max_rows > 2:
+        shapes.append([[0] * 2] * max_rows)
+    return shapes
