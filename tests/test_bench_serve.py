@@ -214,7 +214,7 @@ def test_report_at_default_threads() -> None:
     # pairs C = 1: 3.0 and 2.0; C = 8: 3.0 and 2.5 (no goal of its own: one thread each is judged)
     assert fig.value == "2.50 / 2.75" and fig.met is None and not fig.goal
     assert fig.note.startswith("2 pairs, range C = 1: 2.00-3.00; C = 8: 2.50-3.00; ours 270.0 / ")
-    assert "transformers serve 110.0 / 350.0 tok/s" in fig.note and "2 threads each" in fig.note
+    assert "transformers serve 110.0 / 350.0 tok/s" in fig.note and "ours took 2" in fig.note
     m.defaults, m.defaults_reason = [], "a server did not start: boom"
     skipped = next(
         f

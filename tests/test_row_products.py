@@ -171,6 +171,40 @@ def test_a_prefill_of_few_token_rows_takes_the_reductions_too(tmp_path, monkeypa
     assert counters["stats"]["unique_graphs"] == frames  # nothing compiled after the warm-up
 
 
+@pytest.mark.parametrize(
+    ("rows", "cache_len", "budget", "prompts"),
+    [
+        (1, 18, 512, [[7] * 17]),  # one row of cache_len - 1 tokens: past 16 alone
+        (2, 10, 512, [[7] * 9, [8] * 9]),  # two rows of 9: past 16 together
+        (3, 64, 10, [[7] * 6, [8] * 2, [9] * 2]),  # a small prefill budget: 3 x 6
+    ],
+)
+def test_reduce_warmup_compiles_both_sides_whatever_the_limits(
+    rows: int, cache_len: int, budget: int, prompts: list[list[int]]
+) -> None:
+    """The warm-up reaches past ``REDUCE_ROWS`` token rows with direct calls (the null block
+    only), not through prompts the scheduler may chunk: a first request of these shapes
+    compiles nothing (each case compiled a graph after the warm-up before)."""
+    from torch_tensorrt_dist.models.llama_args import ModelArgs
+    from torch_tensorrt_dist.parallel.llama_load import random_llama
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = random_llama(ModelArgs.from_name("tiny"), seed=0)
+    gen = Generator(
+        model,
+        engine="inductor",
+        max_batch_size=rows,
+        cache_len=cache_len,
+        max_prefill_tokens=budget,
+        cpu_gemm="reduce",
+    )
+    gen.warmup_all()
+    frames = counters["stats"]["unique_graphs"]
+    gen.generate(prompts, max_new_tokens=1)
+    assert counters["stats"]["unique_graphs"] == frames
+
+
 def test_a_model_without_float32_weights_compiles_its_step_once(monkeypatch):
     """A bf16 model has nothing to rewrite: ``reduce`` is ``aten`` for it (one compile of the
     step, not two)."""

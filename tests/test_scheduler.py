@@ -17,7 +17,7 @@ from torch_tensorrt_dist.generation.scheduler import (
     chunk_cost,
     chunk_tokens,
 )
-from torch_tensorrt_dist.generation.step_inputs import StepLimits, warmup_prompts
+from torch_tensorrt_dist.generation.step_inputs import StepLimits, past_split, warmup_prompts
 
 VOCAB = 16
 
@@ -222,3 +222,18 @@ def test_the_warmup_prompts_reach_every_graph_a_step_can_take(split: int) -> Non
                 _graph(r, t, split) for r in range(1, max_rows + 1) for t in range(1, longest + 1)
             }
             assert can <= ran, (max_rows, longest, can - ran)
+
+
+def test_past_split_calls_reach_past_it_where_a_step_can() -> None:
+    assert past_split(1, 17, 16) == [(1, 17)]  # one row alone past it
+    assert past_split(1, 16, 16) == []  # nothing a step can run is past it
+    assert past_split(2, 9, 16) == [(2, 9)]
+    assert past_split(2, 8, 16) == []  # 2 x 8 = 16: not past
+    assert past_split(3, 6, 16) == [(3, 6)]
+    assert past_split(8, 512, 16) == [(1, 512), (2, 512)]
+    for rows in range(1, 20):
+        for tokens in range(2, 40):
+            calls = past_split(rows, tokens, 16)
+            assert all(r <= rows and s <= tokens and r * s > 16 for r, s in calls)
+            assert (rows * tokens > 16) == any(r >= 2 for r, _ in calls) or rows == 1
+            assert (tokens > 16) == any(r == 1 for r, _ in calls)

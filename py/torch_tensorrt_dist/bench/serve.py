@@ -208,8 +208,8 @@ def _at_defaults(
                         tps[side] = _round(*sides[side], s, c)[0].tokens_per_s
                     got[c] = (tps["ours"], tps["hf"])
                 m.defaults.append(got)
-    except ConfigError as exc:  # one did not start: say why, keep the other figures
-        m.defaults_reason = f"a server did not start: {str(exc)[-600:]}"
+    except Exception as exc:  # a server did not start or a round failed: say why, go on
+        m.defaults_reason = f"{type(exc).__name__}: {str(exc)[-600:]}"
 
 
 def _thread_cpu(server: ServerProcess | None) -> tuple[float, float] | None:

@@ -180,8 +180,8 @@ def _default_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
             " / ".join(f"{ratio[c]:.2f}" for c in cs),
             "x",
             note=f"{len(m.defaults)} pairs, range {spread}; ours {ours}, transformers serve "
-            f"{theirs} tok/s; neither given OMP_NUM_THREADS: {m.default_threads} threads each "
-            "(ours: the cores over its ranks; transformers serve: torch's default)",
+            f"{theirs} tok/s; neither given OMP_NUM_THREADS: ours took {m.default_threads} "
+            "(the cores given over its ranks), transformers serve torch's default",
         )
     ]
 

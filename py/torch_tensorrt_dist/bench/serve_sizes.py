@@ -71,6 +71,7 @@ class ServeSizes:
             suffix=32,
             caches=(256, 1024),
             max_seq_len=1024,
+            defaults=(),
         )
 
     @property

@@ -32,12 +32,14 @@ from torch_tensorrt_dist.generation.scheduler import Scheduler, attention_span
 from torch_tensorrt_dist.generation.step_inputs import (
     StepLimits,
     mark_step_dims,
+    past_split,
     step_inputs,
     warmup_prompts,
 )
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs
+from torch_tensorrt_dist.models.paged import NULL_BLOCK
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 from torch_tensorrt_dist.models.weight_layout import has_float32_linears, lay_out_linears
 
@@ -65,18 +67,12 @@ ENGINES = ("tensorrt", "inductor", "eager", "none")
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_PREFILL_TOKENS = 512
 #: ``cpu_gemm="auto"``: the decode steps of at most this many rows run Inductor's C++ GEMM
-#: template, the rest ATen's (the bench checkpoint's step, one thread: 1 row 1.3-2.3 ms against
-#: 3.9, 8 rows 4.2-4.5 against 5.7, 16 rows 7.4-7.9 against 7.1-7.3, 32 rows 14.3 against
-#: 10.6; a 512-token prefill 210 against 117 ms: docs/performance.md)
+#: template, the rest ATen's (measured in docs/performance.md)
 TEMPLATE_ROWS = 8
 #: ``cpu_gemm="reduce"``: the steps of at most this many token rows (rows x tokens: a decode
 #: step's rows, a short prefill's tokens) compute their products as reductions over the
-#: row-major weights, the rest with ATen's GEMM on the same weights. The bench checkpoint,
-#: one thread: decode 1 / 2 / 8 / 16 rows 1.38 / 2.03 / 4.23 / 7.07 ms against 3.25 / 3.68 /
-#: 4.78 / 6.49 for ``aten`` (column-major weights), 17 and 32 rows on ATen's GEMM over
-#: row-major weights 8.85 and 11.54 against 7.05 and 10.99; a prefill of 6 / 10 / 16 token rows
-#: 3.4 / 4.5 / 6.4 ms against 5.6 / 6.1 / 6.9 on ATen's. Past 16, MKL's register-blocked GEMM
-#: wins (docs/performance.md).
+#: row-major weights, the rest with ATen's GEMM on the same weights: past 16, MKL's
+#: register-blocked GEMM wins (docs/generation.md and docs/performance.md have the timings).
 REDUCE_ROWS = 16
 
 F = TypeVar("F", bound=Callable[..., Tensor])
@@ -185,8 +181,7 @@ def compile_paged_step(
     (``backend/row_products.py``), the rest with ATen's; elsewhere ``aten``."""
     split = cpu_gemm in ("auto", "reduce")
     if not split or engine != "inductor" or device.type != "cpu":
-        plain = "aten" if split else cpu_gemm
-        return compile_step(fn, engine, verify=verify, cpu_gemm=plain)
+        return compile_step(fn, engine, verify=verify, cpu_gemm="aten" if split else cpu_gemm)
     few = compile_step(fn, engine, verify=verify, cpu_gemm=cpu_gemm)
     rest = compile_step(fn, engine, verify=verify)
     pad_lone_row = cpu_gemm == "auto"  # the template's graph takes two rows and more
@@ -216,11 +211,9 @@ def _module_tag_guards(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]
     subtree: 0.18-0.19 ms. What it assumes, Dynamo already assumes of a tensor held in an
     unchanged dict (``skip_tensor_guards_with_matching_dict_tags``, on by default): that a
     tensor's shape, dtype and strides change only by rebinding it. A step's model rebinds
-    nothing after its first call (its weights are laid out and quantized before), and the pools
-    change only in their data; rebinding a parameter still fails the guard (a test does it).
-
-    The flag is read when a graph's guards are built, inside a call that compiles; it is set
-    for the length of each call only (5 us): no other ``torch.compile`` of the process sees it."""
+    nothing after its first call, and the pools change only in their data; rebinding a
+    parameter still fails the guard (a test does it). The flag is read when a graph's guards
+    are built; it is set for each call only (5 us): no other ``torch.compile`` sees it."""
     from torch._dynamo import config as dynamo_config
 
     def call(*inputs: Tensor) -> Tensor:
@@ -446,4 +439,12 @@ class Generator:
             if stop is not None and stop():
                 break
             self.generate(prompts, max_new_tokens=2)
+        most = min(self.limits.tokens, self.cache_len - 1)
+        for r, s in past_split(self.max_batch_size, most, REDUCE_ROWS):  # reduce's other side
+            if stop is not None and stop():
+                break
+            null = [([0] * s, 0, [NULL_BLOCK] * blocks_for(s, self.block_size))] * r
+            with torch.no_grad():  # as the core's steps; reads and writes the null block only
+                inputs = step_inputs(null, self.limits, self.device, mark_dynamic=self.mark_dynamic)
+                self._step(*inputs)
         return time.perf_counter() - start

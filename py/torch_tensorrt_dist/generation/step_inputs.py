@@ -22,7 +22,7 @@ from torch import Tensor
 
 from torch_tensorrt_dist.models.paged import NULL_BLOCK
 
-__all__ = ["StepLimits", "mark_step_dims", "step_inputs", "warmup_prompts"]
+__all__ = ["StepLimits", "mark_step_dims", "past_split", "step_inputs", "warmup_prompts"]
 
 
 @dataclass(frozen=True)
@@ -108,3 +108,14 @@ def warmup_prompts(max_rows: int, longest: int, split: int) -> list[list[list[in
     if max_rows > 2:
         shapes.append([[0] * 2] * max_rows)
     return shapes
+
+
+def past_split(max_rows: int, tokens: int, split: int) -> list[tuple[int, int]]:
+    """(rows, tokens) of prefill calls past ``split`` token rows, one row and several, where
+    steps of at most ``max_rows`` rows and ``tokens`` tokens can reach past it: what a warm-up
+    runs directly, whatever the scheduler's chunks would make of its prompts."""
+    calls = [(1, tokens)] if tokens > split else []
+    rows = min(max_rows, max(2, -(-(split + 1) // tokens)))
+    if rows >= 2 and tokens >= 2 and rows * tokens > split:
+        calls.append((rows, tokens))
+    return calls
