@@ -212,3 +212,23 @@ def test_inbox_bound_and_take() -> None:
     inbox.left(1)
     inbox.submit(subs[2])
     assert inbox.waiting == 2 and inbox.take(0.01) == [subs[2]] and inbox.take(0.01) == []
+
+
+def test_short_requests_without_a_grammar_are_prepared_on_the_event_loop() -> None:
+    from torch_tensorrt_dist.serving.prepare import INLINE_CHARS, inline
+
+    def parse(body: dict[str, Any], chat: bool = False) -> schema.Params:
+        return schema.parse_request(body, chat=chat)
+
+    assert inline(parse({"prompt": "x" * INLINE_CHARS}))
+    assert not inline(parse({"prompt": "x" * (INLINE_CHARS + 1)}))
+    # a list of prompts counts them all; token ids count as characters
+    assert not inline(parse({"prompt": ["x" * (INLINE_CHARS // 2), "y" * (INLINE_CHARS // 2 + 1)]}))
+    assert inline(parse({"prompt": [[5] * INLINE_CHARS]}))
+    assert not inline(parse({"prompt": [[5] * (INLINE_CHARS + 1)]}))
+    msgs = [{"role": "user", "content": "x" * (INLINE_CHARS // 2)}]
+    assert inline(parse({"messages": msgs * 2}, chat=True))
+    assert not inline(parse({"messages": msgs * 3}, chat=True))
+    # a grammar compiles in the worker whatever the prompt's size
+    assert not inline(parse({"prompt": "x", "guided_regex": "[ab]+"}))
+    assert not inline(parse({"messages": msgs, "response_format": {"type": "json_object"}}, True))

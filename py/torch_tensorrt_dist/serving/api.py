@@ -7,10 +7,10 @@ A handler reads the body within a size and a time limit (``request_body.py``), c
 request (``schema.py``), its size (``limits.py``) and its counts (``n``, ``best_of``, prompts)
 before any work, renders the chat template, tokenizes and compiles its grammar in a worker
 thread (``prepare.py``: the event loop never waits on a large prompt, the tokenizer releases the
-interpreter lock), checks it fits the KV cache and hands it to the step loop through the
-:class:`Inbox`, one submission per prompt; then it reads the pieces of its sequences from its
-own asyncio queue, as one JSON body or as server-sent events ending with ``data: [DONE]``
-(``answer.py``). It never touches a
+interpreter lock; a short prompt without a grammar is prepared on the loop), checks it fits the
+KV cache and hands it to the step loop through the :class:`Inbox`, one submission per prompt;
+then it reads the pieces of its sequences from its own asyncio queue, as one JSON body or as
+server-sent events ending with ``data: [DONE]`` (``answer.py``). It never touches a
 tensor and never waits on the step loop. A client that goes away cancels its request, streamed
 or not (its row is freed at the next step). Every status, 404 / 405 / 413 / 500 included, has
 OpenAI's error body naming the field (``param``), with the headers its status calls for
@@ -41,7 +41,7 @@ from torch_tensorrt_dist.serving.bridge import (
 )
 from torch_tensorrt_dist.serving.limits import check_prompt_size
 from torch_tensorrt_dist.serving.metrics import CONTENT_TYPE, Metrics
-from torch_tensorrt_dist.serving.prepare import ServedModel, check_counts, prepare
+from torch_tensorrt_dist.serving.prepare import ServedModel, check_counts, inline, prepare
 from torch_tensorrt_dist.serving.protocol import RequestError
 from torch_tensorrt_dist.serving.request_body import ClientGone, read_json
 from torch_tensorrt_dist.serving.responses import RETRY_AFTER, UnhandledErrors, error_response
@@ -129,7 +129,10 @@ class _Handler:
         check_prompt_size(req, limits)  # before any work on the prompt
         check_counts(req, self.model)
         loop = asyncio.get_running_loop()
-        ready = await loop.run_in_executor(self.pool, prepare, req, self.model)
+        if inline(req):  # a short prompt: the hop to a worker would take longer
+            ready = prepare(req, self.model)
+        else:
+            ready = await loop.run_in_executor(self.pool, prepare, req, self.model)
         sink = Sink(loop)
         subs = ready.submissions(req, sink)
         try:

@@ -31,6 +31,7 @@ __all__ = [
     "check_fit",
     "check_prompt_size",
     "longest_token_chars",
+    "prompt_chars",
     "request_limits",
 ]
 
@@ -68,6 +69,14 @@ def request_limits(tokenizer: Any, *, cache_len: int) -> RequestLimits:
     )
 
 
+def prompt_chars(params: Params) -> int:
+    """The characters of a request's prompts (a list of token ids counts its ids; a chat, its
+    messages' content)."""
+    if isinstance(params, ChatRequest):
+        return sum(len(m["content"]) for m in params.messages)
+    return sum(len(prompt) for prompt in params.prompts)
+
+
 def check_prompt_size(params: Params, limits: RequestLimits) -> None:
     """RequestError(400) for a prompt that cannot fit the KV cache, told from its size alone
     (before the chat template and the tokenizer run)."""
@@ -79,7 +88,7 @@ def check_prompt_size(params: Params, limits: RequestLimits) -> None:
                 f"messages holds {len(params.messages)} messages; {fits} {limits.messages}",
                 param="messages",
             )
-        chars = sum(len(m["content"]) for m in params.messages)
+        chars = prompt_chars(params)
         if chars > limits.prompt_chars:
             raise RequestError(
                 400,
