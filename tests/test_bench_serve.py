@@ -136,6 +136,7 @@ def _measured(hf_scale: float, second: float | None = None) -> ServeMeasured:
         # round 1: the step thread busy 0.45 s of C = 1's 0.5 s; 0.002 s of HTTP for 20 tokens
         threads=[{1: ThreadCPU(0.45, 0.002), 8: ThreadCPU(0.9, 0.016)}, {}, {}],
         hf=[runs(hf_scale), runs(second or hf_scale)] if hf_scale else [],
+        first=["ours", "hf"] if hf_scale else [],
         loop="uvloop",
         hf_reason="" if hf_scale else "transformers serve did not run: why",
         warmup_s=(100.0, 20.0),
@@ -156,7 +157,17 @@ def test_report_names_goals_and_judges_them() -> None:
     # ours: 40 tok/s at C = 1 (20 tokens in 0.5 s), 80 and 320; transformers: 10 C tokens in
     # 4 s, then in 2 s: the pairs are 16 and 8 at C = 1, 4 and 2 at C = 8 and 32
     assert ratio.value == "12.00 / 3.00 / 3.00" and ratio.met is True
-    assert ratio.note == "2 pairs, range C = 1: 8.00-16.00; C = 8: 2.00-4.00; C = 32: 2.00-4.00"
+    assert ratio.note == (
+        "2 pairs (1 with ours started first, 1 with transformers serve first), range "
+        "C = 1: 8.00-16.00; C = 8: 2.00-4.00; C = 32: 2.00-4.00"
+    )
+    m = _measured(0.25, 0.5)
+    m.hf, m.first, m.order_reason = m.hf[:1], m.first[:1], "the pairs ... first: it failed"
+    note = next(f.note for f in serve_report(m, ServeSizes.full()) if f.name.startswith("ours ov"))
+    assert note == (
+        "1 pairs (1 with ours started first, 0 with transformers serve first); "
+        "the pairs ... first: it failed"
+    )
     hf = figs["transformers serve --continuous-batching: output tok/s, C = 1 / 8 / 32"]
     assert hf.value == "3.8 / 30.0 / 120.0" and hf.note.startswith("median of 2 rounds")
     assert figs["ours, round 1 (cold start): output tok/s, C = 1 / 8 / 32"].note.endswith(
@@ -213,7 +224,10 @@ def test_report_at_default_threads() -> None:
     fig = figs[name]
     # pairs C = 1: 3.0 and 2.0; C = 8: 3.0 and 2.5 (no goal of its own: one thread each is judged)
     assert fig.value == "2.50 / 2.75" and fig.met is None and not fig.goal
-    assert fig.note.startswith("2 pairs, range C = 1: 2.00-3.00; C = 8: 2.50-3.00; ours 270.0 / ")
+    assert fig.note.startswith(
+        "2 pairs (half with each started first), range C = 1: 2.00-3.00; C = 8: 2.50-3.00; "
+        "ours 270.0 / "
+    )
     assert "transformers serve 110.0 / 350.0 tok/s" in fig.note and "ours took 2" in fig.note
     m.defaults, m.defaults_reason = [], "a server did not start: boom"
     skipped = next(
@@ -226,6 +240,44 @@ def test_report_at_default_threads() -> None:
     assert not any("each at its default" in f.name for f in serve_report(m, ServeSizes.full()))
     off = ServeSizes(defaults=())
     assert not any("each at its default" in f.name for f in serve_report(_measured(0.25), off))
+
+
+def test_each_server_is_started_first_for_half_the_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server started before another ran slower (``serve._halves``): the comparison at the
+    default threads starts ours first for the first half of its rounds, transformers serve
+    first for the rest, each round's order swapped, every round recorded."""
+    import contextlib
+    from collections.abc import Iterator
+
+    from torch_tensorrt_dist.bench import serve
+
+    assert serve._halves(4) == (range(2), range(2, 4))
+    assert serve._halves(3) == (range(2), range(2, 3))
+    assert serve._halves(1) == (range(1), range(1, 1))
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def fake(args: list[str], command: list[str] | None = None, **kw: object) -> Iterator[object]:
+        name = "hf" if command else "ours"
+        events.append(f"start {name}")
+        yield type("Up", (), {"url": name})()
+        events.append(f"stop {name}")
+
+    def timed(url: str, model: str, s: ServeSizes, c: int) -> tuple[ClientRun, None]:
+        events.append(f"round {url}")
+        return ClientRun(1.0, [stream(0.0, [0.1] * (2 if url == "ours" else 1))] * c), None
+
+    monkeypatch.setattr(serve, "ServerProcess", fake)
+    monkeypatch.setattr(serve, "hf_serve_command", lambda path: ["transformers", "serve"])
+    monkeypatch.setattr(serve, "_round", timed)
+    m = ServeMeasured(ours=[])
+    serve._at_defaults(Path("ckpt"), [], {}, ServeSizes(rounds=4, defaults=(1,)), m)
+    assert not m.defaults_reason and m.defaults == [{1: (2.0, 1.0)}] * 4
+    assert events == [
+        *("start ours", "start hf", "round ours", "round hf", "round hf", "round ours"),
+        *("stop hf", "stop ours", "start hf", "start ours", "round ours", "round hf"),
+        *("round hf", "round ours", "stop ours", "stop hf"),
+    ]
 
 
 def test_report_without_the_baseline_says_why() -> None:

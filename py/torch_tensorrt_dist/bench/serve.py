@@ -9,14 +9,16 @@ loopback only, every request streamed through the official ``openai`` client:
 1. ``torchtrt-dist serve`` (TP 1, one thread, an empty Inductor cache: the cold warm-up), then
    1, 8 and 32 concurrent clients;
 2. our server again (the cache now filled: the warm warm-up) and ``transformers serve
-   --continuous-batching`` on the same checkpoint (one thread) beside it: ``rounds`` rounds of
-   the same clients, each client count on one server then the other, the order swapped each
-   round (the ratio is the median of those pairs: this machine's load drifts within a run);
+   --continuous-batching`` on the same checkpoint (one thread) beside it: half of ``rounds``
+   rounds of the same clients, each client count on one server then the other, the order
+   swapped each round (the ratio is the median of those pairs: this machine's load drifts
+   within a run);
 3. transformers serve stops; on ours, 32 requests at once in the KV memory of 8 rows x 512
    tokens, 7 streams that a 2,000-token prompt joins, and two requests sharing a 1,500-token
-   prefix (issue 28);
+   prefix (issue 28); then the other half of the rounds, transformers serve started first
+   and ours beside it (a server started before another runs slower: ``_halves``);
 4. both servers once more, neither told how many threads to use (what a user who starts each
-   as it comes gets), up at once: 1 and 8 clients, alternated as in step 2;
+   as it comes gets), up at once: 1 and 8 clients, alternated as in steps 2 and 3;
 5. in this process: a generator of the server's shape, built between steps 1 and 2 (its
    graphs), whose ``generate`` is timed after each round of step 2 (the one-client figure is
    the median of those pairs), and at the end the decode step at several cache lengths
@@ -154,11 +156,14 @@ def _alternated(
     s: ServeSizes,
     m: ServeMeasured,
     generate: Callable[[], float],
+    rounds: range,
+    first: str,
 ) -> None:
-    """``s.rounds`` warm rounds of ours, each client count run beside the same count on
+    """The warm rounds ``rounds`` of ours, each client count run beside the same count on
     ``hf`` (when it runs), the order swapped every round, and ``generate`` timed once a round
-    (after the client counts: the one-client figure's pair); appended to ``m``."""
-    for r in range(s.rounds):
+    (after the client counts: the one-client figure's pair); appended to ``m``, with the
+    server started first (``first``)."""
+    for r in rounds:
         runs: dict[int, ClientRun] = {}
         cpu: dict[int, ThreadCPU] = {}
         theirs: dict[int, ClientRun] = {}
@@ -174,7 +179,27 @@ def _alternated(
         m.threads.append(cpu)
         if hf is not None:
             m.hf.append(theirs)
+            m.first.append(first)
         m.generate.append(generate())
+
+
+def _halves(rounds: int) -> tuple[range, range]:
+    """The rounds run with our server started first, and those with transformers serve first:
+    a server started before another ran 3-11 % slower than the same server started after it
+    (two of ours up at once, 2026-12-05), so each order gets half the pairs."""
+    half = (rounds + 1) // 2
+    return range(half), range(half, rounds)
+
+
+def _hf_server(path: Path, threads: int | None = 1) -> ServerProcess:
+    return ServerProcess(
+        [],
+        command=hf_serve_command(path),
+        ready=HF_READY,
+        env=HF_ENV,
+        threads=threads,
+        start_timeout_s=RUN_TIMEOUT_S,
+    )
 
 
 def _at_defaults(
@@ -182,32 +207,30 @@ def _at_defaults(
 ) -> None:
     """Both servers again, neither given ``OMP_NUM_THREADS`` (each picks its own threads), up
     at once: ``s.rounds`` rounds of the ``s.defaults`` client counts, alternated as above;
-    appended to ``m.defaults`` (a server that does not start: ``m.defaults_reason``)."""
+    appended to ``m.defaults`` (a server that does not start: ``m.defaults_reason``); half
+    the rounds with ours started first, half with transformers serve first (``_halves``)."""
     from torch_tensorrt_dist.runtime.threads import cores_given
 
     m.default_threads = cores_given()
-    hf_command = hf_serve_command(path)
     try:
-        with (
-            ServerProcess(args, env=env, threads=None) as ours,
-            ServerProcess(
-                [],
-                command=hf_command,
-                ready=HF_READY,
-                env=HF_ENV,
-                threads=None,
-                start_timeout_s=RUN_TIMEOUT_S,
-            ) as hf,
-        ):
-            sides = {"ours": (ours.url, MODEL), "hf": (hf.url, str(path))}
-            for r in range(s.rounds):
-                got: dict[int, tuple[float, float]] = {}
-                for c in s.defaults:
-                    tps = {}
-                    for side in ("ours", "hf") if r % 2 == 0 else ("hf", "ours"):
-                        tps[side] = _round(*sides[side], s, c)[0].tokens_per_s
-                    got[c] = (tps["ours"], tps["hf"])
-                m.defaults.append(got)
+        for first, rounds in zip(("ours", "hf"), _halves(s.rounds), strict=True):
+            with contextlib.ExitStack() as stack:
+                start = {
+                    "ours": lambda: ServerProcess(args, env=env, threads=None),
+                    "hf": lambda: _hf_server(path, threads=None),
+                }
+                up = {}
+                for side in (first, "hf" if first == "ours" else "ours"):
+                    up[side] = stack.enter_context(start[side]())
+                sides = {"ours": (up["ours"].url, MODEL), "hf": (up["hf"].url, str(path))}
+                for r in rounds:
+                    got: dict[int, tuple[float, float]] = {}
+                    for c in s.defaults:
+                        tps = {}
+                        for side in ("ours", "hf") if r % 2 == 0 else ("hf", "ours"):
+                            tps[side] = _round(*sides[side], s, c)[0].tokens_per_s
+                        got[c] = (tps["ours"], tps["hf"])
+                    m.defaults.append(got)
     except Exception as exc:  # a server did not start or a round failed: say why, go on
         m.defaults_reason = f"{type(exc).__name__}: {str(exc)[-600:]}"
 
@@ -299,27 +322,27 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
         m.hf_reason = "" if s.baseline else "not run (baseline off)"
         m.hf_reason = m.hf_reason or hf_serve_unavailable()
         logger.info("serve bench: our server, warm (then transformers serve beside it)")
+        ours_first, hf_first = _halves(s.rounds)
+        # the generator's graphs are all compiled: timing it compiles nothing
+        timed = partial(generate_speed, gen, prompt, max_new_tokens=s.max_tokens)
         with ServerProcess(server_args, env=cache) as ours, contextlib.ExitStack() as stack:
             warm, m.loop = warmup_seconds(ours.output()), http_loop(ours.output())
             hf = None
             if not m.hf_reason:
                 try:
-                    hf = stack.enter_context(
-                        ServerProcess(
-                            [],
-                            command=hf_serve_command(path),
-                            ready=HF_READY,
-                            env=HF_ENV,
-                            start_timeout_s=RUN_TIMEOUT_S,
-                        )
-                    )
+                    hf = stack.enter_context(_hf_server(path))
                 except ConfigError as exc:  # it did not start: say why, keep our figures
                     m.hf_reason = f"transformers serve did not run: {str(exc)[-600:]}"
-            # the generator's graphs are all compiled: timing it compiles nothing
-            timed = partial(generate_speed, gen, prompt, max_new_tokens=s.max_tokens)
-            _alternated(ours, hf, str(path), s, m, timed)
+            _alternated(ours, hf, str(path), s, m, timed, ours_first, "ours")
             stack.close()  # transformers serve stops before the scenarios
             scenes = _scenarios(ours.url, s, args.vocab_size, special)
+        if hf is not None and hf_first:
+            logger.info("serve bench: transformers serve first, then our server beside it")
+            try:
+                with _hf_server(path) as hf, ServerProcess(server_args, env=cache) as ours:
+                    _alternated(ours, hf, str(path), s, m, timed, hf_first, "hf")
+            except ConfigError as exc:  # the first half's pairs stand; say why there are few
+                m.order_reason = f"the pairs with transformers serve first: {str(exc)[-600:]}"
         del gen, timed  # its KV pool and compiled graphs, before the decode steps' generators
         if s.defaults and not m.hf_reason:
             logger.info("serve bench: both servers at their default threads, alternated")

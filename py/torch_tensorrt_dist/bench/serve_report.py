@@ -50,6 +50,10 @@ class ServeMeasured:
     """Our server's HTTP event loop (its ready line)."""
     hf_reason: str = ""
     """Why ``transformers serve`` gave no figures ("" when it did)."""
+    first: list[str] = field(default_factory=list)
+    """The server started first (``ours`` or ``hf``) in each pair of ``hf``."""
+    order_reason: str = ""
+    """Why the pairs with transformers serve started first are missing ("" when they ran)."""
     warmup_s: tuple[float, float] = (0.0, 0.0)
     """Our server's warm-up, cold (an empty Inductor cache) and warm."""
     graphs: int = 0
@@ -136,8 +140,8 @@ def _client_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
             " / ".join(f"{_median_tps(m.hf, c):.1f}" for c in s.clients),
             "tok/s",
             note=f"median of {len(m.hf)} rounds, each beside a warm round of ours (both up, "
-            f"the order swapped each round); same checkpoint, prompts and client, 1 thread; "
-            f"{load}",
+            f"the order swapped each round, each server started first in half); same "
+            f"checkpoint, prompts and client, 1 thread; {load}",
         ),
         Figure(
             SECTION,
@@ -146,9 +150,20 @@ def _client_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
             "x",
             goal=">= 2x at C = 1 and 8",
             met=all(judged) if judged else None,
-            note=f"{len(m.hf)} pairs" + (f", range {spread}" if spread else ""),
+            note=_order_note(m) + (f", range {spread}" if spread else ""),
         ),
     ]
+
+
+def _order_note(m: ServeMeasured) -> str:
+    """How many pairs ran with each server started first (a server started before another
+    runs slower: ``serve._halves``), and why the second order is missing where it is."""
+    ours = sum(1 for f in m.first if f == "ours")
+    note = (
+        f"{len(m.hf)} pairs ({ours} with ours started first, {len(m.first) - ours} with "
+        "transformers serve first)"
+    )
+    return note + (f"; {m.order_reason}" if m.order_reason else "")
 
 
 def _default_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
@@ -179,7 +194,8 @@ def _default_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
             f"rounds), C = {' / '.join(str(c) for c in cs)}",
             " / ".join(f"{ratio[c]:.2f}" for c in cs),
             "x",
-            note=f"{len(m.defaults)} pairs, range {spread}; ours {ours}, transformers serve "
+            note=f"{len(m.defaults)} pairs (half with each started first), range {spread}; "
+            f"ours {ours}, transformers serve "
             f"{theirs} tok/s; neither given OMP_NUM_THREADS: ours took {m.default_threads} "
             "(the cores given over its ranks), transformers serve torch's default",
         )

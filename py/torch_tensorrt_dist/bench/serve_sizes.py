@@ -20,10 +20,11 @@ class ServeSizes:
     """The counts and lengths of a run (``full``: the issues' sizes)."""
 
     clients: tuple[int, ...] = (1, 8, 32)
-    rounds: int = 3
+    rounds: int = 4
     """Timed rounds of each server once warm, alternated with transformers serve's (both up
-    at once, the order swapped each round): the ratio is the median of those pairs (a load
-    that drifts within the run moves both rounds of a pair alike)."""
+    at once, the order swapped each round; half of them with each server started first): the
+    ratio is the median of those pairs (a load that drifts within the run moves both rounds
+    of a pair alike)."""
     requests_per_client: int = 2
     min_requests: int = 8
     """At least this many requests per client count: one client's 2 requests last well under a
