@@ -252,6 +252,38 @@ def test_a_failed_step_still_answers_what_the_last_step_finished(
     assert sinks[1].items[-1] == Failed(503, "a rank of the server failed")
 
 
+def test_publishing_that_fails_inside_the_next_step_loses_no_text(gen: Generator) -> None:
+    """Step k's text is published from step k + 1, its inputs built (``before_graph``): where
+    that raises, the step loop fails there, and ``fail_all`` still sends step k's text (kept
+    until it was handed over), then the 503, to every request."""
+    leader, inbox, _ = _leader(gen, drain_when_idle=False)
+    sinks = [_Sink(), _Sink()]
+    for sink in sinks:
+        inbox.submit(Submission((1, 2, 3), 10, SamplingConfig(), None, (), sink))  # type: ignore[arg-type]
+    calls, graphs, step = [], [], leader.core._step
+
+    def on_token(*_: Any) -> None:
+        calls.append(1)
+        if len(calls) == 3:  # step 2's first piece, published from step 3
+            raise RuntimeError("metrics broke")
+
+    def counted(*a: Any) -> Any:
+        graphs.append(1)
+        return step(*a)
+
+    leader.on_token, leader.core._step = on_token, counted
+    with pytest.raises(RuntimeError, match="metrics broke"):
+        leader.run()
+    assert len(graphs) == 2  # step 3 failed before its graph
+    leader.on_token = None
+    leader.fail_all(503, "a rank of the server failed")
+    ref = gen.generate([[1, 2, 3]], max_new_tokens=10).tokens[0]
+    for sink in sinks:
+        assert _texts(sink) == (_shown(ref[:2]), 2)  # steps 1 and 2, nothing lost
+        assert sink.items[-1] == Failed(503, "a rank of the server failed")
+    assert not leader.requests and not leader._pending and inbox.waiting == 0
+
+
 def test_drain_timeout_sends_the_last_text_before_the_503(gen: Generator) -> None:
     """A client stops reading at its 503: the last step's text comes before it."""
     leader, inbox, state = _leader(gen, drain_when_idle=False)
