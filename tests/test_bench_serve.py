@@ -280,6 +280,35 @@ def test_each_server_is_started_first_for_half_the_rounds(monkeypatch: pytest.Mo
     ]
 
 
+def test_server_process_threads_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server gets ``OMP_NUM_THREADS`` from ``threads`` (None: none at all, whatever this
+    process has), then ``env`` on top; a command that never prints its ready line is a
+    ConfigError with its output."""
+    import sys
+
+    from torch_tensorrt_dist.bench.serve_load import ServerProcess
+
+    show = (
+        "import os; print('serving m at http://127.0.0.1:1/v1', "
+        "os.environ.get('OMP_NUM_THREADS'), os.environ.get('X_BENCH'), flush=True)"
+    )
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.setenv("X_BENCH", "parent")
+
+    def seen(**kw: object) -> str:
+        with ServerProcess([], command=[sys.executable, "-c", show], **kw) as srv:  # type: ignore[arg-type]
+            assert srv.url == "http://127.0.0.1:1"
+            return srv.output().split("/v1 ")[1].strip()
+
+    assert seen() == "1 parent"
+    assert seen(threads=None) == "None parent"
+    assert seen(threads=2, env={"X_BENCH": "mine"}) == "2 mine"
+    assert seen(env={"OMP_NUM_THREADS": "3"}) == "3 parent"
+    silent = [sys.executable, "-c", "print('warming', flush=True)"]
+    with pytest.raises(ConfigError, match="did not start:\nwarming"):
+        ServerProcess([], command=silent, start_timeout_s=30).start()
+
+
 def test_report_without_the_baseline_says_why() -> None:
     figs = serve_report(_measured(hf_scale=0.0), ServeSizes.full())
     hf = next(f for f in figs if f.name.startswith("transformers serve"))
