@@ -109,6 +109,15 @@ def test_cli_torchrun_launcher_two_ranks() -> None:
             1,
             "exited with code 1",
         ),
+        # rank 1 dies in native code (an abort): named by its signal, and its Python stack
+        # is in the output (``faulthandler``, enabled by the rank entry)
+        (
+            "torchrun",
+            ["--fail-rank", "1", "--abort"],
+            1,
+            134,
+            "was killed by SIGABRT (signal 6)",
+        ),
         pytest.param(
             "mpi",
             ["--fail-rank", "1", "--kill"],
@@ -118,7 +127,7 @@ def test_cli_torchrun_launcher_two_ranks() -> None:
             marks=pytest.mark.mpi,
         ),
     ],
-    ids=["torchrun-raise", "mpi-kill"],
+    ids=["torchrun-raise", "torchrun-abort", "mpi-kill"],
 )
 def test_the_first_failing_rank_stops_the_job_and_is_named(
     tmp_path: Path,
@@ -146,7 +155,9 @@ def test_the_first_failing_rank_stops_the_job_and_is_named(
     # it stopped, no Open MPI banner
     assert "Traceback" not in out.stderr and "SIGTERM" not in out.stderr, out.stderr[-3000:]
     assert "mpirun" not in out.stderr
-    if launcher == "torchrun":
+    if "--abort" in how:
+        assert "Fatal Python error: Aborted" in out.stderr and "dist_probe.py" in out.stderr
+    elif launcher == "torchrun":
         assert lines[-2] == "rank 0: ValueError: probe failure on rank 0"
         assert lines[-1].endswith(" (-v shows its traceback)")
 

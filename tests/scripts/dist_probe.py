@@ -4,7 +4,8 @@
 
 Each rank prints ``{"rank", "world_size", "local_rank", "launcher", "backend", "sum", ...}``
 where ``sum`` is the all_reduce of (rank + 1) over the world. ``--fail-rank R`` makes rank R
-leave with ``--exit-code`` (``--kill`` : SIGKILL itself; ``--raise``: an exception) right
+leave with ``--exit-code`` (``--kill`` : SIGKILL itself; ``--abort``: abort, as glibc does on a
+corrupted heap; ``--raise``: an exception) right
 after setup while the others block in the all_reduce; it writes its time of death to
 ``--death-file`` first. ``--sleep-rank R`` makes rank R busy (a 60 s sleep) before the
 all_reduce: the launcher stops it, or its peers' all_reduce times out (``run --timeout``).
@@ -30,6 +31,7 @@ def main() -> int:
     parser.add_argument("--fail-rank", type=int, default=None)
     parser.add_argument("--exit-code", type=int, default=3)
     parser.add_argument("--kill", action="store_true")
+    parser.add_argument("--abort", action="store_true")
     parser.add_argument("--raise", dest="raise_", action="store_true")
     parser.add_argument("--death-file", default=None)
     parser.add_argument("--timeout", type=float, default=None)
@@ -45,6 +47,8 @@ def main() -> int:
                 fh.write(repr(time.time()))
         if args.kill:
             os.kill(os.getpid(), signal.SIGKILL)
+        if args.abort:
+            os.abort()
         if args.raise_:
             raise ValueError(f"probe failure on rank {info.rank}")
         sys.stdout.flush()

@@ -13,7 +13,9 @@ whose failure this one only repeats (an error with a ``failed_rank`` attribute n
 rank, see ``runtime.agree``). The launcher uses the records to tell
 the rank that failed first from the ranks that failed because of it, and prints that rank's
 line; the rank itself prints no traceback once its record is written (the launcher shows it
-under ``-v``). A rank killed by a signal, or ended by Ctrl-C, writes nothing.
+under ``-v``). A rank killed by a signal, or ended by Ctrl-C, writes nothing; one that dies in
+native code (a segmentation fault, an abort such as glibc's on a corrupted heap) prints every
+thread's Python stack to its stderr as it dies (``faulthandler``), the one clue there is.
 
 Each rank also connects to the launcher's exit watch (``exits.sock`` in that folder, see
 ``runtime/exit_watch.py``), says its rank and pid, and says ``exit <code>`` when it ends here;
@@ -27,6 +29,7 @@ and exits without the interpreter's final teardown (see ``_end``).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import runpy
@@ -150,8 +153,10 @@ def _forget_watch() -> None:
 
 
 def announce() -> None:
-    """Connect to the launcher's exit watch, if there is one, and say who this rank is."""
+    """Connect to the launcher's exit watch, if there is one, and say who this rank is (and
+    have a fatal signal print the rank's Python stacks first)."""
     global _watch
+    faulthandler.enable(all_threads=True)
     folder = os.environ.get(FAILURE_DIR_ENV)
     path = os.path.join(folder, EXIT_SOCKET_NAME) if folder else ""
     if _watch is not None or not path or not os.path.exists(path):

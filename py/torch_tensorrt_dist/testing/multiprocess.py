@@ -5,11 +5,14 @@
 ``fn`` must be importable (a module-level function): it runs in a spawned process after
 ``torch.distributed`` is initialised with ``RANK``/``WORLD_SIZE``/``MASTER_*`` set as torchrun
 would set them. The first rank that fails (or the time limit) stops every rank; the error names
-the rank and carries its traceback.
+the rank and carries its traceback. A rank that dies without a Python exception (a signal, an
+abort in native code such as glibc's heap checks) prints every thread's Python stack to its
+stderr first (``faulthandler``), so the failure says where it was.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import time
@@ -42,6 +45,7 @@ def _worker(
     args: tuple[Any, ...],
     conn: Any,
 ) -> None:
+    faulthandler.enable(all_threads=True)
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
