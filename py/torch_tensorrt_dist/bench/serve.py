@@ -1,6 +1,6 @@
 """``bench --section serve``: our server against ``transformers serve`` on one checkpoint.
 
-    torchtrt-dist bench --section serve            # the issues' sizes (about 10 min on 2 cores)
+    torchtrt-dist bench --section serve            # the issues' sizes (about 15 min on 2 cores)
     torchtrt-dist bench --section serve --quick    # fewer and shorter requests
 
 One run, one random-weight checkpoint written to a temporary directory (``serve_checkpoint``),
