@@ -215,7 +215,7 @@ def test_inbox_bound_and_take() -> None:
 
 
 def test_short_requests_without_a_grammar_are_prepared_on_the_event_loop() -> None:
-    from torch_tensorrt_dist.serving.prepare import INLINE_CHARS, inline
+    from torch_tensorrt_dist.serving.prepare import INLINE_CHARS, INLINE_MESSAGES, inline
 
     def parse(body: dict[str, Any], chat: bool = False) -> schema.Params:
         return schema.parse_request(body, chat=chat)
@@ -229,6 +229,10 @@ def test_short_requests_without_a_grammar_are_prepared_on_the_event_loop() -> No
     msgs = [{"role": "user", "content": "x" * (INLINE_CHARS // 2)}]
     assert inline(parse({"messages": msgs * 2}, chat=True))
     assert not inline(parse({"messages": msgs * 3}, chat=True))
+    # many short messages: the template renders each one, in the worker
+    few = [{"role": "user", "content": "x"}]
+    assert inline(parse({"messages": few * INLINE_MESSAGES}, chat=True))
+    assert not inline(parse({"messages": few * (INLINE_MESSAGES + 1)}, chat=True))
     # a grammar compiles in the worker whatever the prompt's size
     assert not inline(parse({"prompt": "x", "guided_regex": "[ab]+"}))
     assert not inline(parse({"messages": msgs, "response_format": {"type": "json_object"}}, True))

@@ -7,10 +7,11 @@ and grammar, checked against the model (rank 0's HTTP layer, in a worker thread)
 
 Templates, the tokenizer and the grammar compiler take time: ``prepare`` runs in a worker thread
 (the tokenizer and llguidance release the interpreter lock), except for a short request
-without a grammar (:func:`inline`: at most ``INLINE_CHARS`` characters of prompt, about 0.3 ms
-of tokenizer on the event loop), which the hop to a worker and back would delay more than its
-work. The grammar is compiled here once (its error, the engine's reason, is the client's 400)
-and again on every rank when the request joins (the same spec compiles alike there).
+without a grammar (:func:`inline`: at most ``INLINE_CHARS`` characters of prompt and
+``INLINE_MESSAGES`` messages, about 0.3 ms of template and tokenizer on the event loop), which
+the hop to a worker and back would delay more than its work. The grammar is compiled here once
+(its error, the engine's reason, is the client's 400) and again on every rank when the request
+joins (the same spec compiles alike there).
 """
 
 from __future__ import annotations
@@ -28,12 +29,22 @@ from torch_tensorrt_dist.serving.limits import RequestLimits, check_fit, prompt_
 from torch_tensorrt_dist.serving.protocol import RequestError
 from torch_tensorrt_dist.serving.schema import ChatRequest, Params
 
-__all__ = ["INLINE_CHARS", "Prepared", "ServedModel", "check_counts", "inline", "prepare"]
+__all__ = [
+    "INLINE_CHARS",
+    "INLINE_MESSAGES",
+    "Prepared",
+    "ServedModel",
+    "check_counts",
+    "inline",
+    "prepare",
+]
 
 #: the most prompt characters (or token ids) of a request prepared on the event loop: the
 #: tokenizer takes about 0.3 us a character (the bench checkpoint's), a worker thread's
 #: round trip 1-3 ms on a busy server
 INLINE_CHARS = 1024
+#: the most messages of a chat prepared on the event loop (the template renders each one)
+INLINE_MESSAGES = 16
 
 
 @dataclass
@@ -110,8 +121,11 @@ class Prepared:
 
 
 def inline(req: Params) -> bool:
-    """Whether ``req`` is prepared on the event loop: no grammar to compile and at most
-    ``INLINE_CHARS`` characters of prompts (all messages' content for a chat)."""
+    """Whether ``req`` is prepared on the event loop: no grammar to compile, at most
+    ``INLINE_CHARS`` characters of prompts (all messages' content for a chat) and, for a chat,
+    at most ``INLINE_MESSAGES`` messages."""
+    if isinstance(req, ChatRequest) and len(req.messages) > INLINE_MESSAGES:
+        return False
     return req.grammar() is None and prompt_chars(req) <= INLINE_CHARS
 
 
