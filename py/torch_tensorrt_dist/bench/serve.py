@@ -215,14 +215,15 @@ def _at_defaults(
     try:
         for first, rounds in zip(("ours", "hf"), _halves(s.rounds), strict=True):
             with contextlib.ExitStack() as stack:
-                start = {
-                    "ours": lambda: ServerProcess(args, env=env, threads=None),
-                    "hf": lambda: _hf_server(path, threads=None),
+                servers = {
+                    "ours": ServerProcess(args, env=env, threads=None),
+                    "hf": _hf_server(path, threads=None),
+                }  # started (entered) in this half's order: ``first``, then the other
+                url = {
+                    side: stack.enter_context(servers[side]).url
+                    for side in sorted(servers, key=lambda side: side != first)
                 }
-                up = {}
-                for side in (first, "hf" if first == "ours" else "ours"):
-                    up[side] = stack.enter_context(start[side]())
-                sides = {"ours": (up["ours"].url, MODEL), "hf": (up["hf"].url, str(path))}
+                sides = {"ours": (url["ours"], MODEL), "hf": (url["hf"], str(path))}
                 for r in rounds:
                     got: dict[int, tuple[float, float]] = {}
                     for c in s.defaults:
@@ -336,7 +337,7 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
             _alternated(ours, hf, str(path), s, m, timed, ours_first, "ours")
             stack.close()  # transformers serve stops before the scenarios
             scenes = _scenarios(ours.url, s, args.vocab_size, special)
-        if hf is not None and hf_first:
+        if m.hf and hf_first:  # transformers serve ran: the pairs with it started first
             logger.info("serve bench: transformers serve first, then our server beside it")
             try:
                 with _hf_server(path) as hf, ServerProcess(server_args, env=cache) as ours:
