@@ -33,10 +33,14 @@ def test_logits_match_transformers(name: str, tmp_path: Path) -> None:
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
-def test_a_short_chunk_at_the_longest_sequence_beside_a_longer_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pack", [False, True], ids=["padded", "packed"])
+def test_a_short_chunk_at_the_longest_sequence_beside_a_longer_one(
+    pack: bool, tmp_path: Path
+) -> None:
     """A row's last chunk ends at the longest sequence (the RoPE table's end) while another
     row's chunk is longer: the short row's padding positions stay within the table (a
-    rank once failed with an index error there) and its logits are transformers'."""
+    rank once failed with an index error there) and its logits are transformers'; the same
+    steps packed (``live``: the products over the real tokens only) too."""
     hf = _llama_ckpt.save_checkpoint("llama_gqa", tmp_path)
     model = load_llama(tmp_path, progress=False)
     model.setup_paged(num_blocks=16, block_size=4, max_seq_len=24)
@@ -47,18 +51,21 @@ def test_a_short_chunk_at_the_longest_sequence_beside_a_longer_one(tmp_path: Pat
     other = (list(range(1, 9)), 0, [14, 15])  # 8 tokens: the short row is padded by 6
     with torch.no_grad():
         ref = hf(tokens).logits[0]
-        model.paged_step(*step_inputs([(ids[:16], 0, blocks), other], limits, CPU))
-        model.paged_step(*step_inputs([(ids[16:22], 16, blocks), other], limits, CPU))
-        last = model.paged_step(*step_inputs([(ids[22:24], 22, blocks), other], limits, CPU))
+        model.paged_step(*step_inputs([(ids[:16], 0, blocks), other], limits, CPU, pack=pack))
+        model.paged_step(*step_inputs([(ids[16:22], 16, blocks), other], limits, CPU, pack=pack))
+        inputs = step_inputs([(ids[22:24], 22, blocks), other], limits, CPU, pack=pack)
+        assert len(inputs) == (6 if pack else 5)
+        last = model.paged_step(*inputs)
     torch.testing.assert_close(last[0], ref[23], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("pack", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("name", sorted(_llama_ckpt.CONFIGS))
-def test_paged_steps_give_transformers_logits(name: str, tmp_path: Path) -> None:
-    """A prompt prefilled in chunks (right-padded, beside another row) into blocks scattered
-    over the pool, then decoded token by token: every chunk's last token and every decoded
-    token has transformers' logits of that position (the sliding window included, where it
-    is shorter than the sequence)."""
+def test_paged_steps_give_transformers_logits(name: str, pack: bool, tmp_path: Path) -> None:
+    """A prompt prefilled in chunks (right-padded, or packed, beside another row) into blocks
+    scattered over the pool, then decoded token by token: every chunk's last token and every
+    decoded token has transformers' logits of that position (the sliding window included,
+    where it is shorter than the sequence)."""
     hf = _llama_ckpt.save_checkpoint(name, tmp_path)
     model = load_llama(tmp_path, progress=False)
     model.setup_paged(num_blocks=40, block_size=4, max_seq_len=64)
@@ -73,7 +80,8 @@ def test_paged_steps_give_transformers_logits(name: str, tmp_path: Path) -> None
         got, start = [], 0
         for n in (9, 7):  # chunks of the prompt's first 16 tokens
             rows = [(ids[start : start + n], start, blocks), other]
-            got.append((start + n - 1, model.paged_step(*step_inputs(rows, limits, CPU))[0]))
+            inputs = step_inputs(rows, limits, CPU, pack=pack)
+            got.append((start + n - 1, model.paged_step(*inputs)[0]))
             start += n
         for p in range(16, 24):  # decode
             rows = [([ids[p]], p, blocks)]

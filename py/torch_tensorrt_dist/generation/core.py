@@ -64,7 +64,7 @@ from torch_tensorrt_dist.models.tokenizer import Tokenizer
 __all__ = ["CoreError", "Emitted", "GenerationCore", "Request", "RowError", "Sequence", "StepFn"]
 
 #: ``(tokens [R, S], start [R], last [R], past [R, NBp], dest [R, S]) -> logits [R, V]``
-StepFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+StepFn = Callable[..., Tensor]
 
 
 class CoreError(TensorRTDistError):
@@ -141,12 +141,14 @@ class GenerationCore:
         text: bool = False,
         salt: bytes = b"",
         mark_dynamic: bool = True,
+        pack: bool = False,
     ) -> None:
         """``limits``: the largest rows / tokens / blocks a call may have (the step graph's
         dynamic dimensions); ``text``: produce each request's text (rank 0 of a server);
         ``salt``: the model's identity, part of every prefix-cache key; ``mark_dynamic``:
         mark the step's dynamic dimensions for Dynamo (``step_inputs``; off where the step
-        is not traced by Dynamo)."""
+        is not traced by Dynamo); ``pack``: the step takes packed prefill steps (``live``,
+        ``step_inputs``)."""
         if text and tokenizer is None:
             raise ConfigError("GenerationCore(text=True) needs a tokenizer")
         self._step, self.pool, self.limits = step_fn, pool, limits
@@ -170,7 +172,7 @@ class GenerationCore:
         #: with a grammar fail on join
         self.grammars: Grammars | None = None
         self._masks: MaskFiller | None = None
-        self.mark_dynamic = mark_dynamic
+        self.mark_dynamic, self.pack = mark_dynamic, pack
         self._unrendered: list[tuple[Emitted, StopText, int | None]] = []
         self.sequences: dict[int, Sequence] = {}
         self.running: list[Sequence] = []
@@ -297,7 +299,9 @@ class GenerationCore:
             (seq.tokens[seq.computed : seq.computed + n], seq.computed, seq.blocks)
             for seq, n in rows
         ]
-        inputs = step_inputs(spans, self.limits, self.device, mark_dynamic=self.mark_dynamic)
+        inputs = step_inputs(
+            spans, self.limits, self.device, mark_dynamic=self.mark_dynamic, pack=self.pack
+        )
         if before is not None:
             before()
         logits = self._step(*inputs)  # [R, V]

@@ -4,10 +4,10 @@
     result = gen.generate([[1, 5, 7], [1, 9]], max_new_tokens=32, stop_ids=(2,))
 
 One step function per rank, ``Transformer.paged_step(tokens [R, S], start [R], last [R],
-past [R, NBp], dest [R, S])``, compiled with R, S and NBp dynamic (``step_inputs.py``): at most
-four graphs (decode or prefill, one row or several), whatever the rows, prompt lengths and
-cache size, and each call costs the rows and tokens it holds. ``generate`` is the generation core
-(``core.py``) with every prompt queued at once in its scheduler (``scheduler.py``); the server
+past [R, NBp], dest [R, S], [live [N]])``, compiled with R, S, NBp and N dynamic
+(``step_inputs.py``): at most four graphs (decode or prefill, one row or several), whatever the
+rows, prompt lengths and cache size; each call costs the tokens it holds. ``generate`` is the
+generation core (``core.py``) with every prompt queued at once in its scheduler; the server
 (``serving/``) feeds the same scheduler from HTTP. Every rank runs the same plans on the same
 logits with the same seeded generators: the ranks agree on every token without a broadcast.
 """
@@ -90,10 +90,11 @@ def model_attention_span(a: ModelArgs, moe: MoEArgs | None = None) -> float:
 
 def paged_step(model: Transformer) -> StepFn:
     """``(tokens [R, S], start [R], last [R], past [R, NBp], dest [R, S]) -> logits [R, V]``:
-    rows of a step over the paged cache (``Transformer.paged_step``)."""
+    rows of a step over the paged cache (``Transformer.paged_step``); a packed step's
+    ``live`` [N] after them (``step_inputs``)."""
 
-    def step(tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor) -> Tensor:
-        return model.paged_step(tokens, start, last, past, dest)
+    def step(*inputs: Tensor) -> Tensor:
+        return model.paged_step(*inputs)
 
     return step
 
@@ -111,7 +112,7 @@ def decode_example(
     *,
     position: int | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, ...]:
     """Inputs of a decode step of ``rows`` rows, each at ``position`` (default: half of
     ``tokens``) with its own ``tokens`` tokens of blocks (a cache of :func:`setup_example`)."""
     blocks = blocks_for(tokens, block_size)
@@ -121,9 +122,7 @@ def decode_example(
     return step_inputs(spans, StepLimits(rows, 1, max(blocks, 2), block_size), torch.device("cpu"))
 
 
-def prefill_example(
-    length: int, *, block_size: int = DEFAULT_BLOCK_SIZE
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def prefill_example(length: int, *, block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[Tensor, ...]:
     """Inputs of the prefill of one ``length``-token prompt into the first blocks."""
     blocks = blocks_for(length, block_size)
     spans = [([0] * length, 0, list(range(1, blocks + 1)))]
@@ -174,11 +173,10 @@ def compile_paged_step(
     ``cpu_gemm="auto"`` (the Inductor engine on CPU) two compiles of ``fn`` split the shapes:
     decode steps of 2 to :data:`TEMPLATE_ROWS` rows on the C++ GEMM template (a graph it
     cannot take: ATen's products, ``backend/cpu_gemm.py``), prefill and more rows on ATen's. A
-    lone decode row runs as two equal rows in the template's graph (the same values written
-    twice to the same KV slots): one packed copy of the weights and one compile, not two.
-    Elsewhere ``auto`` is ``aten``. ``cpu_gemm="reduce"`` splits by token rows (rows x tokens):
-    steps of up to :data:`REDUCE_ROWS`, decode or prefill, with their products as reductions
-    (``backend/row_products.py``), the rest with ATen's; elsewhere ``aten``."""
+    lone decode row runs as two equal rows in the template's graph (one packed copy of the
+    weights, one compile). ``cpu_gemm="reduce"`` splits by token rows (rows x tokens, a packed
+    step's real tokens): up to :data:`REDUCE_ROWS` with the products as reductions
+    (``backend/row_products.py``), the rest with ATen's. Elsewhere both are ``aten``."""
     split = cpu_gemm in ("auto", "reduce")
     if not split or engine != "inductor" or device.type != "cpu":
         return compile_step(fn, engine, verify=verify, cpu_gemm="aten" if split else cpu_gemm)
@@ -188,8 +186,9 @@ def compile_paged_step(
 
     def step(*inputs: Tensor) -> Tensor:
         r, s = inputs[0].shape[:2]
-        if not pad_lone_row:  # reduce: by token rows, decode or prefill
-            return few(*inputs) if r * s <= REDUCE_ROWS else rest(*inputs)
+        if not pad_lone_row:  # reduce: by token rows (a packed step's real ones)
+            n = inputs[5].shape[0] if len(inputs) > 5 else r * s
+            return few(*inputs) if n <= REDUCE_ROWS else rest(*inputs)
         if s != 1 or r > TEMPLATE_ROWS:
             return rest(*inputs)
         if r > 1:
@@ -202,18 +201,14 @@ def compile_paged_step(
 
 
 def _module_tag_guards(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """``compiled`` with its guards built to skip a module subtree whose dicts are unchanged.
+    """``compiled`` with its guards built to skip a module subtree whose dicts are unchanged
+    (Dynamo's ``use_recursive_dict_tags_for_guards``, off by default, set for each call only).
 
-    Dynamo guards every parameter and KV pool of the model one by one (about 950 guards a
-    graph), each call: 0.33-0.46 ms of a 1-row step of the bench checkpoint, 8 % of it. With
-    ``use_recursive_dict_tags_for_guards`` (Dynamo's own, off by default), a module whose
-    ``__dict__`` tags (its own and its children's) have not changed since the last call skips its
-    subtree: 0.18-0.19 ms. What it assumes, Dynamo already assumes of a tensor held in an
-    unchanged dict (``skip_tensor_guards_with_matching_dict_tags``, on by default): that a
-    tensor's shape, dtype and strides change only by rebinding it. A step's model rebinds
-    nothing after its first call, and the pools change only in their data; rebinding a
-    parameter still fails the guard (a test does it). The flag is read when a graph's guards
-    are built; it is set for each call only (5 us): no other ``torch.compile`` sees it."""
+    Dynamo guards every parameter and KV pool one by one (about 950 guards a graph): 0.33-0.46
+    ms of a 1-row step of the bench checkpoint, 0.18-0.19 with the flag. It assumes what Dynamo
+    already assumes of a tensor in an unchanged dict: its shape, dtype and strides change only
+    by rebinding it; a step's model rebinds nothing, and rebinding a parameter still fails the
+    guard (tests/test_step_guards.py)."""
     from torch._dynamo import config as dynamo_config
 
     def call(*inputs: Tensor) -> Tensor:
@@ -255,7 +250,10 @@ class Generator:
     ``artifacts/load.ArtifactGenerator``): ``args``, ``engine``, ``max_batch_size``,
     ``cache_len``, ``max_prefill_tokens``, ``block_size``, ``num_blocks``, ``prefix_caching``,
     ``salt``, ``device``, ``limits``, the step function ``_step`` and ``mark_dynamic`` (whether
-    Dynamo traces ``_step``: its inputs' dynamic dimensions are marked)."""
+    Dynamo traces ``_step``: its inputs' dynamic dimensions are marked), and ``pack``."""
+
+    #: ``_step`` takes packed prefill steps (``step_inputs``); not with TensorRT's engines
+    pack = False
 
     def __init__(
         self,
@@ -273,13 +271,11 @@ class Generator:
         cpu_gemm: str = "reduce",
     ) -> None:
         """``max_batch_size``: rows run together; ``cache_len``: the longest sequence (prompt
-        and generated tokens; default the model's); ``kv_cache_memory``: bytes of KV cache
-        on this rank (default: ``max_batch_size`` sequences of ``cache_len`` tokens);
-        ``max_prefill_tokens``: prompt tokens computed per step; ``salt``: the model's
-        identity in prefix-cache keys; ``cpu_gemm``: how the Inductor engine computes the
-        products with weights on CPU (``compile_paged_step``; ``reduce``, the default: decode
-        steps of few rows as reductions, ``backend/row_products.py``; ``aten``, ``template``,
-        ``auto``: ``backend/cpu_gemm.py``)."""
+        and generated tokens; default the model's); ``kv_cache_memory``: KV bytes on this rank
+        (default: ``max_batch_size`` sequences of ``cache_len`` tokens); ``max_prefill_tokens``:
+        prompt tokens per step; ``salt``: the model's identity in prefix-cache keys;
+        ``cpu_gemm``: the Inductor engine's products with CPU weights (``compile_paged_step``:
+        ``reduce``, the default, or ``aten``, ``template``, ``auto``)."""
         self.model, self.args, self.engine = model, model.args, engine
         #: a mixture of experts' MLP (``models/moe.py``), None for a dense model
         self.moe: MoEArgs | None = getattr(model, "moe", None)
@@ -297,6 +293,7 @@ class Generator:
         )
         self.prefix_caching, self.salt = prefix_caching, salt
         self.mark_dynamic = engine != "none"  # plain PyTorch: nothing traces the step
+        self.pack = engine != "tensorrt"
         model.setup_paged(self.num_blocks, block_size, self.cache_len)
         self.device = next(model.parameters()).device
         self.limits = StepLimits(
@@ -336,6 +333,7 @@ class Generator:
             text=text,
             salt=self.salt,
             mark_dynamic=self.mark_dynamic,
+            pack=self.pack,
         )
 
     def scheduler(self, core: GenerationCore) -> Scheduler:
@@ -439,12 +437,12 @@ class Generator:
             if stop is not None and stop():
                 break
             self.generate(prompts, max_new_tokens=2)
-        most = min(self.limits.tokens, self.cache_len - 1)
+        most, pack, mark = min(self.limits.tokens, self.cache_len - 1), self.pack, self.mark_dynamic
         for r, s in past_split(self.max_batch_size, most, REDUCE_ROWS):  # reduce's other side
             if stop is not None and stop():
                 break
             null = [([0] * s, 0, [NULL_BLOCK] * blocks_for(s, self.block_size))] * r
             with torch.no_grad():  # as the core's steps; reads and writes the null block only
-                inputs = step_inputs(null, self.limits, self.device, mark_dynamic=self.mark_dynamic)
+                inputs = step_inputs(null, self.limits, self.device, mark_dynamic=mark, pack=pack)
                 self._step(*inputs)
         return time.perf_counter() - start

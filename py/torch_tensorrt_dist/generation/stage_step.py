@@ -135,7 +135,8 @@ class StageLinks:
 
 class StageStep:
     """The core's step function on one rank of a pipeline: ``(tokens [R, S], start [R],
-    last [R], past [R, NBp], dest [R, S]) -> logits [R, V]``, the same on every rank.
+    last [R], past [R, NBp], dest [R, S], [live [N]]) -> logits [R, V]``, the same on every
+    rank (a packed step's hidden states cross the boundaries padded, [R, S, dim]).
     ``mark_dynamic``: mark a received hidden state's dynamic dimensions (when Dynamo traces
     ``compiled``, as ``step_inputs`` marks the tokens')."""
 
@@ -151,7 +152,7 @@ class StageStep:
         self.mark_dynamic = mark_dynamic
 
     def __call__(
-        self, tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor
+        self, tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor, *live: Tensor
     ) -> Tensor:
         lay = self.links.layout
         r, s = tokens.shape
@@ -160,7 +161,7 @@ class StageStep:
             x = self.links.recv_hidden(r, s)  # [R, S, dim]
             if self.mark_dynamic:
                 mark_hidden_dims(self.limits, x)
-        y = self.compiled(x, start, last, past, dest)  # hidden [R, S, dim], or logits [R, V]
+        y = self.compiled(x, start, last, past, dest, *live)  # hidden [R, S, dim] or logits
         if lay.is_last:
             return self.links.share_logits(y, r)
         self.links.send_hidden(y)

@@ -10,6 +10,11 @@ graph for every size in the range (and TensorRT gets the range as its optimisati
 size of 1 gets its own graph (Dynamo specialises sizes 0 and 1). Past tables are padded with
 the null block to at least 2 blocks, so NBp is always dynamic. So a step graph exists in four
 shapes at most: decode (S = 1) or prefill (S >= 2), one row or several.
+
+A prefill of several rows (``pack=True``) is packed: a sixth input, ``live`` [N], holds the flat
+index ``r * S + s`` of each real token (N dynamic, [2, rows x tokens]), and the step's products
+run over those N tokens, not R x S (``models/paged.py``, ``pack_rows``): a prompt joining 7
+decoding rows is 17 tokens, not 8 x 10.
 """
 
 from __future__ import annotations
@@ -41,13 +46,16 @@ class StepLimits:
 
 
 def mark_step_dims(limits: StepLimits, *inputs: Tensor) -> None:
-    """Mark the dynamic dimensions of a call's inputs ``(tokens, start, last, past, dest)``:
-    sizes >= 2, ranges up to ``limits`` (a later pipeline stage's hidden state [R, S, dim] in
-    the place of the tokens: its rows and tokens)."""
+    """Mark the dynamic dimensions of a call's inputs ``(tokens, start, last, past, dest)``
+    and a packed step's ``live``: sizes >= 2, ranges up to ``limits`` (a later pipeline
+    stage's hidden state [R, S, dim] in the place of the tokens: its rows and tokens)."""
     tokens, past, dest = inputs[0], inputs[3], inputs[4]
     r, s = tokens.shape[:2]
+    if len(inputs) > 5:
+        most = max(limits.rows * limits.tokens, 2)
+        torch._dynamo.mark_dynamic(inputs[5], 0, min=2, max=most)
     if r >= 2:
-        for t in inputs:
+        for t in inputs[:5]:
             torch._dynamo.mark_dynamic(t, 0, min=2, max=max(limits.rows, 2))
     if s >= 2:
         for t in (tokens, dest):
@@ -61,11 +69,13 @@ def step_inputs(
     device: torch.device,
     *,
     mark_dynamic: bool = True,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    pack: bool = False,
+) -> tuple[Tensor, ...]:
     """``rows``: (the row's tokens, its start position, its blocks: those of its past and of
     these tokens) -> tokens [R, S] (right padded with 0), start [R], last [R], past [R, NBp]
     (the blocks of positions < start, padded with the null block), dest [R, S] (each token's
-    block; the null block for padding).
+    block; the null block for padding); with ``pack`` and R, S >= 2, live [N] too (the flat
+    indices of the real tokens, row by row).
 
     ``mark_dynamic``: mark the dynamic dimensions for Dynamo (:func:`mark_step_dims`); off
     for a step Dynamo never traces (plain PyTorch, AOTInductor packages): marking imports
@@ -89,7 +99,16 @@ def step_inputs(
     dest = torch.tensor(dest_rows, dtype=torch.long)
     start = torch.tensor([p for _, p, _ in rows], dtype=torch.long)
     last = torch.tensor([len(ids) - 1 for ids, _, _ in rows], dtype=torch.long)
-    out = (tokens.to(device), start.to(device), last.to(device), past.to(device), dest.to(device))
+    out: tuple[Tensor, ...] = (
+        tokens.to(device),
+        start.to(device),
+        last.to(device),
+        past.to(device),
+        dest.to(device),
+    )
+    if pack and r >= 2 and s >= 2:
+        live = [i * s + j for i, (ids, _, _) in enumerate(rows) for j in range(len(ids))]
+        out += (torch.tensor(live, dtype=torch.long).to(device),)
     if mark_dynamic:
         mark_step_dims(limits, *out)
     return out

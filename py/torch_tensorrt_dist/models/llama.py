@@ -37,9 +37,11 @@ from torch_tensorrt_dist.models.llama_args import PRESETS, ModelArgs, RopeScalin
 from torch_tensorrt_dist.models.paged import (
     PagedKVCache,
     PagedSlots,
+    pack_rows,
     paged_attention,
     paged_mask,
     paged_slots,
+    unpack_rows,
 )
 from torch_tensorrt_dist.models.rope import apply_rope, rope_inv_freq, rope_tables
 from torch_tensorrt_dist.models.stage import StageRole
@@ -173,14 +175,22 @@ class Attention(nn.Module):
     def _paged(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, slots: PagedSlots) -> Tensor:
         # q: [R, Hq, S, D]; k, v: [R, Hkv, S, D] (this step's); mask: [R, 1, S, NBp * bs + S]
         # -> [R, Hq, S, D]. The step's own K/V join the gathered past; they are written to
-        # the pools after the last layer (Transformer.paged_step)
+        # the pools after the last layer (Transformer.paged_step). A packed step
+        # (``slots.live``): q, k, v and the result [1, H, N, D], attention over [R, S]
         if self.kv_pages is None:
             raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
         past_k, past_v = self.kv_pages.gather(slots.past)  # [R, Hkv, NBp * bs, D]
         slots.computed.append((k, v))
+        live = slots.live
+        if live is not None:
+            r, s = slots.past.shape[0], mask.shape[2]
+            q, k, v = (
+                unpack_rows(t.transpose(1, 2), live, r, s).transpose(1, 2) for t in (q, k, v)
+            )
         keys = torch.cat([past_k, k], dim=2)  # [R, Hkv, NBp * bs + S, D]
         values = torch.cat([past_v, v], dim=2)
-        return paged_attention(q, keys, values, mask)
+        y = paged_attention(q, keys, values, mask)
+        return y if live is None else pack_rows(y.transpose(1, 2), live).transpose(1, 2)
 
 
 class FeedForward(nn.Module):
@@ -332,7 +342,13 @@ class Transformer(nn.Module):
         self.block_size, self.max_seq_len = block_size, max_seq_len
 
     def paged_step(
-        self, tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor
+        self,
+        tokens: Tensor,
+        start: Tensor,
+        last: Tensor,
+        past: Tensor,
+        dest: Tensor,
+        live: Tensor | None = None,
     ) -> Tensor:
         """One step of R rows over the paged cache -> the logits of each row's last token [R, V].
 
@@ -342,15 +358,19 @@ class Transformer(nn.Module):
         last: [R] (the index of the row's last real token); past: [R, NBp] (the blocks that hold
         positions < start, padded with the null block); dest: [R, S] (each token's block, the
         null block for padding). See ``models/paged.py``. A pipeline stage before the last
-        returns its hidden states [R, S, dim] for the next stage.
+        returns its hidden states [R, S, dim] for the next stage. ``live`` [N]: the step runs
+        packed, its products over the N real tokens only (``models/paged.py``, ``pack_rows``).
         """
-        x, slots = self._paged_hidden(tokens, start, last, past, dest)  # [R, S, dim]
+        x, slots = self._paged_hidden(tokens, start, last, past, dest, live)  # [R, S | 1, N, dim]
         if self.stage.last:
-            r = x.shape[0]
-            x = x.gather(1, last[:, None, None].expand(r, 1, x.shape[-1]))  # [R, 1, dim]
+            if live is None:
+                r = x.shape[0]
+                x = x.gather(1, last[:, None, None].expand(r, 1, x.shape[-1]))  # [R, 1, dim]
+            else:  # packed row by row: row r's last token is the (sum of lengths to r) - 1th
+                x = x[0, torch.cumsum(last + 1, 0) - 1][:, None]  # [R, 1, dim]
             out = self._logits(x)[:, 0]
         else:
-            out = x
+            out = x if live is None else unpack_rows(x, live, dest.shape[0], dest.shape[1])
         # the step's K/V into the pools, last: nothing above reads them, and every write comes
         # after every op that is not one (one TensorRT engine, then these writes in place)
         flat = [
@@ -380,14 +400,22 @@ class Transformer(nn.Module):
         return -logp.gather(-1, targets[..., None]).squeeze(-1)
 
     def _paged_hidden(
-        self, tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor
+        self,
+        tokens: Tensor,
+        start: Tensor,
+        last: Tensor,
+        past: Tensor,
+        dest: Tensor,
+        live: Tensor | None = None,
     ) -> tuple[Tensor, PagedSlots]:
-        """The last layer's output [R, S, dim] of a paged step, and its slots (each layer's
-        K/V in ``slots.computed``, not written yet)."""
+        """The last layer's output [R, S, dim] of a paged step ([1, N, dim] packed, ``live``),
+        and its slots (each layer's K/V in ``slots.computed``, not written yet)."""
         if self.block_size < 1:
             raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
-        pos, slots = paged_slots(start, last, past, dest, self.block_size)  # pos: [R, S]
+        pos, slots = paged_slots(start, last, past, dest, self.block_size, live)  # pos: [R, S]
         mask = paged_mask(self.args, start, pos, past.shape[1] * self.block_size)
+        if live is not None:  # [1, N]: the products run over the real tokens only
+            tokens, pos = pack_rows(tokens, live), pack_rows(pos, live)
         # tokens [R, S], or (a later pipeline stage) the previous stage's hidden [R, S, dim]
         x = self.tok_embeddings(tokens) if self.stage.first else tokens  # [R, S, dim]
         cos = self.rope_cos[pos].to(x.dtype)  # [R, S, D]

@@ -44,9 +44,11 @@ __all__ = [
     "NULL_BLOCK",
     "PagedKVCache",
     "PagedSlots",
+    "pack_rows",
     "paged_attention",
     "paged_mask",
     "paged_slots",
+    "unpack_rows",
 ]
 
 #: The block no sequence owns: padding writes land there and padded tables point at it.
@@ -98,10 +100,17 @@ class PagedSlots(NamedTuple):
     offsets: Tensor
     past: Tensor
     computed: list[tuple[Tensor, Tensor]]
+    #: a packed step's real tokens (``R * S`` flat indices, :func:`pack_rows`), else None
+    live: Tensor | None = None
 
 
 def paged_slots(
-    start: Tensor, last: Tensor, past: Tensor, dest: Tensor, block_size: int
+    start: Tensor,
+    last: Tensor,
+    past: Tensor,
+    dest: Tensor,
+    block_size: int,
+    live: Tensor | None = None,
 ) -> tuple[Tensor, PagedSlots]:
     """Positions and KV slots of a step's tokens.
 
@@ -111,7 +120,8 @@ def paged_slots(
     and write into the null block, whatever ``dest`` says; offsets are positions modulo the
     block size. (Combining
     ``dest`` with ``last`` also tells the compiler that both have R rows: the block and offset
-    of a write are one length.)
+    of a write are one length.) ``live`` (a packed step, :func:`pack_rows`): the slots of
+    the real tokens only, [N] each, in the packed order.
     """
     s = dest.shape[1]
     steps = torch.arange(s, device=start.device)
@@ -119,7 +129,28 @@ def paged_slots(
     pos = start[:, None] + torch.minimum(steps[None, :], last[:, None])  # [R, S]
     blk = torch.where(real, dest, NULL_BLOCK)
     off = pos % block_size
-    return pos, PagedSlots(blk.reshape(-1), off.reshape(-1), past, [])
+    blk, off = blk.reshape(-1), off.reshape(-1)
+    if live is not None:
+        blk, off = blk[live], off[live]
+    return pos, PagedSlots(blk, off, past, [], live)
+
+
+def pack_rows(x: Tensor, live: Tensor) -> Tensor:
+    """A padded step's rows packed: x [R, S, ...] -> [1, N, ...], the real tokens only.
+
+    A step of several rows of different lengths (prefill chunks, or a chunk beside decoding
+    rows) is right-padded to its longest row, R x S tokens; ``live`` [N] holds the flat index
+    ``r * S + s`` of each real token, row by row. The products (every linear layer, most of a
+    step) run over the N packed tokens; attention unpacks to [R, S] (:func:`unpack_rows`),
+    where the mask already keeps padding out of every real token's keys.
+    """
+    return x.flatten(0, 1)[live][None]
+
+
+def unpack_rows(x: Tensor, live: Tensor, rows: int, tokens: int) -> Tensor:
+    """:func:`pack_rows` undone: x [1, N, ...] -> [R, S, ...], padding zero."""
+    flat = x.new_zeros((rows * tokens, *x.shape[2:]))
+    return flat.index_copy(0, live, x[0]).unflatten(0, (rows, tokens))
 
 
 def paged_mask(args: ModelArgs, start: Tensor, pos: Tensor, past_keys: int) -> Tensor:
