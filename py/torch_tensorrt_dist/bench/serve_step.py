@@ -77,7 +77,8 @@ def decode_step_times(
                     *step_inputs(spans, gen.limits, gen.device, mark_dynamic=gen.mark_dynamic)
                 )
 
-            call()  # compiles this shape
+            with torch.no_grad():  # as timed below (and as the core calls it)
+                call()  # compiles this shape
             calls[c, r] = call
         times: dict[tuple[int, int], list[float]] = {key: [] for key in calls}
         with torch.no_grad():

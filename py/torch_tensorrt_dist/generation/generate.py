@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -29,10 +29,15 @@ from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for
 from torch_tensorrt_dist.generation.kv_memory import kv_layout
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
 from torch_tensorrt_dist.generation.scheduler import Scheduler, attention_span
+from torch_tensorrt_dist.generation.step_dispatch import StepDispatch, shape_class
 from torch_tensorrt_dist.generation.step_inputs import (
+    DEFAULT_BLOCK_SIZE,
     StepLimits,
+    decode_example,
     mark_step_dims,
     past_split,
+    prefill_example,
+    setup_example,
     step_inputs,
     warmup_prompts,
 )
@@ -64,7 +69,6 @@ logger = logging.getLogger(__name__)
 #: ``none`` runs the model as plain PyTorch (no torch.compile); the others go through the
 #: ``torch_tensorrt_dist`` Dynamo backend with that engine.
 ENGINES = ("tensorrt", "inductor", "eager", "none")
-DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_PREFILL_TOKENS = 512
 #: ``cpu_gemm="auto"``: the decode steps of at most this many rows run Inductor's C++ GEMM
 #: template, the rest ATen's (measured in docs/performance.md)
@@ -97,38 +101,6 @@ def paged_step(model: Transformer) -> StepFn:
         return model.paged_step(*inputs)
 
     return step
-
-
-def setup_example(
-    model: Transformer, rows: int, tokens: int, block_size: int = DEFAULT_BLOCK_SIZE
-) -> None:
-    """A paged cache with room for ``rows`` sequences of ``tokens`` tokens (explain, benches)."""
-    model.setup_paged(rows * blocks_for(tokens, block_size) + 1, block_size, tokens)
-
-
-def decode_example(
-    rows: int,
-    tokens: int = 64,
-    *,
-    position: int | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-) -> tuple[Tensor, ...]:
-    """Inputs of a decode step of ``rows`` rows, each at ``position`` (default: half of
-    ``tokens``) with its own ``tokens`` tokens of blocks (a cache of :func:`setup_example`)."""
-    blocks = blocks_for(tokens, block_size)
-    pos = tokens // 2 if position is None else position
-    table = [list(range(1 + i * blocks, 1 + (i + 1) * blocks)) for i in range(rows)]
-    spans = [([0], pos, t) for t in table]
-    return step_inputs(spans, StepLimits(rows, 1, max(blocks, 2), block_size), torch.device("cpu"))
-
-
-def prefill_example(length: int, *, block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[Tensor, ...]:
-    """Inputs of the prefill of one ``length``-token prompt into the first blocks."""
-    blocks = blocks_for(length, block_size)
-    spans = [([0] * length, 0, list(range(1, blocks + 1)))]
-    return step_inputs(
-        spans, StepLimits(1, length, max(blocks, 2), block_size), torch.device("cpu")
-    )
 
 
 def compile_step(fn: F, engine: str, *, verify: bool | None = None, cpu_gemm: str = "aten") -> F:
@@ -168,6 +140,7 @@ def compile_paged_step(
     cpu_gemm: str,
     device: torch.device,
     limits: StepLimits,
+    version: Callable[[], Hashable] = lambda: 0,
 ) -> F:
     """:func:`compile_step` of a step over ``(tokens or hidden [R, S, ...], ...)``. With
     ``cpu_gemm="auto"`` (the Inductor engine on CPU) two compiles of ``fn`` split the shapes:
@@ -176,19 +149,28 @@ def compile_paged_step(
     lone decode row runs as two equal rows in the template's graph (one packed copy of the
     weights, one compile). ``cpu_gemm="reduce"`` splits by token rows (rows x tokens, a packed
     step's real tokens): up to :data:`REDUCE_ROWS` with the products as reductions
-    (``backend/row_products.py``), the rest with ATen's. Elsewhere both are ``aten``."""
+    (``backend/row_products.py``), the rest with ATen's. Elsewhere both are ``aten``. Every
+    form but ``auto``'s runs through a :class:`StepDispatch` (``step_dispatch.py``): each shape
+    class's compiled code is called directly once confirmed, without Dynamo's guards."""
     split = cpu_gemm in ("auto", "reduce")
     if not split or engine != "inductor" or device.type != "cpu":
-        return compile_step(fn, engine, verify=verify, cpu_gemm="aten" if split else cpu_gemm)
+        one = compile_step(fn, engine, verify=verify, cpu_gemm="aten" if split else cpu_gemm)
+        if one is fn:  # engine none: nothing compiled
+            return fn
+        return cast(F, StepDispatch(fn, lambda i: (shape_class(i), one), version=version))
     few = compile_step(fn, engine, verify=verify, cpu_gemm=cpu_gemm)
     rest = compile_step(fn, engine, verify=verify)
-    pad_lone_row = cpu_gemm == "auto"  # the template's graph takes two rows and more
+    if cpu_gemm == "reduce":  # by token rows (a packed step's real ones)
 
-    def step(*inputs: Tensor) -> Tensor:
+        def route(inputs: tuple[Tensor, ...]) -> tuple[Hashable, Callable[..., Tensor]]:
+            r, s = inputs[0].shape[:2]
+            small = (inputs[5].shape[0] if len(inputs) > 5 else r * s) <= REDUCE_ROWS
+            return (small, *shape_class(inputs)), few if small else rest
+
+        return cast(F, StepDispatch(fn, route, version=version))
+
+    def step(*inputs: Tensor) -> Tensor:  # auto: the template's graph takes two rows and more
         r, s = inputs[0].shape[:2]
-        if not pad_lone_row:  # reduce: by token rows (a packed step's real ones)
-            n = inputs[5].shape[0] if len(inputs) > 5 else r * s
-            return few(*inputs) if n <= REDUCE_ROWS else rest(*inputs)
         if s != 1 or r > TEMPLATE_ROWS:
             return rest(*inputs)
         if r > 1:
@@ -317,6 +299,7 @@ class Generator:
             cpu_gemm=cpu_gemm,
             device=self.device,
             limits=self.limits,
+            version=lambda: model.paged_version,  # setup_paged again: other pools, other keys
         )
 
     def core(self, *, tokenizer: Tokenizer | None = None, text: bool = False) -> GenerationCore:

@@ -21,13 +21,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from torch_tensorrt_dist.generation.kv_blocks import blocks_for
 from torch_tensorrt_dist.models.paged import NULL_BLOCK
 
-__all__ = ["StepLimits", "mark_step_dims", "past_split", "step_inputs", "warmup_prompts"]
+if TYPE_CHECKING:
+    from torch_tensorrt_dist.models.llama import Transformer
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "StepLimits",
+    "decode_example",
+    "mark_step_dims",
+    "past_split",
+    "prefill_example",
+    "setup_example",
+    "step_inputs",
+    "warmup_prompts",
+]
+
+DEFAULT_BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -138,3 +155,35 @@ def past_split(max_rows: int, tokens: int, split: int) -> list[tuple[int, int]]:
     if rows >= 2 and tokens >= 2 and rows * tokens > split:
         calls.append((rows, tokens))
     return calls
+
+
+def setup_example(
+    model: Transformer, rows: int, tokens: int, block_size: int = DEFAULT_BLOCK_SIZE
+) -> None:
+    """A paged cache with room for ``rows`` sequences of ``tokens`` tokens (explain, benches)."""
+    model.setup_paged(rows * blocks_for(tokens, block_size) + 1, block_size, tokens)
+
+
+def decode_example(
+    rows: int,
+    tokens: int = 64,
+    *,
+    position: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> tuple[Tensor, ...]:
+    """Inputs of a decode step of ``rows`` rows, each at ``position`` (default: half of
+    ``tokens``) with its own ``tokens`` tokens of blocks (a cache of :func:`setup_example`)."""
+    blocks = blocks_for(tokens, block_size)
+    pos = tokens // 2 if position is None else position
+    table = [list(range(1 + i * blocks, 1 + (i + 1) * blocks)) for i in range(rows)]
+    spans = [([0], pos, t) for t in table]
+    return step_inputs(spans, StepLimits(rows, 1, max(blocks, 2), block_size), torch.device("cpu"))
+
+
+def prefill_example(length: int, *, block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[Tensor, ...]:
+    """Inputs of the prefill of one ``length``-token prompt into the first blocks."""
+    blocks = blocks_for(length, block_size)
+    spans = [([0] * length, 0, list(range(1, blocks + 1)))]
+    return step_inputs(
+        spans, StepLimits(1, length, max(blocks, 2), block_size), torch.device("cpu")
+    )

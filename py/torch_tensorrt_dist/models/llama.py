@@ -256,6 +256,7 @@ class Transformer(nn.Module):
         self.max_batch_size = -1
         self.max_seq_len = -1
         self.block_size = -1  # set by setup_paged
+        self.paged_version = 0  # raised by each setup_paged
         #: the part of the decoder this rank runs (``models/stage.cut_stage``): all of it
         self.stage = StageRole.whole(args.n_layers)
 
@@ -340,6 +341,7 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos.to(weight.device), persistent=False)
         self.register_buffer("rope_sin", sin.to(weight.device), persistent=False)
         self.block_size, self.max_seq_len = block_size, max_seq_len
+        self.paged_version += 1  # a compiled step's direct calls start over (step_dispatch)
 
     def paged_step(
         self,
