@@ -151,3 +151,16 @@ def test_the_generators_steps_run_directly_with_the_same_tokens(
     assert none_direct == []
     assert direct == guarded
     assert (2, True, False, 5) in classes  # the decode steps of several rows
+
+
+def test_without_the_hook_every_call_goes_through_dynamo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch without Dynamo's bytecode hook (or the global-state guard): nothing is called
+    directly, results unchanged."""
+    monkeypatch.setattr(step_dispatch, "_hook", [None])
+    dispatch, lin = _dispatch()
+    assert not dispatch.enabled
+    with torch.no_grad():
+        for _ in range(4):
+            x = _x(3)
+            torch.testing.assert_close(dispatch(x), lin(x).relu(), rtol=0, atol=0)
+    assert dispatch.direct == [] and _class(dispatch, 3).through_dynamo == 4

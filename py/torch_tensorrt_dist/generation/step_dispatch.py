@@ -70,6 +70,26 @@ def _on_bytecode(code: types.CodeType, new_code: types.CodeType) -> types.CodeTy
     return None  # the code as Dynamo made it
 
 
+def _register_hook() -> bool:
+    """Dynamo's bytecode hook, once per process; False where this torch lacks it or torch's
+    global-state guard (written against torch 2.14): every call then goes through Dynamo."""
+    with _hook_lock:
+        if _hook:
+            return bool(_hook[0])
+        try:
+            from torch._dynamo.convert_frame import register_bytecode_hook
+
+            torch._C._dynamo.guards.GlobalStateGuard  # noqa: B018  (present, or AttributeError)
+            _hook.append(register_bytecode_hook(_on_bytecode))
+        except (ImportError, AttributeError):
+            logger.info(
+                "this torch has no bytecode hook or global-state guard: the step's "
+                "calls all go through Dynamo's guards"
+            )
+            _hook.append(None)
+        return bool(_hook[0])
+
+
 @dataclass
 class _Class:
     code: types.CodeType | None = None
@@ -93,14 +113,8 @@ class StepDispatch:
         version: Callable[[], Hashable] = lambda: 0,
     ) -> None:
         self.fn, self.route, self.version, self.code = fn, route, version, fn.__code__
-        self.enabled = os.environ.get(GUARDS_ENV, "") != "1"
+        self.enabled = os.environ.get(GUARDS_ENV, "") != "1" and _register_hook()
         self.classes: dict[tuple[Hashable, bool, Hashable], _Class] = {}
-        if self.enabled:
-            with _hook_lock:
-                if not _hook:
-                    from torch._dynamo.convert_frame import register_bytecode_hook
-
-                    _hook.append(register_bytecode_hook(_on_bytecode))
 
     def __call__(self, *inputs: Tensor) -> Tensor:
         shape, compiled = self.route(inputs)
