@@ -14,8 +14,9 @@ running sequence some tokens to compute: one for a sequence that is decoding (it
 a chunk of its prompt for one being prefilled. Rows of one token run in one call of the step
 graph, rows of more in a second call (both ``step_fn(tokens [R, S], start [R], last [R],
 past [R, NBp], dest [R, S]) -> logits [R, V]``, ``Transformer.paged_step``: R, S and NBp are
-the step's own, so a step costs what is live). A row that reaches the end of its tokens samples
-the next one.
+the step's own, so a step costs what is live; the second call, with ``pack``, also takes
+``live [N]``, its real tokens, so that padding costs no products). A row that reaches the end
+of its tokens samples the next one.
 
 Everything here is a function of the plans and the logits, with a generator per request seeded
 from its :class:`SamplingConfig`: ranks that apply the same plans hold the same sequences and
