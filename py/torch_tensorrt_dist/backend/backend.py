@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -38,7 +39,11 @@ from torch_tensorrt_dist.backend.settings import CompileSettings
 from torch_tensorrt_dist.backend.verify import reference_graph, with_verification
 from torch_tensorrt_dist.errors import UnsupportedCollectiveError
 from torch_tensorrt_dist.lowering import fuse_collectives, fusion_report
-from torch_tensorrt_dist.lowering.freeze_constants import drop_frozen, freeze_inputs
+from torch_tensorrt_dist.lowering.freeze_constants import (
+    drop_frozen,
+    freeze_inputs,
+    frozen_indices,
+)
 from torch_tensorrt_dist.lowering.input_writes import input_writes, reinplace_input_writes
 
 __all__ = [
@@ -185,16 +190,39 @@ def torch_tensorrt_dist_backend(
         # TensorRT dequantizes constant weights only, and IMoELayer takes constant experts:
         # quantized codes and scales, and the weights of experts that become IMoELayer, turn
         # into constants of the graph; the callable drops those inputs (lowering/freeze_constants)
-        keep = None
+        also: list[int] | None = None
         if trt_freeze:
             from torch_tensorrt_dist.conversion.layers.moe_experts import frozen_expert_inputs
 
-            experts = frozen_expert_inputs(aten_gm)
-            keep = freeze_inputs(aten_gm, inputs, example_inputs, also=experts)
+            also = frozen_expert_inputs(aten_gm)
         elif gemm_freeze:  # the template takes constant weights only (backend/cpu_gemm.py)
             from torch_tensorrt_dist.backend.cpu_gemm import gemm_weights
 
-            keep = freeze_inputs(aten_gm, inputs, example_inputs, also=gemm_weights(example_inputs))
+            also = gemm_weights(example_inputs)
+        if also is not None:  # and the quantized codes and scales marked for freezing
+            also = sorted(set(also) | set(frozen_indices(example_inputs)))
+        if not also:
+            return _counted(*build(aten_gm, inputs, example_inputs, None)[::2])
+        spare = fx.GraphModule(aten_gm, copy.deepcopy(aten_gm.graph))  # before any pass
+        engine, keep, report = build(aten_gm, inputs, example_inputs, also)
+        if keep is None:
+            return _counted(engine, report)
+
+        def rebuild(real: list[Any]) -> Callable[..., Any]:  # other weights, the same code
+            gm = fx.GraphModule(spare, copy.deepcopy(spare.graph))
+            engine, again, _ = build(gm, inputs, real, also)
+            if again != keep:
+                raise RuntimeError("a graph built again for other weights froze other inputs")
+            return engine
+
+        return _counted(drop_frozen(engine, keep, example_inputs, rebuild), report)
+
+    def build(
+        aten_gm: fx.GraphModule, inputs: list[Any], real: list[Any], also: list[int] | None
+    ) -> tuple[Callable[..., Any], list[int] | None, GraphReport]:
+        """The engine of ``aten_gm`` over the inputs that stay inputs (their indices: None
+        for all) and its report, the inputs at ``also`` frozen with the tensors of ``real``."""
+        keep = None if also is None else freeze_inputs(aten_gm, inputs, real, also=also)
         inputs = inputs if keep is None else [inputs[i] for i in keep]
         report = lower_graph(aten_gm, settings, resolve)
         logger.info(
@@ -211,7 +239,7 @@ def torch_tensorrt_dist_backend(
             from torch_tensorrt_dist.backend.cpu_gemm import gemm_weights
             from torch_tensorrt_dist.backend.row_products import products_as_reductions
 
-            products_as_reductions(aten_gm, gemm_weights(example_inputs), len(example_inputs))
+            products_as_reductions(aten_gm, gemm_weights(real), len(real))
         engine = build_engine(aten_gm, inputs, settings)
         report.engine_module = getattr(engine, "trt_module", None)
         if reference is not None:  # inside the schedule check: that runs first
@@ -228,7 +256,9 @@ def torch_tensorrt_dist_backend(
             # ranks that disagree on verify are then a schedule mismatch, not a hang
             issued = report.collectives * (2 if reference is not None else 1)
             engine = with_schedule_check(engine, issued, settings.schedule_timeout_s)
-        engine = engine if keep is None else drop_frozen(engine, keep)
+        return engine, keep, report
+
+    def _counted(engine: Callable[..., Any], report: GraphReport) -> Callable[..., Any]:
         return _counting(engine, report) if recorded else engine
 
     compiler = aot_autograd(

@@ -108,14 +108,65 @@ def freeze_inputs(
     return [i for i in range(len(real_inputs)) if i not in set(frozen)]
 
 
-def drop_frozen(fn: Callable[..., Any], keep: Sequence[int]) -> Callable[..., Any]:
-    """A boxed callable over all inputs that calls the frozen graph's ``fn`` with the kept."""
+def drop_frozen(
+    fn: Callable[..., Any],
+    keep: Sequence[int],
+    held: Sequence[Any] = (),
+    rebuild: Callable[[list[Any]], Callable[..., Any]] | None = None,
+) -> Callable[..., Any]:
+    """A boxed callable over all inputs that calls the frozen graph's ``fn`` with the kept.
+
+    ``held``: every input (the real tensors) the graph was built with; ``rebuild(args)``:
+    what ``fn`` is (a callable over the kept inputs), built for the tensors in ``args``.
+    Dynamo guards a parameter by its shape, dtype and strides, not by which tensor it is: a
+    second module of the same class (a second generator of the same model shapes) passes the
+    guards of a graph that froze the first module's weights, and would silently run with
+    them. So each call checks that the frozen inputs are the tensors the graph holds (``is``)
+    and otherwise runs the graph built for the tensors it was given (built on first use, with
+    a log line; one build per set of weights, each kept, as Dynamo keeps its graphs). Without
+    ``rebuild`` such a call raises. Values written in place into a frozen tensor after the
+    build are not seen by an engine that copied it (TensorRT, the GEMM template's packing)."""
     keep = list(keep)
+    positions = [i for i in range(len(held)) if i not in set(keep)]
+    builds: dict[tuple[Any, ...], Callable[..., Any]] = {}
+    current: list[Any] = [fn, [held[i] for i in positions]]  # the graph last run, its tensors
+
+    def key(tensors: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in tensors)
+
+    if positions:
+        builds[key(current[1])] = fn
 
     def run(args: list[Any]) -> Any:
+        call, tensors = current
+        for i, t in zip(positions, tensors):
+            if args[i] is not t:
+                call = _switch(args)
+                break
         kept = [args[i] for i in keep]
         args.clear()  # boxed calling convention: the callee owns the list
-        return fn(kept)
+        return call(kept)
+
+    def _switch(args: list[Any]) -> Callable[..., Any]:
+        tensors = [args[i] for i in positions]
+        k = key(tensors)
+        call = builds.get(k)
+        if call is None:
+            if rebuild is None:
+                raise RuntimeError(
+                    f"a compiled graph froze {len(positions)} weights as constants and was "
+                    "called with other tensors in their place (another module run by the "
+                    "same code?); compile a separate function for each module"
+                )
+            logger.warning(
+                "a compiled graph holds %d weights as constants and was called with other "
+                "tensors in their place (another module of the same code, or rebound "
+                "parameters): building it again for them",
+                len(positions),
+            )
+            call = builds[k] = rebuild(list(args))
+        current[:] = [call, tensors]
+        return call
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run

@@ -1,0 +1,100 @@
+"""A graph that holds weights as constants (``cpu_gemm="template"`` / ``"auto"``, the TensorRT
+engine's frozen weights) runs with the weights of the module it is called for: Dynamo guards a
+parameter by its shape, not by which tensor it is, so a second module of the same class passes
+the first one's guards (``lowering/freeze_constants.drop_frozen``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import torch_tensorrt_dist  # noqa: F401  (registers the backend)
+from torch_tensorrt_dist.generation import Generator
+from torch_tensorrt_dist.lowering.freeze_constants import drop_frozen
+from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
+
+
+def _boxed(tag: str, calls: list[tuple[str, int]]) -> Any:
+    def fn(kept: list[Any]) -> str:
+        calls.append((tag, len(kept)))
+        return tag
+
+    return fn
+
+
+def test_the_held_tensors_run_the_graph_and_others_build_once_each():
+    w1, w2, x = torch.ones(2), torch.zeros(2), torch.randn(2)
+    calls: list[tuple[str, int]] = []
+    builds: list[list[Any]] = []
+
+    def rebuild(args: list[Any]) -> Any:
+        builds.append(args)
+        return _boxed(f"built{len(builds)}", calls)
+
+    run = drop_frozen(_boxed("first", calls), [1], [w1, x], rebuild)
+    assert run([w1, x]) == "first"
+    assert run([w2, x]) == "built1"
+    assert run([w1, x]) == "first" and run([w2, x]) == "built1"  # each kept, none built again
+    assert len(builds) == 1 and builds[0][0] is w2
+    assert calls == [("first", 1), ("built1", 1), ("first", 1), ("built1", 1)]
+    args = [w1, x]
+    run(args)
+    assert args == []  # the boxed convention: the callee clears the list
+
+
+def test_without_a_rebuild_other_weights_are_refused():
+    w1, x = torch.ones(2), torch.randn(2)
+    run = drop_frozen(_boxed("first", []), [1], [w1, x])
+    assert run([w1, x]) == "first"
+    with pytest.raises(RuntimeError, match="froze 1 weights as constants"):
+        run([w1.clone(), x])
+
+
+def _mlp(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 32)
+    ).eval()
+
+
+@pytest.mark.parametrize("cpu_gemm", ["template", "auto"])
+def test_two_modules_of_one_class_each_run_their_own_weights(cpu_gemm, caplog):
+    torch._dynamo.reset()
+    counters.clear()
+    first, second, x = _mlp(0), _mlp(1), torch.randn(4, 64)
+    options = {"engine": "inductor", "cpu_gemm": cpu_gemm}
+    a = torch.compile(first, backend="torch_tensorrt_dist", options=options)
+    b = torch.compile(second, backend="torch_tensorrt_dist", options=options)
+    with torch.no_grad(), caplog.at_level(logging.WARNING):
+        want_a, want_b = first(x), second(x)
+        torch.testing.assert_close(a(x), want_a, rtol=1e-5, atol=1e-5)
+        built = counters["inductor"]["cpp_templated_kernel_counter"]
+        assert built == 2  # both linears on the template
+        torch.testing.assert_close(b(x), want_b, rtol=1e-5, atol=1e-5)
+        assert counters["inductor"]["cpp_templated_kernel_counter"] == 2 * built  # built again
+        for _ in range(2):  # alternating: each module's build kept
+            torch.testing.assert_close(a(x), want_a, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(b(x), want_b, rtol=1e-5, atol=1e-5)
+        assert counters["inductor"]["cpp_templated_kernel_counter"] == 2 * built
+    assert sum("building it again" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_two_generators_of_one_shape_give_each_models_tokens():
+    """What showed it: a second generator of the same shapes with ``auto`` sampled the first
+    model's logits from its decode steps (its prefill, on ATen's graph, was right)."""
+    args = ModelArgs(
+        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, intermediate_size=96,
+        max_seq_len=32,
+    )  # fmt: skip
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
+    torch._dynamo.reset()
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = Transformer(args).eval()
+        want = Generator(model, max_batch_size=2, cache_len=32).generate(prompts, max_new_tokens=6)
+        gen = Generator(model, engine="inductor", max_batch_size=2, cache_len=32, cpu_gemm="auto")
+        assert gen.generate(prompts, max_new_tokens=6).tokens == want.tokens, seed
