@@ -46,12 +46,40 @@ def test_the_held_tensors_run_the_graph_and_others_build_once_each():
     assert args == []  # the boxed convention: the callee clears the list
 
 
+def test_a_write_into_a_held_tensor_builds_again_and_drops_the_stale_build():
+    w, x = torch.ones(2), torch.randn(2)
+    calls: list[tuple[str, int]] = []
+    builds: list[list[Any]] = []
+
+    def rebuild(args: list[Any]) -> Any:
+        builds.append(args)
+        return _boxed(f"built{len(builds)}", calls)
+
+    run = drop_frozen(_boxed("first", calls), [1], [w, x], rebuild)
+    assert run([w, x]) == "first"
+    w.add_(1.0)  # load_state_dict's copy_ raises the version the same way
+    assert run([w, x]) == "built1" and run([w, x]) == "built1"
+    w.add_(1.0)
+    assert run([w, x]) == "built2" and len(builds) == 2
+
+
+def test_inference_tensors_are_checked_by_identity_only():
+    with torch.inference_mode():  # no version counter
+        w, x = torch.ones(2), torch.randn(2)
+    calls: list[tuple[str, int]] = []
+    run = drop_frozen(_boxed("first", calls), [1], [w, x], lambda args: _boxed("again", calls))
+    assert run([w, x]) == "first" and run([torch.zeros(2), x]) == "again"
+
+
 def test_without_a_rebuild_other_weights_are_refused():
     w1, x = torch.ones(2), torch.randn(2)
     run = drop_frozen(_boxed("first", []), [1], [w1, x])
     assert run([w1, x]) == "first"
     with pytest.raises(RuntimeError, match="froze 1 weights as constants"):
         run([w1.clone(), x])
+    w1.mul_(2.0)
+    with pytest.raises(RuntimeError, match="new values in them"):
+        run([w1, x])
 
 
 def _mlp(seed: int) -> torch.nn.Module:

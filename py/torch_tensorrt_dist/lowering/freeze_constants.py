@@ -22,6 +22,7 @@ Pure FX; nothing here imports TensorRT.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -118,55 +119,95 @@ def drop_frozen(
 
     ``held``: every input (the real tensors) the graph was built with; ``rebuild(args)``:
     what ``fn`` is (a callable over the kept inputs), built for the tensors in ``args``.
-    Dynamo guards a parameter by its shape, dtype and strides, not by which tensor it is: a
-    second module of the same class (a second generator of the same model shapes) passes the
-    guards of a graph that froze the first module's weights, and would silently run with
-    them. So each call checks that the frozen inputs are the tensors the graph holds (``is``)
-    and otherwise runs the graph built for the tensors it was given (built on first use, with
-    a log line; one build per set of weights, each kept, as Dynamo keeps its graphs). Without
-    ``rebuild`` such a call raises. Values written in place into a frozen tensor after the
-    build are not seen by an engine that copied it (TensorRT, the GEMM template's packing)."""
+    A frozen graph holds the values its weights had when it was built, and Dynamo guards a
+    parameter by its shape, dtype and strides only: a second module of the same class (a
+    second generator of the same model shapes) passes the guards of a graph that froze the
+    first module's weights, and a weight written in place (``load_state_dict``) keeps its
+    guards too. Either would silently run with the old values. So each call checks that the
+    frozen inputs are the tensors the graph holds (``is``) at the version it read (the
+    tensor's ``_version``, raised by every in-place write; an inference tensor has none), and
+    otherwise runs the graph built for the tensors it was given: built on first use, with a
+    log line; one build per set of weights, each kept as Dynamo keeps its graphs, except a
+    build whose weights were written since, which is dropped. Without ``rebuild`` such a call
+    raises."""
     keep = list(keep)
     positions = [i for i in range(len(held)) if i not in set(keep)]
+    if not positions:
+        return _dropping(fn, keep)
+    pick = operator.itemgetter(*positions, positions[0])  # a tuple, whatever their count
     builds: dict[tuple[Any, ...], Callable[..., Any]] = {}
-    current: list[Any] = [fn, [held[i] for i in positions]]  # the graph last run, its tensors
+    # the graph last run: [its callable, its tensors, their versions or None]
+    current: list[Any] = []
 
-    def key(tensors: Sequence[Any]) -> tuple[Any, ...]:
-        return tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in tensors)
+    def _use(call: Callable[..., Any], tensors: tuple[Any, ...]) -> None:
+        try:
+            versions: tuple[int, ...] | None = tuple(map(_VERSION, tensors))
+        except RuntimeError:  # an inference tensor has no version counter: identity only
+            versions = None
+        current[:] = [call, tensors, versions]
 
-    if positions:
-        builds[key(current[1])] = fn
+    _use(fn, pick(held))
+    builds[_key(current[1])] = fn
 
     def run(args: list[Any]) -> Any:
-        call, tensors = current
-        for i, t in zip(positions, tensors):
-            if args[i] is not t:
-                call = _switch(args)
-                break
+        call, tensors, versions = current
+        now = pick(args)
+        if not all(map(operator.is_, now, tensors)) or (
+            versions is not None and tuple(map(_VERSION, now)) != versions
+        ):
+            call = _switch(args, now)
         kept = [args[i] for i in keep]
         args.clear()  # boxed calling convention: the callee owns the list
         return call(kept)
 
-    def _switch(args: list[Any]) -> Callable[..., Any]:
-        tensors = [args[i] for i in positions]
-        k = key(tensors)
+    def _switch(args: list[Any], tensors: tuple[Any, ...]) -> Callable[..., Any]:
+        k = _key(tensors)
         call = builds.get(k)
         if call is None:
             if rebuild is None:
                 raise RuntimeError(
                     f"a compiled graph froze {len(positions)} weights as constants and was "
-                    "called with other tensors in their place (another module run by the "
-                    "same code?); compile a separate function for each module"
+                    "called with other tensors in their place, or with new values in them; "
+                    "compile again (torch._dynamo.reset()) or compile each module apart"
                 )
             logger.warning(
                 "a compiled graph holds %d weights as constants and was called with other "
                 "tensors in their place (another module of the same code, or rebound "
-                "parameters): building it again for them",
+                "parameters), or with values written into them since: building it again",
                 len(positions),
             )
+            for stale in [old for old in builds if old[0] == k[0]]:  # the same tensors, older
+                del builds[stale]
             call = builds[k] = rebuild(list(args))
-        current[:] = [call, tensors]
+        _use(call, tensors)
         return call
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
+
+
+def _dropping(fn: Callable[..., Any], keep: list[int]) -> Callable[..., Any]:
+    def run(args: list[Any]) -> Any:
+        kept = [args[i] for i in keep]
+        args.clear()  # boxed calling convention: the callee owns the list
+        return fn(kept)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+_VERSION = operator.attrgetter("_version")
+
+
+def _version(t: Any) -> int | None:
+    """``t``'s version counter (raised by each in-place write), or None where it has none."""
+    try:
+        return int(t._version)
+    except (AttributeError, RuntimeError):  # an inference tensor, not a tensor
+        return None
+
+
+def _key(tensors: Sequence[Any]) -> tuple[Any, ...]:
+    """Which tensors (their storage, shapes, dtypes), then at which versions."""
+    which = tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in tensors)
+    return which, tuple(_version(t) for t in tensors)
