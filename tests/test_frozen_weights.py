@@ -26,41 +26,42 @@ def _boxed(tag: str, calls: list[tuple[str, int]]) -> Any:
     return fn
 
 
+class _Rebuild:
+    """A ``rebuild`` that records the inputs of each build; build ``n`` answers ``builtN``."""
+
+    def __init__(self, calls: list[tuple[str, int]]) -> None:
+        self.calls = calls
+        self.builds: list[list[Any]] = []
+
+    def __call__(self, args: list[Any]) -> Any:
+        self.builds.append(args)
+        return _boxed(f"built{len(self.builds)}", self.calls)
+
+
 def test_the_held_tensors_run_the_graph_and_others_build_once_each():
     w1, w2, x = torch.ones(2), torch.zeros(2), torch.randn(2)
     calls: list[tuple[str, int]] = []
-    builds: list[list[Any]] = []
-
-    def rebuild(args: list[Any]) -> Any:
-        builds.append(args)
-        return _boxed(f"built{len(builds)}", calls)
-
+    rebuild = _Rebuild(calls)
     run = drop_frozen(_boxed("first", calls), [1], [w1, x], rebuild)
     assert run([w1, x]) == "first"
     assert run([w2, x]) == "built1"
     assert run([w1, x]) == "first" and run([w2, x]) == "built1"  # each kept, none built again
-    assert len(builds) == 1 and builds[0][0] is w2
+    assert len(rebuild.builds) == 1 and rebuild.builds[0][0] is w2
     assert calls == [("first", 1), ("built1", 1), ("first", 1), ("built1", 1)]
     args = [w1, x]
     run(args)
     assert args == []  # the boxed convention: the callee clears the list
 
 
-def test_a_write_into_a_held_tensor_builds_again_and_drops_the_stale_build():
+def test_a_write_into_a_held_tensor_builds_again_after_each_write():
     w, x = torch.ones(2), torch.randn(2)
-    calls: list[tuple[str, int]] = []
-    builds: list[list[Any]] = []
-
-    def rebuild(args: list[Any]) -> Any:
-        builds.append(args)
-        return _boxed(f"built{len(builds)}", calls)
-
-    run = drop_frozen(_boxed("first", calls), [1], [w, x], rebuild)
+    rebuild = _Rebuild([])
+    run = drop_frozen(_boxed("first", []), [1], [w, x], rebuild)
     assert run([w, x]) == "first"
     w.add_(1.0)  # load_state_dict's copy_ raises the version the same way
     assert run([w, x]) == "built1" and run([w, x]) == "built1"
     w.add_(1.0)
-    assert run([w, x]) == "built2" and len(builds) == 2
+    assert run([w, x]) == "built2" and len(rebuild.builds) == 2
 
 
 def test_inference_tensors_are_checked_by_identity_only():
