@@ -79,3 +79,34 @@ def test_int4_engine_matches_the_pytorch_reference() -> None:
     assert (trt - eager).abs().max() <= 0.02 * eager.abs().max()
     formats = tensor_formats(layers)
     assert any("int4" in f for f in formats), sorted(formats)
+
+
+def test_two_quantized_models_of_one_shape_each_run_their_own_codes() -> None:
+    """The engine holds the codes and scales as constants, and Dynamo's guards let a second
+    model of the same shapes into the first one's graph: the graph checks its frozen inputs
+    on each call and builds itself again for the second model's, and again after codes are
+    written in place (``freeze_constants.drop_frozen``; the CPU twin with the GEMM template:
+    tests/test_frozen_weights.py)."""
+    rows = [([3], 9, [1, 2]), ([4], 17, [3, 4])]
+    limits, cuda = StepLimits(4, 1, 4, 16), torch.device("cuda")
+    models, got = [], []
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for seed in (0, 1, 0):  # the third: the first model again, its codes rewritten
+            if len(models) < 2:
+                torch.manual_seed(seed)
+                model = Transformer(ARGS).to("cuda", torch.bfloat16).eval()
+                quantize_model(model, QuantConfig("int8"), engine="tensorrt")
+                setup_example(model, 2, 32, block_size=16)
+                models.append(model)
+            else:
+                model = models[0]
+                codes = next(b for n, b in model.named_buffers() if b.dtype == torch.int8)
+                codes.copy_(codes.flip(-1))  # a write in place: a new version
+            inputs = step_inputs(rows, limits, cuda)
+            want = paged_step(model)(*inputs).float()  # eager, the same codes
+            out = compile_step(paged_step(model), "tensorrt", verify=False)(*inputs).float()
+            assert (out - want).abs().max() <= 0.02 * want.abs().max(), seed
+            got.append(out)
+    torch._dynamo.reset()
+    assert not torch.allclose(got[0], got[1]) and not torch.allclose(got[0], got[2])
