@@ -5,14 +5,19 @@ the first one's guards (``lowering/freeze_constants.drop_frozen``)."""
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
 from typing import Any
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch._guards import TracingContext
 
 import torch_tensorrt_dist  # noqa: F401  (registers the backend)
+import torch_tensorrt_dist.backend.backend as backend_module
+from torch_tensorrt_dist.backend.backend import lower_graph
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.lowering.freeze_constants import drop_frozen
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
@@ -64,6 +69,26 @@ def test_a_write_into_a_held_tensor_builds_again_after_each_write():
     assert run([w, x]) == "built2" and len(rebuild.builds) == 2
 
 
+def test_a_build_runs_only_for_its_own_tensors_and_goes_with_them():
+    """A build is found by its tensors' address, shape, dtype and versions, and then runs
+    only for the very tensors it was built for: another tensor at that address (here a second
+    view of the same storage; in life a new weight where a freed one was) builds again. A
+    build whose tensor died is dropped, and keeps nothing alive."""
+    base, x = torch.ones(2), torch.randn(2)
+    w1, w2 = base.view(2), torch.zeros(2)
+    calls: list[tuple[str, int]] = []
+    rebuild = _Rebuild(calls)
+    run = drop_frozen(_boxed("first", calls), [1], [w1, x], rebuild)
+    assert run([w2, x]) == "built1"
+    alias = base.view(2)  # w1's address, shape, dtype and version; not w1
+    assert run([alias, x]) == "built2"
+    assert len(run.builds) == 2  # one per address: the alias's replaced w1's
+    dead = weakref.ref(w2)
+    del w2, rebuild.builds[0]  # the test's own reference to it
+    gc.collect()
+    assert dead() is None and len(run.builds) == 1
+
+
 def test_inference_tensors_are_checked_by_identity_only():
     with torch.inference_mode():  # no version counter
         w, x = torch.ones(2), torch.randn(2)
@@ -91,11 +116,18 @@ def _mlp(seed: int) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("cpu_gemm", ["template", "auto"])
-def test_two_modules_of_one_class_each_run_their_own_weights(cpu_gemm, caplog):
+def test_two_modules_of_one_class_each_run_their_own_weights(cpu_gemm, caplog, monkeypatch):
     torch._dynamo.reset()
     counters.clear()
     first, second, x = _mlp(0), _mlp(1), torch.randn(4, 64)
     options = {"engine": "inductor", "cpu_gemm": cpu_gemm}
+    contexts: list[Any] = []  # the tracing context each build lowers in
+
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        contexts.append(TracingContext.try_get())
+        return lower_graph(*args, **kwargs)
+
+    monkeypatch.setattr(backend_module, "lower_graph", lower)
     a = torch.compile(first, backend="torch_tensorrt_dist", options=options)
     b = torch.compile(second, backend="torch_tensorrt_dist", options=options)
     with torch.no_grad(), caplog.at_level(logging.WARNING):
@@ -110,11 +142,15 @@ def test_two_modules_of_one_class_each_run_their_own_weights(cpu_gemm, caplog):
             torch.testing.assert_close(b(x), want_b, rtol=1e-5, atol=1e-5)
         assert counters["inductor"]["cpp_templated_kernel_counter"] == 2 * built
     assert sum("building it again" in r.getMessage() for r in caplog.records) == 1
+    # the rebuild, inside a call, lowered in the first build's context (its fw_metadata)
+    assert len(contexts) == 2 and contexts[0] is not None and contexts[1] is contexts[0]
 
 
-def test_two_generators_of_one_shape_give_each_models_tokens():
-    """What showed it: a second generator of the same shapes with ``auto`` sampled the first
-    model's logits from its decode steps (its prefill, on ATen's graph, was right)."""
+@pytest.mark.parametrize("cpu_gemm", ["template", "auto"])
+def test_two_generators_of_one_shape_give_each_models_tokens(cpu_gemm):
+    """What showed it: a second generator of the same shapes with ``template`` gave the first
+    model's tokens; with ``auto`` its decode steps did (its prefill, on ATen's graph, was
+    right). ``template``'s steps also run through ``StepDispatch``'s direct calls."""
     args = ModelArgs(
         dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, intermediate_size=96,
         max_seq_len=32,
@@ -125,5 +161,5 @@ def test_two_generators_of_one_shape_give_each_models_tokens():
         torch.manual_seed(seed)
         model = Transformer(args).eval()
         want = Generator(model, max_batch_size=2, cache_len=32).generate(prompts, max_new_tokens=6)
-        gen = Generator(model, engine="inductor", max_batch_size=2, cache_len=32, cpu_gemm="auto")
+        gen = Generator(model, engine="inductor", max_batch_size=2, cache_len=32, cpu_gemm=cpu_gemm)
         assert gen.generate(prompts, max_new_tokens=6).tokens == want.tokens, seed

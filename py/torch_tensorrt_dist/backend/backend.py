@@ -204,13 +204,23 @@ def torch_tensorrt_dist_backend(
         if not also:
             return _counted(*build(aten_gm, inputs, example_inputs, None)[::2])
         spare = fx.GraphModule(aten_gm, copy.deepcopy(aten_gm.graph))  # before any pass
+        # a rebuild runs inside a later call: in this compile's tracing context (what
+        # AOTAutograd knows of the graph: its input mutations, paged_kv.mutation_outputs)
+        # and grad modes, as this build does
+        context = torch._guards.TracingContext.try_get()
+        modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
         engine, keep, report = build(aten_gm, inputs, example_inputs, also)
         if keep is None:
             return _counted(engine, report)
 
         def rebuild(real: list[Any]) -> Callable[..., Any]:  # other weights, the same code
             gm = fx.GraphModule(spare, copy.deepcopy(spare.graph))
-            engine, again, _ = build(gm, inputs, real, also)
+            with (
+                torch._guards.tracing(context),
+                torch.inference_mode(modes[0]),
+                torch.set_grad_enabled(modes[1]),
+            ):
+                engine, again, _ = build(gm, inputs, real, also)
             if again != keep:
                 raise RuntimeError("a graph built again for other weights froze other inputs")
             return engine

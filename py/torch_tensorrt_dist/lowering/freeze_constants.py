@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import operator
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -124,66 +126,110 @@ def drop_frozen(
     second generator of the same model shapes) passes the guards of a graph that froze the
     first module's weights, and a weight written in place (``load_state_dict``) keeps its
     guards too. Either would silently run with the old values. So each call checks that the
-    frozen inputs are the tensors the graph holds (``is``) at the version it read (the
-    tensor's ``_version``, raised by every in-place write; an inference tensor has none), and
-    otherwise runs the graph built for the tensors it was given: built on first use, with a
-    log line; one build per set of weights, each kept as Dynamo keeps its graphs, except a
-    build whose weights were written since, which is dropped. Without ``rebuild`` such a call
-    raises."""
+    frozen inputs are the tensors the graph was built for (``is``, through weak references:
+    a build never keeps a module's weights alive, and one whose tensors died is dropped, so a
+    new tensor at a freed address never finds it) at the versions it read (``_version``,
+    raised by every in-place write except one through ``.data``; an inference tensor has
+    none: identity only), and otherwise runs the graph built for the tensors it was given:
+    built on first use (one log line), kept per set of weights as Dynamo keeps its graphs,
+    dropped once its weights are written or gone. Without ``rebuild`` such a call raises."""
     keep = list(keep)
     positions = [i for i in range(len(held)) if i not in set(keep)]
     if not positions:
         return _dropping(fn, keep)
-    pick = operator.itemgetter(*positions, positions[0])  # a tuple, whatever their count
-    builds: dict[tuple[Any, ...], Callable[..., Any]] = {}
-    # the graph last run: [its callable, its tensors, their versions or None]
-    current: list[Any] = []
+    return _FrozenDispatch(fn, keep, positions, held, rebuild)
 
-    def _use(call: Callable[..., Any], tensors: tuple[Any, ...]) -> None:
-        try:
-            versions: tuple[int, ...] | None = tuple(map(_VERSION, tensors))
-        except RuntimeError:  # an inference tensor has no version counter: identity only
-            versions = None
-        current[:] = [call, tensors, versions]
 
-    _use(fn, pick(held))
-    builds[_key(current[1])] = fn
+class _Build:
+    """A callable built for some tensors: weak references to them, their versions."""
 
-    def run(args: list[Any]) -> Any:
-        call, tensors, versions = current
-        now = pick(args)
-        if not all(map(operator.is_, now, tensors)) or (
-            versions is not None and tuple(map(_VERSION, now)) != versions
-        ):
-            call = _switch(args, now)
-        kept = [args[i] for i in keep]
+    def __init__(self, call: Callable[..., Any], tensors: tuple[Any, ...], positions: list[int]):
+        self.call = call
+        self.refs = tuple(weakref.ref(t) for t in tensors)
+        at: dict[int, Any] = dict(zip(positions, tensors))
+        counted = [i for i in positions if _version(at[i]) is not None]
+        # the inputs with a version counter (a tuple whatever their count), their versions
+        self.counted = operator.itemgetter(*counted, counted[0]) if counted else None
+        self.versions = tuple(map(_VERSION, self.counted(at))) if self.counted else ()
+
+    def matches(self, now: tuple[Any, ...], args: list[Any]) -> bool:
+        if not all(map(operator.is_, now, map(operator.call, self.refs))):
+            return False
+        return self.counted is None or tuple(map(_VERSION, self.counted(args))) == self.versions
+
+
+class _FrozenDispatch:
+    """:func:`drop_frozen`'s callable (boxed: it takes the list of inputs and clears it)."""
+
+    _boxed_call = True
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        keep: list[int],
+        positions: list[int],
+        held: Sequence[Any],
+        rebuild: Callable[[list[Any]], Callable[..., Any]] | None,
+    ) -> None:
+        self.keep, self.positions, self.rebuild = keep, positions, rebuild
+        self.pick = operator.itemgetter(*positions, positions[0])  # a tuple, whatever their count
+        self.builds: dict[tuple[Any, ...], _Build] = {}
+        self.lock = threading.RLock()  # a finalizer may run inside _switch (a collection)
+        self.current = self._add(fn, self.pick(held))
+
+    def __call__(self, args: list[Any]) -> Any:
+        build = self.current
+        if not build.matches(self.pick(args), args):
+            build = self._switch(args)
+        kept = [args[i] for i in self.keep]
         args.clear()  # boxed calling convention: the callee owns the list
-        return call(kept)
+        return build.call(kept)
 
-    def _switch(args: list[Any], tensors: tuple[Any, ...]) -> Callable[..., Any]:
-        k = _key(tensors)
-        call = builds.get(k)
-        if call is None:
-            if rebuild is None:
-                raise RuntimeError(
-                    f"a compiled graph froze {len(positions)} weights as constants and was "
-                    "called with other tensors in their place, or with new values in them; "
-                    "compile again (torch._dynamo.reset()) or compile each module apart"
+    def _add(self, call: Callable[..., Any], tensors: tuple[Any, ...]) -> _Build:
+        build = _Build(call, tensors, self.positions)
+        key = _key(tensors)
+        self.builds[key] = build
+        owner, built = weakref.ref(self), weakref.ref(build)
+        for t in {id(x): x for x in tensors}.values():  # drop the build when one dies
+            weakref.finalize(t, _dropped, owner, key, built)
+        return build
+
+    def drop(self, key: tuple[Any, ...], build: _Build | None) -> None:
+        with self.lock:
+            if build is not None and self.builds.get(key) is build:
+                del self.builds[key]
+
+    def _switch(self, args: list[Any]) -> _Build:
+        with self.lock:
+            now = self.pick(args)
+            key = _key(now)
+            build = self.builds.get(key)
+            if build is None or not build.matches(now, args):
+                if self.rebuild is None:
+                    raise RuntimeError(
+                        f"a compiled graph froze {len(self.positions)} weights as constants "
+                        "and was called with other tensors in their place, or with new values "
+                        "in them; compile again (torch._dynamo.reset()) or each module apart"
+                    )
+                logger.warning(
+                    "a compiled graph holds %d weights as constants and was called with other "
+                    "tensors in their place (another module of the same code, or rebound "
+                    "parameters), or with values written into them since: building it again",
+                    len(self.positions),
                 )
-            logger.warning(
-                "a compiled graph holds %d weights as constants and was called with other "
-                "tensors in their place (another module of the same code, or rebound "
-                "parameters), or with values written into them since: building it again",
-                len(positions),
-            )
-            for stale in [old for old in builds if old[0] == k[0]]:  # the same tensors, older
-                del builds[stale]
-            call = builds[k] = rebuild(list(args))
-        _use(call, tensors)
-        return call
+                for stale in [k for k in self.builds if k[0] == key[0]]:  # the same storage
+                    del self.builds[stale]
+                build = self._add(self.rebuild(list(args)), now)
+            self.current = build
+            return build
 
-    run._boxed_call = True  # type: ignore[attr-defined]
-    return run
+
+def _dropped(owner: weakref.ref[_FrozenDispatch], key: tuple[Any, ...], build: Any) -> None:
+    """A tensor of ``build`` died: its owner forgets it (weak both: a finalizer keeps
+    neither the dispatch nor the build alive)."""
+    dispatch = owner()
+    if dispatch is not None:
+        dispatch.drop(key, build())
 
 
 def _dropping(fn: Callable[..., Any], keep: list[int]) -> Callable[..., Any]:
