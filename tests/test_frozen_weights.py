@@ -67,13 +67,14 @@ def test_a_write_into_a_held_tensor_builds_again_after_each_write():
     assert run([w, x]) == "built1" and run([w, x]) == "built1"
     w.add_(1.0)
     assert run([w, x]) == "built2" and len(rebuild.builds) == 2
+    assert len(run.builds) == 1  # the builds of older versions are gone
 
 
 def test_a_build_runs_only_for_its_own_tensors_and_goes_with_them():
-    """A build is found by its tensors' address, shape, dtype and versions, and then runs
-    only for the very tensors it was built for: another tensor at that address (here a second
-    view of the same storage; in life a new weight where a freed one was) builds again. A
-    build whose tensor died is dropped, and keeps nothing alive."""
+    """A build runs only for the very tensors it was built for: another tensor at their
+    address with their shape, dtype and version (here a second view of the same storage; in
+    life a new weight where a freed one was) builds again. A build whose tensor died is
+    dropped, and keeps nothing alive."""
     base, x = torch.ones(2), torch.randn(2)
     w1, w2 = base.view(2), torch.zeros(2)
     calls: list[tuple[str, int]] = []
@@ -82,11 +83,11 @@ def test_a_build_runs_only_for_its_own_tensors_and_goes_with_them():
     assert run([w2, x]) == "built1"
     alias = base.view(2)  # w1's address, shape, dtype and version; not w1
     assert run([alias, x]) == "built2"
-    assert len(run.builds) == 2  # one per address: the alias's replaced w1's
+    assert run([w1, x]) == "first" and len(run.builds) == 3
     dead = weakref.ref(w2)
     del w2, rebuild.builds[0]  # the test's own reference to it
     gc.collect()
-    assert dead() is None and len(run.builds) == 1
+    assert dead() is None and len(run.builds) == 2
 
 
 def test_inference_tensors_are_checked_by_identity_only():

@@ -202,7 +202,8 @@ def torch_tensorrt_dist_backend(
         if also is not None:  # and the quantized codes and scales marked for freezing
             also = sorted(set(also) | set(frozen_indices(example_inputs)))
         if not also:
-            return _counted(*build(aten_gm, inputs, example_inputs, None)[::2])
+            engine, _, report = build(aten_gm, inputs, example_inputs, None)
+            return _counted(engine, report)
         spare = fx.GraphModule(aten_gm, copy.deepcopy(aten_gm.graph))  # before any pass
         # a rebuild runs inside a later call: in this compile's tracing context (what
         # AOTAutograd knows of the graph: its input mutations, paged_kv.mutation_outputs)

@@ -152,8 +152,13 @@ class _Build:
         self.counted = operator.itemgetter(*counted, counted[0]) if counted else None
         self.versions = tuple(map(_VERSION, self.counted(at))) if self.counted else ()
 
+    def holds(self, now: tuple[Any, ...]) -> bool:
+        """Built for these very tensors (alive: a dead reference matches nothing)."""
+        return all(map(operator.is_, now, map(operator.call, self.refs)))
+
     def matches(self, now: tuple[Any, ...], args: list[Any]) -> bool:
-        if not all(map(operator.is_, now, map(operator.call, self.refs))):
+        """Built for these tensors, and none written since."""
+        if not self.holds(now):
             return False
         return self.counted is None or tuple(map(_VERSION, self.counted(args))) == self.versions
 
@@ -173,7 +178,7 @@ class _FrozenDispatch:
     ) -> None:
         self.keep, self.positions, self.rebuild = keep, positions, rebuild
         self.pick = operator.itemgetter(*positions, positions[0])  # a tuple, whatever their count
-        self.builds: dict[tuple[Any, ...], _Build] = {}
+        self.builds: list[_Build] = []
         self.lock = threading.RLock()  # a finalizer may run inside _switch (a collection)
         self.current = self._add(fn, self.pick(held))
 
@@ -187,24 +192,21 @@ class _FrozenDispatch:
 
     def _add(self, call: Callable[..., Any], tensors: tuple[Any, ...]) -> _Build:
         build = _Build(call, tensors, self.positions)
-        key = _key(tensors)
-        self.builds[key] = build
+        self.builds.append(build)
         owner, built = weakref.ref(self), weakref.ref(build)
         for t in {id(x): x for x in tensors}.values():  # drop the build when one dies
-            weakref.finalize(t, _dropped, owner, key, built)
+            weakref.finalize(t, _dropped, owner, built)
         return build
 
-    def drop(self, key: tuple[Any, ...], build: _Build | None) -> None:
+    def drop(self, build: _Build | None) -> None:
         with self.lock:
-            if build is not None and self.builds.get(key) is build:
-                del self.builds[key]
+            self.builds = [b for b in self.builds if b is not build]
 
     def _switch(self, args: list[Any]) -> _Build:
         with self.lock:
             now = self.pick(args)
-            key = _key(now)
-            build = self.builds.get(key)
-            if build is None or not build.matches(now, args):
+            build = next((b for b in self.builds if b.matches(now, args)), None)
+            if build is None:
                 if self.rebuild is None:
                     raise RuntimeError(
                         f"a compiled graph froze {len(self.positions)} weights as constants "
@@ -217,19 +219,19 @@ class _FrozenDispatch:
                     "parameters), or with values written into them since: building it again",
                     len(self.positions),
                 )
-                for stale in [k for k in self.builds if k[0] == key[0]]:  # the same storage
-                    del self.builds[stale]
+                # a build for these tensors at older versions never matches again
+                self.builds = [b for b in self.builds if not b.holds(now)]
                 build = self._add(self.rebuild(list(args)), now)
             self.current = build
             return build
 
 
-def _dropped(owner: weakref.ref[_FrozenDispatch], key: tuple[Any, ...], build: Any) -> None:
+def _dropped(owner: weakref.ref[_FrozenDispatch], build: weakref.ref[_Build]) -> None:
     """A tensor of ``build`` died: its owner forgets it (weak both: a finalizer keeps
     neither the dispatch nor the build alive)."""
     dispatch = owner()
     if dispatch is not None:
-        dispatch.drop(key, build())
+        dispatch.drop(build())
 
 
 def _dropping(fn: Callable[..., Any], keep: list[int]) -> Callable[..., Any]:
@@ -251,9 +253,3 @@ def _version(t: Any) -> int | None:
         return int(t._version)
     except (AttributeError, RuntimeError):  # an inference tensor, not a tensor
         return None
-
-
-def _key(tensors: Sequence[Any]) -> tuple[Any, ...]:
-    """Which tensors (their storage, shapes, dtypes), then at which versions."""
-    which = tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in tensors)
-    return which, tuple(_version(t) for t in tensors)
