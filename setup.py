@@ -47,7 +47,7 @@ setup(
     python_requires=">=3.10",
     package_dir={"": "py"},
     packages=find_packages("py"),
-    package_data={"torch_tensorrt_dist": ["py.typed", "data/*", "data/demo/*"]},
+    package_data={"torch_tensorrt_dist": ["py.typed", "data/*", "data/demo/*", "ops/*.cpp"]},
     install_requires=[
         "torch>=2.14,<2.15",
         "numpy>=1.26",

@@ -47,6 +47,7 @@ from torch_tensorrt_dist.models.moe_args import MoEArgs
 from torch_tensorrt_dist.models.paged import NULL_BLOCK
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 from torch_tensorrt_dist.models.weight_layout import has_float32_linears, lay_out_linears
+from torch_tensorrt_dist.ops import cpu_attention
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -276,8 +277,13 @@ class Generator:
         self.prefix_caching, self.salt = prefix_caching, salt
         self.mark_dynamic = engine != "none"  # plain PyTorch: nothing traces the step
         self.pack = engine != "tensorrt"
-        model.setup_paged(self.num_blocks, block_size, self.cache_len)
         self.device = next(model.parameters()).device
+        #: decode steps attend through the CPU op over the pools in place (Inductor on the CPU
+        #: only: ``ops/cpu_attention.py``); TensorRT and the reference keep their form
+        self.cpu_decode = (
+            engine == "inductor" and self.device.type == "cpu" and cpu_attention.available()
+        )
+        model.setup_paged(self.num_blocks, block_size, self.cache_len, cpu_decode=self.cpu_decode)
         self.limits = StepLimits(
             rows=max_batch_size,
             tokens=max(2, min(max_prefill_tokens, self.cache_len)),

@@ -46,6 +46,7 @@ from torch_tensorrt_dist.models.paged import (
 from torch_tensorrt_dist.models.rope import apply_rope, rope_inv_freq, rope_tables
 from torch_tensorrt_dist.models.stage import StageRole
 from torch_tensorrt_dist.models.vocab import VocabEmbedding, embed_tokens, lm_logits
+from torch_tensorrt_dist.ops.cpu_attention import decode_attention
 
 __all__ = [
     "PRESETS",
@@ -179,9 +180,13 @@ class Attention(nn.Module):
         # (``slots.live``): q, k, v and the result [1, H, N, D], attention over [R, S]
         if self.kv_pages is None:
             raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
+        live = slots.live
+        if self.kv_pages.cpu_decode and live is None and q.shape[2] == 1:  # a decode step
+            slots.computed.append((k, v))
+            pages = self.kv_pages  # read in place: no gathered past, no concatenated keys
+            return decode_attention(q, pages.k_pool, pages.v_pool, slots.past, k, v, mask)
         past_k, past_v = self.kv_pages.gather(slots.past)  # [R, Hkv, NBp * bs, D]
         slots.computed.append((k, v))
-        live = slots.live
         if live is not None:
             r, s = slots.past.shape[0], mask.shape[2]
             q, k, v = (
@@ -322,9 +327,13 @@ class Transformer(nn.Module):
         max_seq_len: int,
         *,
         dtype: torch.dtype | None = None,
+        cpu_decode: bool = False,
     ) -> None:
         """Allocate each layer's block pools (``num_blocks`` x ``block_size`` tokens, block 0
-        the null block) and the RoPE tables for positions below ``max_seq_len``."""
+        the null block) and the RoPE tables for positions below ``max_seq_len``.
+        ``cpu_decode``: decode steps attend through the CPU op that reads the pools in place
+        (``ops/cpu_attention.py``; the caller checked it is available), else every step
+        gathers the past blocks for ``scaled_dot_product_attention``."""
         if max_seq_len > self.args.max_seq_len:
             raise ConfigError(
                 f"max_seq_len={max_seq_len} exceeds the model's limit {self.args.max_seq_len} "
@@ -337,6 +346,7 @@ class Transformer(nn.Module):
             attn.kv_pages = PagedKVCache(
                 num_blocks, block_size, attn.n_kv_heads, attn.head_dim, dtype, weight.device
             )
+            attn.kv_pages.cpu_decode = cpu_decode
         cos, sin = rope_tables(self.args, max_seq_len)
         self.register_buffer("rope_cos", cos.to(weight.device), persistent=False)
         self.register_buffer("rope_sin", sin.to(weight.device), persistent=False)

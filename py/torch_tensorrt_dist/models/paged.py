@@ -71,6 +71,8 @@ class PagedKVCache(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
+        #: decode steps read the pools in place through the CPU op (``ops/cpu_attention.py``)
+        self.cpu_decode = False
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
         self.register_buffer("k_pool", torch.zeros(shape, dtype=dtype, device=device), False)
         self.register_buffer("v_pool", torch.zeros(shape, dtype=dtype, device=device), False)

@@ -1,5 +1,6 @@
-"""Typed collective ops (``torch.ops.tensorrt_dist.*``), the grouped MoE experts op, and
-process-group resolution."""
+"""Typed collective ops (``torch.ops.tensorrt_dist.*``), the grouped MoE experts op,
+process-group resolution, and the CPU decode-attention op (``cpu_attention``, built at first
+use)."""
 
 from torch_tensorrt_dist.ops.collectives import (
     COLLECTIVE_OPS,

@@ -1,0 +1,216 @@
+// Decode attention over the paged KV cache, on the CPU: one query token per row, read
+// straight from the block pools (no gathered copy of the past, no concatenated keys).
+//
+// tensorrt_dist_cpu::decode_attention(q, k_pool, v_pool, past, k_own, v_own, mask, scale)
+//   q      [R, Hq, 1, D]     the step's queries (one token a row)
+//   k_pool [N, bs, Hkv, D]   a layer's block pools (contiguous)
+//   v_pool [N, bs, Hkv, D]
+//   past   [R, NB] int64     each row's past blocks, padded with the null block
+//   k_own  [R, Hkv, 1, D]    the step's own keys and values (written to the pools later)
+//   v_own  [R, Hkv, 1, D]
+//   mask   [R, 1, 1, NB * bs + 1] bool: the past's NB * bs positions, then the own token
+//   -> [R, Hq, 1, D]
+//
+// The same computation as ``scaled_dot_product_attention`` of the queries (grouped-query
+// heads: query head i reads KV head i / (Hq / Hkv)) over the gathered past then the own token
+// under ``mask`` (``models/paged.py``: ``paged_attention``); softmax in float32 whatever the
+// dtype. Each (row, KV head) is computed whole by one thread, in a fixed order: a row's result
+// does not depend on the other rows of the step or on the number of threads. The dot
+// products keep 16 partial sums, added as a tree (vectorized without letting the compiler
+// reassociate: the order is the source's).
+// Built at first use by ``cpu_decode_attention.py`` (torch's C++ extension loader).
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kLanes = 16;
+
+// exp(x) for x <= 0 (a score minus the row's largest): Cephes' single-precision polynomial
+// (about 1 ulp), written with operations the compiler vectorizes (libm's expf is a call a key).
+inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;  // below: 0 within float (e^-87 is 1.6e-38)
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  x -= n * 0.693359375f;
+  x -= n * -2.12194440e-4f;
+  const float z = x * x;
+  float y = 1.9875691500e-4f;
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * z + x + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
+
+// q . k over D elements: 16 partial sums, then added as a tree (4 dependent adds; vectorized
+// without letting the compiler reassociate: the order is the source's)
+template <typename T, int64_t DC>
+inline float dot(const float* __restrict q, const T* __restrict k, int64_t d_runtime) {
+  const int64_t D = DC > 0 ? DC : d_runtime;
+  float part[kLanes] = {0.f};
+  int64_t d = 0;
+  for (; d + kLanes <= D; d += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) part[l] += q[d + l] * static_cast<float>(k[d + l]);
+  for (int64_t l = 0; d + l < D; ++l) part[l] += q[d + l] * static_cast<float>(k[d + l]);
+  float half[kLanes / 2];
+  for (int64_t l = 0; l < kLanes / 2; ++l) half[l] = part[l] + part[l + kLanes / 2];
+  float quarter[kLanes / 4];
+  for (int64_t l = 0; l < kLanes / 4; ++l) quarter[l] = half[l] + half[l + kLanes / 4];
+  return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+}
+
+// a[0:D] += w * v[0:D]
+template <typename T, int64_t DC>
+inline void axpy(float* __restrict a, float w, const T* __restrict v, int64_t d_runtime) {
+  const int64_t D = DC > 0 ? DC : d_runtime;
+  for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<float>(v[d]);
+}
+
+template <typename T, int64_t DC>
+void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+         const at::Tensor& past, const at::Tensor& k_own, const at::Tensor& v_own,
+         const at::Tensor& mask, at::Tensor& out, double scale) {
+  const int64_t R = q.size(0), Hq = q.size(1), d_runtime = q.size(3);
+  const int64_t D = DC > 0 ? DC : d_runtime;
+  const int64_t bs = k_pool.size(1), Hkv = k_pool.size(2), NB = past.size(1);
+  const int64_t rep = Hq / Hkv, P = NB * bs, L = P + 1;
+  const T* qd = q.data_ptr<T>();
+  const T* kd = k_pool.data_ptr<T>();
+  const T* vd = v_pool.data_ptr<T>();
+  const T* kod = k_own.data_ptr<T>();
+  const T* vod = v_own.data_ptr<T>();
+  const int64_t* pd = past.data_ptr<int64_t>();
+  const bool* md = mask.data_ptr<bool>();
+  T* od = out.data_ptr<T>();
+  const int64_t token = Hkv * D, block = bs * token;
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, R * Hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<const T*> keys(L), values(L);  // each seen key and value, the own one last
+    std::vector<float> p(rep * L), acc(rep * D), qf(rep * D);
+    for (int64_t rh = begin; rh < end; ++rh) {
+      const int64_t r = rh / Hkv, h = rh % Hkv;
+      const T* qrow = qd + (r * Hq + h * rep) * D;  // the rep query heads of KV head h
+      for (int64_t i = 0; i < rep * D; ++i) qf[i] = static_cast<float>(qrow[i]) * sc;
+      const bool* m = md + r * L;
+      int64_t seen = 0;
+      for (int64_t b = 0; b < NB; ++b) {  // block by block: no division a key
+        const int64_t base = pd[r * NB + b] * block + h * D;
+        for (int64_t o = 0; o < bs; ++o)
+          if (m[b * bs + o]) {
+            keys[seen] = kd + base + o * token;
+            values[seen++] = vd + base + o * token;
+          }
+      }
+      if (m[P]) {
+        keys[seen] = kod + (r * Hkv + h) * D;
+        values[seen++] = vod + (r * Hkv + h) * D;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      if (seen == 0) {  // no key: what the reference gives (NaN), never a stale value
+        for (int64_t i = 0; i < rep * D; ++i) acc[i] = NAN;
+      } else {
+        for (int64_t i = 0; i < rep; ++i) {
+          const float* qi = qf.data() + i * D;
+          float* pi = p.data() + i * L;
+          for (int64_t t = 0; t < seen; ++t) pi[t] = dot<T, DC>(qi, keys[t], D);
+          float mx = pi[0];
+          for (int64_t t = 1; t < seen; ++t) mx = pi[t] > mx ? pi[t] : mx;
+          for (int64_t t = 0; t < seen; ++t) pi[t] = exp_nonpositive(pi[t] - mx);
+          float sum = 0.f;
+          for (int64_t t = 0; t < seen; ++t) sum += pi[t];
+          const float inv = 1.f / sum;
+          for (int64_t t = 0; t < seen; ++t) pi[t] *= inv;
+        }
+        for (int64_t t = 0; t < seen; ++t)
+          for (int64_t i = 0; i < rep; ++i)
+            axpy<T, DC>(acc.data() + i * D, p[i * L + t], values[t], D);
+      }
+      T* orow = od + (r * Hq + h * rep) * D;
+      for (int64_t i = 0; i < rep * D; ++i) orow[i] = static_cast<T>(acc[i]);
+    }
+  });
+}
+
+void check(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+           const at::Tensor& past, const at::Tensor& k_own, const at::Tensor& v_own,
+           const at::Tensor& mask) {
+  for (const at::Tensor* t : {&q, &k_pool, &v_pool, &past, &k_own, &v_own, &mask})
+    TORCH_CHECK(t->device().is_cpu(), "decode_attention: CPU tensors only");
+  TORCH_CHECK(q.dim() == 4 && q.size(2) == 1, "decode_attention: q must be [R, Hq, 1, D], got ",
+              q.sizes());
+  TORCH_CHECK(k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes() && k_pool.is_contiguous() &&
+                  v_pool.is_contiguous(),
+              "decode_attention: the pools must be contiguous [N, bs, Hkv, D] of one shape");
+  const int64_t R = q.size(0), Hkv = k_pool.size(2), D = q.size(3);
+  TORCH_CHECK(k_pool.size(3) == D && Hkv > 0 && q.size(1) % Hkv == 0,
+              "decode_attention: q ", q.sizes(), " does not match the pools ", k_pool.sizes());
+  TORCH_CHECK(k_own.sizes() == v_own.sizes() && k_own.dim() == 4 && k_own.size(0) == R &&
+                  k_own.size(1) == Hkv && k_own.size(2) == 1 && k_own.size(3) == D,
+              "decode_attention: the own keys/values must be [R, Hkv, 1, D], got ", k_own.sizes());
+  for (const at::Tensor* t : {&k_pool, &v_pool, &k_own, &v_own})
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "decode_attention: one dtype for all");
+  TORCH_CHECK(past.dim() == 2 && past.size(0) == R && past.scalar_type() == at::kLong,
+              "decode_attention: past must be [R, NB] int64");
+  TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 4 && mask.size(0) == R &&
+                  mask.size(1) == 1 && mask.size(2) == 1 &&
+                  mask.size(3) == past.size(1) * k_pool.size(1) + 1,
+              "decode_attention: mask must be [R, 1, 1, NB * bs + 1] bool, got ", mask.sizes());
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
+                            const at::Tensor& v_pool, const at::Tensor& past,
+                            const at::Tensor& k_own, const at::Tensor& v_own,
+                            const at::Tensor& mask, double scale) {
+  check(q, k_pool, v_pool, past, k_own, v_own, mask);
+  const auto qc = q.contiguous(), ko = k_own.contiguous(), vo = v_own.contiguous();
+  const auto pc = past.contiguous(), mc = mask.contiguous();
+  const int64_t* ids = pc.data_ptr<int64_t>();
+  for (int64_t i = 0; i < pc.numel(); ++i)  // a block outside the pools would read outside them
+    TORCH_CHECK(ids[i] >= 0 && ids[i] < k_pool.size(0), "decode_attention: block id ", ids[i],
+                " outside the pools' ", k_pool.size(0), " blocks");
+  auto out = at::empty_like(qc);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention",
+                                  [&] {
+                                    switch (q.size(3)) {
+                                      case 32:
+                                        run<scalar_t, 32>(qc, k_pool, v_pool, pc, ko, vo, mc, out,
+                                                          scale);
+                                        break;
+                                      case 64:
+                                        run<scalar_t, 64>(qc, k_pool, v_pool, pc, ko, vo, mc, out,
+                                                          scale);
+                                        break;
+                                      case 128:
+                                        run<scalar_t, 128>(qc, k_pool, v_pool, pc, ko, vo, mc,
+                                                           out, scale);
+                                        break;
+                                      default:
+                                        run<scalar_t, 0>(qc, k_pool, v_pool, pc, ko, vo, mc, out,
+                                                         scale);
+                                    }
+                                  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(tensorrt_dist_cpu, m) {
+  m.def(
+      "decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor past, Tensor k_own, "
+      "Tensor v_own, Tensor mask, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tensorrt_dist_cpu, CPU, m) { m.impl("decode_attention", decode_attention); }

@@ -1,0 +1,168 @@
+"""The CPU decode-attention op (``ops/cpu_attention.py``): the attention of ``models/paged.py``
+over the gathered past and the own token, read from the pools in place; what a decode step of
+the Inductor engine on the CPU runs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from torch_tensorrt_dist.generation.generate import Generator
+from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
+from torch_tensorrt_dist.models.llama import ModelArgs
+from torch_tensorrt_dist.models.paged import NULL_BLOCK, paged_attention, paged_mask
+from torch_tensorrt_dist.ops import cpu_attention
+from torch_tensorrt_dist.parallel.llama_load import random_llama
+
+pytestmark = pytest.mark.skipif(
+    not cpu_attention.available(), reason=f"no C++ build here: {cpu_attention.unavailable_reason()}"
+)
+
+CPU = torch.device("cpu")
+BS = 4  # block size
+
+
+def _case(
+    lengths: list[int],
+    hq: int,
+    hkv: int,
+    d: int,
+    *,
+    window: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """Rows whose past holds ``lengths`` tokens in distinct random blocks of 32-block pools
+    (tables padded with the null block to the longest): the op's inputs, and the reference
+    (the gathered past and the own token through ``paged_attention`` under ``paged_mask``, in
+    float32 from the same values)."""
+    g = torch.Generator().manual_seed(seed)
+    r, n = len(lengths), 32
+    nb = max(2, max(-(-x // BS) for x in lengths))
+
+    def rand(*shape: int) -> torch.Tensor:  # values of ``dtype``, kept in float32 too
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    pools = [rand(n, BS, hkv, d) for _ in range(2)]
+    order = (torch.randperm(n - 1, generator=g) + 1).tolist()  # never the null block
+    past = torch.full((r, nb), NULL_BLOCK, dtype=torch.long)
+    for i, x in enumerate(lengths):
+        for b in range(-(-x // BS)):
+            past[i, b] = order.pop()
+    q = rand(r, hq, 1, d)
+    own = [rand(r, hkv, 1, d) for _ in range(2)]
+    start = torch.tensor(lengths)
+    args = ModelArgs(dim=hq * d, n_heads=hq, n_kv_heads=hkv, sliding_window=window)
+    mask = paged_mask(args, start, start[:, None], nb * BS)  # [R, 1, 1, nb * BS + 1]
+    keys = [p.float()[past].reshape(r, nb * BS, hkv, d).transpose(1, 2) for p in pools]
+    k = torch.cat([keys[0], own[0].float()], 2)
+    v = torch.cat([keys[1], own[1].float()], 2)
+    ref = paged_attention(q.float(), k, v, mask)  # in float32
+    return (q, pools[0], pools[1], past, own[0], own[1], mask), ref
+
+
+@pytest.mark.parametrize(
+    "hq,hkv,d", [(4, 4, 8), (8, 4, 32), (8, 2, 48), (4, 1, 64)], ids=["mha", "gqa2", "gqa4", "mqa"]
+)
+@pytest.mark.parametrize("window", [None, 5], ids=["full", "window5"])
+def test_the_op_is_the_reference_attention(hq: int, hkv: int, d: int, window: int | None) -> None:
+    inputs, ref = _case([0, 1, 7, 13, 30], hq, hkv, d, window=window)
+    got = cpu_attention.decode_attention(*inputs)
+    assert got.shape == ref.shape and got.is_contiguous()
+    torch.testing.assert_close(got, ref, atol=2e-6, rtol=2e-5)
+
+
+def test_half_precision_accumulates_in_float32() -> None:
+    inputs, ref = _case([3, 17, 29], 8, 4, 32, dtype=torch.bfloat16)
+    got = cpu_attention.decode_attention(*inputs)
+    assert got.dtype == torch.bfloat16
+    # the float32 result rounded once: within bfloat16's half step of the reference
+    torch.testing.assert_close(got.float(), ref, atol=1e-2, rtol=8e-3)
+
+
+def test_a_rows_output_is_the_same_alone_in_any_batch_and_on_any_threads() -> None:
+    """What keeps a served request's tokens those of ``generate`` alone: bit-equal rows."""
+    inputs, _ = _case([5, 22, 9, 31], 8, 4, 32)
+    q, kp, vp, past, ko, vo, mask = inputs
+    together = cpu_attention.decode_attention(*inputs)
+    for i in range(4):
+        alone = cpu_attention.decode_attention(
+            q[i : i + 1], kp, vp, past[i : i + 1], ko[i : i + 1], vo[i : i + 1], mask[i : i + 1]
+        )
+        assert torch.equal(alone[0], together[i])
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(cpu_attention.decode_attention(*inputs), together)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_bad_inputs_are_refused_with_what_was_wrong() -> None:
+    inputs, _ = _case([3, 9], 8, 4, 32)
+    q, kp, vp, past, ko, vo, mask = inputs
+    with pytest.raises(RuntimeError, match="outside the pools"):
+        cpu_attention.decode_attention(q, kp, vp, past + 100, ko, vo, mask)
+    with pytest.raises(RuntimeError, match=r"q must be \[R, Hq, 1, D\]"):
+        cpu_attention.decode_attention(q.expand(2, 8, 2, 32), kp, vp, past, ko, vo, mask)
+    with pytest.raises(RuntimeError, match="mask must be"):
+        cpu_attention.decode_attention(q, kp, vp, past, ko, vo, mask[..., :-1])
+    with pytest.raises(RuntimeError, match="one dtype"):
+        cpu_attention.decode_attention(q, kp.double(), vp.double(), past, ko, vo, mask)
+
+
+ARGS = ModelArgs(
+    dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=64, intermediate_size=64
+)
+LIMITS = StepLimits(rows=3, tokens=16, blocks=8, block_size=4)
+
+
+def test_a_models_decode_steps_through_the_op_match_the_reference_steps() -> None:
+    """A prefill, then decode steps, on two copies of a model: one with ``cpu_decode``. The
+    same logits every step and the same K/V in the pools (the op writes nothing; the step
+    writes its own K/V after the last layer as before)."""
+    ref = random_llama(ARGS, seed=3)
+    ref.setup_paged(num_blocks=16, block_size=4, max_seq_len=32)
+    mine = copy.deepcopy(ref)
+    mine.setup_paged(num_blocks=16, block_size=4, max_seq_len=32, cpu_decode=True)
+    tables = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    prompts = [[5, 9, 11, 2, 7], [3], [8, 8, 1, 30, 2, 4, 6]]
+    rows = [(p, 0, t) for p, t in zip(prompts, tables, strict=True)]
+    with torch.no_grad():
+        steps = 0
+        while True:
+            want = ref.paged_step(*step_inputs(rows, LIMITS, CPU))
+            got = mine.paged_step(*step_inputs(rows, LIMITS, CPU))
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            steps += 1
+            if steps == 6:
+                break
+            nxt = want.argmax(-1).tolist()
+            rows = [([t], s + len(p), b) for (p, s, b), t in zip(rows, nxt, strict=True)]
+    for a, b in zip(mine.blocks, ref.blocks, strict=True):
+        torch.testing.assert_close(a.attention.kv_pages.k_pool, b.attention.kv_pages.k_pool)
+        torch.testing.assert_close(a.attention.kv_pages.v_pool, b.attention.kv_pages.v_pool)
+
+
+def test_the_inductor_engine_decodes_through_the_op_with_the_references_tokens() -> None:
+    """The Inductor engine on the CPU turns the op on (decode steps call it, once a layer);
+    the reference engine does not; the greedy tokens are the reference's."""
+    prompts = [[5, 9, 11, 2], [3, 1], [8, 8, 1, 30, 2]]
+    ref = Generator(random_llama(ARGS, seed=4), engine="none", max_batch_size=3, cache_len=32)
+    want = ref.generate(prompts, max_new_tokens=6).tokens
+    gen = Generator(random_llama(ARGS, seed=4), engine="inductor", max_batch_size=3, cache_len=32)
+    assert gen.cpu_decode and not ref.cpu_decode
+    gen.generate(prompts, max_new_tokens=6)  # compiles (its tracing calls the op's fake)
+    with torch.profiler.profile() as prof:
+        got = gen.generate(prompts, max_new_tokens=6).tokens
+    calls = {e.key: e.count for e in prof.key_averages()}
+    assert got == want
+    assert calls.get(f"{cpu_attention.NAMESPACE}::decode_attention", 0) == 5 * ARGS.n_layers
+
+
+def test_the_reference_form_is_kept_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_attention.ENV, "sdpa")
+    assert not cpu_attention.available()
+    assert cpu_attention.unavailable_reason() == f"{cpu_attention.ENV}=sdpa"
