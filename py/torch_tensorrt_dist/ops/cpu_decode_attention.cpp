@@ -72,11 +72,77 @@ inline float dot(const float* __restrict q, const T* __restrict k, int64_t d_run
   return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
 }
 
-// a[0:D] += w * v[0:D]
+// float32 with D a multiple of 16: the same sums in GCC/Clang vector types (16 lanes; the
+// compiler maps them on the CPU's registers), kept in registers and added as the same tree
+typedef float v16f __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+inline v16f load16(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <int64_t D>
+inline float dot16(const float* __restrict q, const float* __restrict k) {
+  v16f part = load16(q) * load16(k);
+  for (int64_t d = 16; d < D; d += 16) part += load16(q + d) * load16(k + d);
+  const v8f half = __builtin_shufflevector(part, part, 0, 1, 2, 3, 4, 5, 6, 7) +
+                   __builtin_shufflevector(part, part, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4f quarter = __builtin_shufflevector(half, half, 0, 1, 2, 3) +
+                      __builtin_shufflevector(half, half, 4, 5, 6, 7);
+  return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+}
+
+template <>
+inline float dot<float, 32>(const float* __restrict q, const float* __restrict k, int64_t) {
+  return dot16<32>(q, k);
+}
+template <>
+inline float dot<float, 64>(const float* __restrict q, const float* __restrict k, int64_t) {
+  return dot16<64>(q, k);
+}
+template <>
+inline float dot<float, 128>(const float* __restrict q, const float* __restrict k, int64_t) {
+  return dot16<128>(q, k);
+}
+
+// a[0:D] += sum over t of w[t] * v[t][0:D], in the order of t (a zeroed by the caller)
 template <typename T, int64_t DC>
-inline void axpy(float* __restrict a, float w, const T* __restrict v, int64_t d_runtime) {
+inline void weighted_sum(float* __restrict a, const float* __restrict w, const T* const* v,
+                         int64_t n, int64_t d_runtime) {
   const int64_t D = DC > 0 ? DC : d_runtime;
-  for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<float>(v[d]);
+  for (int64_t t = 0; t < n; ++t) {
+    const T* __restrict vt = v[t];
+    for (int64_t d = 0; d < D; ++d) a[d] += w[t] * static_cast<float>(vt[d]);
+  }
+}
+
+// float32, D a multiple of 16: the same sums with the accumulators in registers
+template <int64_t D>
+inline void weighted_sum16(float* __restrict a, const float* __restrict w,
+                           const float* const* v, int64_t n) {
+  v16f acc[D / 16] = {};
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t c = 0; c < D / 16; ++c) acc[c] += w[t] * load16(v[t] + 16 * c);
+  std::memcpy(a, acc, sizeof(acc));
+}
+
+template <>
+inline void weighted_sum<float, 32>(float* __restrict a, const float* __restrict w,
+                                    const float* const* v, int64_t n, int64_t) {
+  weighted_sum16<32>(a, w, v, n);
+}
+template <>
+inline void weighted_sum<float, 64>(float* __restrict a, const float* __restrict w,
+                                    const float* const* v, int64_t n, int64_t) {
+  weighted_sum16<64>(a, w, v, n);
+}
+template <>
+inline void weighted_sum<float, 128>(float* __restrict a, const float* __restrict w,
+                                     const float* const* v, int64_t n, int64_t) {
+  weighted_sum16<128>(a, w, v, n);
 }
 
 template <typename T, int64_t DC>
@@ -134,9 +200,8 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
           const float inv = 1.f / sum;
           for (int64_t t = 0; t < seen; ++t) pi[t] *= inv;
         }
-        for (int64_t t = 0; t < seen; ++t)
-          for (int64_t i = 0; i < rep; ++i)
-            axpy<T, DC>(acc.data() + i * D, p[i * L + t], values[t], D);
+        for (int64_t i = 0; i < rep; ++i)
+          weighted_sum<T, DC>(acc.data() + i * D, p.data() + i * L, values.data(), seen, D);
       }
       T* orow = od + (r * Hq + h * rep) * D;
       for (int64_t i = 0; i < rep * D; ++i) orow[i] = static_cast<T>(acc[i]);
