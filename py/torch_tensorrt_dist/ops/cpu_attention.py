@@ -95,6 +95,8 @@ def _load() -> bool:
         _register_fake()
         return True  # loaded by someone else in this process (a test, another import path)
     start = time.perf_counter()
+    if not torch.cuda.is_available():  # its import warns that no CUDA runtime is found
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     try:
         from torch.utils.cpp_extension import load
 
