@@ -84,6 +84,22 @@ def test_the_op_is_the_reference_attention(hq: int, hkv: int, d: int, window: in
     torch.testing.assert_close(got, ref, atol=2e-6, rtol=2e-5)
 
 
+def test_a_row_that_sees_no_key_gives_zeros_as_the_reference_does() -> None:
+    inputs, _ = _case([6, 9], 8, 4, 32)
+    q, kp, vp, past, ko, vo, mask = inputs
+    blind = mask.clone()
+    blind[1] = False  # row 1 sees nothing, not even its own token
+    ref = paged_attention(
+        q,
+        torch.cat([kp[past].reshape(2, -1, 4, 32).transpose(1, 2), ko], 2),
+        torch.cat([vp[past].reshape(2, -1, 4, 32).transpose(1, 2), vo], 2),
+        blind,
+    )
+    got = cpu_attention.decode_attention(q, kp, vp, past, ko, vo, blind)
+    assert not got[1].any() and not ref[1].any()
+    torch.testing.assert_close(got, ref, atol=2e-6, rtol=2e-5)
+
+
 def test_half_precision_accumulates_in_float32() -> None:
     inputs, ref = _case([3, 17, 29], 8, 4, 32, dtype=torch.bfloat16)
     got = cpu_attention.decode_attention(*inputs)
@@ -176,3 +192,5 @@ def test_the_reference_form_is_kept_on_request(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv(cpu_attention.ENV, "sdpa")
     assert not cpu_attention.available()
     assert cpu_attention.unavailable_reason() == f"{cpu_attention.ENV}=sdpa"
+    monkeypatch.delenv(cpu_attention.ENV)
+    assert cpu_attention.available() and cpu_attention.unavailable_reason() == ""

@@ -82,6 +82,8 @@ def available() -> bool:
     with _lock:
         if "ok" not in _state:
             _state["ok"] = _load()
+        if _state["ok"]:
+            _state.pop("reason", None)  # a reason given while turned off no longer holds
         return bool(_state["ok"])
 
 

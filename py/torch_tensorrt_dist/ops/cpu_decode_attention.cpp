@@ -185,9 +185,7 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
         values[seen++] = vod + (r * Hkv + h) * D;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
-      if (seen == 0) {  // no key: what the reference gives (NaN), never a stale value
-        for (int64_t i = 0; i < rep * D; ++i) acc[i] = NAN;
-      } else {
+      if (seen > 0) {  // no key seen: zeros, as torch's CPU attention gives
         for (int64_t i = 0; i < rep; ++i) {
           const float* qi = qf.data() + i * D;
           float* pi = p.data() + i * L;
