@@ -344,14 +344,9 @@ class Transformer(nn.Module):
         for block in self.blocks:
             attn = block.attention
             attn.kv_pages = PagedKVCache(
-                num_blocks,
-                block_size,
-                attn.n_kv_heads,
-                attn.head_dim,
-                dtype,
-                weight.device,
-                cpu_decode=cpu_decode,
+                num_blocks, block_size, attn.n_kv_heads, attn.head_dim, dtype, weight.device
             )
+            attn.kv_pages.cpu_decode = cpu_decode
         cos, sin = rope_tables(self.args, max_seq_len)
         self.register_buffer("rope_cos", cos.to(weight.device), persistent=False)
         self.register_buffer("rope_sin", sin.to(weight.device), persistent=False)

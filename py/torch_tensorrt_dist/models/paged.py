@@ -69,12 +69,10 @@ class PagedKVCache(nn.Module):
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str | None = None,
-        *,
-        cpu_decode: bool = False,
     ) -> None:
         super().__init__()
         #: decode steps read the pools in place through the CPU op (``ops/cpu_attention.py``)
-        self.cpu_decode = cpu_decode
+        self.cpu_decode = False
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
         self.register_buffer("k_pool", torch.zeros(shape, dtype=dtype, device=device), False)
         self.register_buffer("v_pool", torch.zeros(shape, dtype=dtype, device=device), False)
