@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from torch_tensorrt_dist.generation import Generator
+from torch_tensorrt_dist.models.huge_pages import HUGE_PAGES_ENV
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.models.weight_layout import (
     column_major_linears,
@@ -85,9 +86,11 @@ def test_the_inductor_generator_lays_out_its_linears(
         assert all(w.is_contiguous() for w in _linears(model).values())
 
 
-def test_reduce_copies_no_float32_weight() -> None:
+def test_reduce_copies_no_float32_weight(monkeypatch: pytest.MonkeyPatch) -> None:
     """Row-major as loaded, a float32 weight keeps its storage under ``reduce`` (it is not laid
-    out column-major and back)."""
+    out column-major and back; the move into huge pages, which copies every weight once, is
+    off here: tests/test_weight_huge_pages.py)."""
+    monkeypatch.setenv(HUGE_PAGES_ENV, "0")
     model = _model()
     storages = {n: w.data_ptr() for n, w in _linears(model).items()}
     Generator(model, engine="inductor", max_batch_size=2, cache_len=32, cpu_gemm="reduce")

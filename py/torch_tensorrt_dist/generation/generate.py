@@ -41,6 +41,7 @@ from torch_tensorrt_dist.generation.step_inputs import (
     step_inputs,
     warmup_prompts,
 )
+from torch_tensorrt_dist.models.huge_pages import huge_page_weights
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs
@@ -295,6 +296,8 @@ class Generator:
         if engine == "inductor":  # ATen's products of few rows read column-major weights
             # faster; the reductions read float32 weight rows
             lay_out_linears(model, row_major={torch.float32} if cpu_gemm == "reduce" else ())
+        if self.device.type == "cpu":  # each step streams the weights (models/huge_pages.py)
+            huge_page_weights(model)
         if engine != "none":  # a handful of graphs (shape classes): let Dynamo keep them all
             limit = torch._dynamo.config.recompile_limit
             torch._dynamo.config.recompile_limit = max(limit, 16)

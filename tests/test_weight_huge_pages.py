@@ -1,0 +1,118 @@
+"""The CPU weights moved into transparent huge pages (``models/huge_pages.py``): the same values,
+layouts and ties, backed by huge pages where the kernel gives them, and the same tokens."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from torch_tensorrt_dist.generation import Generator
+from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+from torch_tensorrt_dist.models.huge_pages import (
+    HUGE_PAGES_ENV,
+    huge_page_weights,
+    huge_pages_available,
+)
+from torch_tensorrt_dist.parallel.llama_load import load_llama
+
+needs_thp = pytest.mark.skipif(
+    not huge_pages_available(), reason="no transparent huge pages here (not Linux, or never)"
+)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(512, 1024), nn.Linear(1024, 512), nn.Embedding(512, 1024))
+    m[1].weight.data = m[1].weight.data.t().contiguous().t()  # column-major, as ATen's wants
+    head = nn.Linear(1024, 512, bias=False)
+    head.weight = m[1].weight  # tied: one Parameter in two modules
+    m.append(head)
+    return m
+
+
+def _region(m: nn.Module) -> tuple[int, int]:
+    """The lowest and highest byte of ``m``'s parameters."""
+    return (
+        min(p.data_ptr() for p in m.parameters()),
+        max(p.data_ptr() + p.untyped_storage().nbytes() for p in m.parameters()),
+    )
+
+
+def _huge_kib(lo: int, hi: int) -> int:
+    """AnonHugePages (KiB) of this process's mappings that overlap [lo, hi)."""
+    total = 0
+    smaps = Path("/proc/self/smaps").read_text()
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", smaps):
+        start, end = (int(x, 16) for x in block.split(" ", 1)[0].split("-"))
+        found = re.search(r"AnonHugePages:\s+(\d+)", block)
+        if start < hi and end > lo and found:
+            total += int(found.group(1))
+    return total
+
+
+@needs_thp
+def test_weights_move_with_their_values_strides_and_ties() -> None:
+    m = _model()
+    x, y = torch.randn(3, 512), torch.randn(3, 1024)
+    want, head = m[1](m[0](x)).clone(), m[3](y).clone()
+    before = {n: (p.stride(), p.data_ptr(), p.clone()) for n, p in m.named_parameters()}
+    moved = huge_page_weights(m)
+    assert moved >= sum(p.numel() * 4 for p in m.parameters())
+    for name, p in m.named_parameters():
+        stride, ptr, value = before[name]
+        assert p.stride() == stride and p.data_ptr() != ptr and torch.equal(p, value), name
+    assert m[3].weight is m[1].weight
+    assert m[3].weight.data_ptr() == m[1].weight.data_ptr()
+    assert torch.equal(m[1](m[0](x)), want) and torch.equal(m[3](y), head)
+    lo, hi = _region(m)
+    assert hi - lo <= 2 * moved  # one region
+    m[0].weight.data.add_(1.0)  # a write after the move lands in the parameter
+    assert torch.equal(m[0].weight, before["0.weight"][2] + 1.0)
+
+
+@needs_thp
+def test_the_moved_weights_are_backed_by_huge_pages() -> None:
+    m = _model()  # about 6 MiB: whole 2 MiB pages inside it
+    huge_page_weights(m)
+    assert _huge_kib(*_region(m)) >= 2048
+
+
+def test_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(HUGE_PAGES_ENV, "0")
+    assert not huge_pages_available()
+    m = _model()
+    ptrs = [p.data_ptr() for p in m.parameters()]
+    assert huge_page_weights(m) == 0
+    assert [p.data_ptr() for p in m.parameters()] == ptrs
+
+
+def test_not_where_the_kernel_never_gives_them(tmp_path: Path) -> None:
+    setting = tmp_path / "enabled"
+    setting.write_text("always madvise [never]\n")
+    assert not huge_pages_available(setting)
+    setting.write_text("always [madvise] never\n")
+    assert huge_pages_available(setting) == hasattr(__import__("mmap"), "MADV_HUGEPAGE")
+    assert not huge_pages_available(tmp_path / "missing")
+
+
+@needs_thp
+def test_the_generator_moves_its_weights_not_its_pools_and_keeps_the_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prompt = [[5, 17, 301, 44, 9]]
+    monkeypatch.setenv(HUGE_PAGES_ENV, "0")
+    plain = Generator(load_llama(demo_checkpoint_path(), progress=False), cache_len=64)
+    want = plain.generate(prompt, max_new_tokens=8).tokens
+    monkeypatch.delenv(HUGE_PAGES_ENV)
+    model = load_llama(demo_checkpoint_path(), progress=False)
+    gen = Generator(model, cache_len=64)
+    assert gen.generate(prompt, max_new_tokens=8).tokens == want
+    lo, hi = _region(model)
+    assert _huge_kib(lo, hi) >= 2048
+    assert all(lo <= p.data_ptr() < hi for p in model.parameters())
+    pools = [b for n, b in model.named_buffers() if n.endswith("_pool")]
+    assert pools and not any(lo <= b.data_ptr() < hi for b in pools)
