@@ -7,9 +7,10 @@ from the caches or from memory. The serving benchmark's checkpoint holds 26 MiB 
 weights against a 32 MiB L3; scattered over 4 KiB pages they compete for the cache's sets
 unevenly and cost a TLB entry every 4 KiB, and once a neighbour (the HTTP thread, the client
 on the other core) evicts part of them, the prefetchers stop at every page edge. Measured on
-that checkpoint (one process, one thread, this AMD EPYC; two generators built alike, one
-with its weights moved, steps timed in alternated blocks, each order twice): a decode step
-of one row 0.67-0.93x the time, of 8 rows 0.91-1.03x (docs/performance.md).
+that checkpoint (one thread, this AMD EPYC): in one process, two generators built alike, one
+with its weights moved, steps timed in alternated blocks, each build order twice, a decode
+step of one row 0.69-0.87x the time, of 8 rows 0.90-1.03x; served, one server at a time,
+alternated, one client's decode tok/s 1.14x, 8 clients' 1.01x (docs/performance.md).
 
 How: one anonymous private mapping, 2 MiB aligned and advised ``MADV_HUGEPAGE``; each storage
 of the model's parameters and buffers is copied into it (64-byte aligned) and every tensor
