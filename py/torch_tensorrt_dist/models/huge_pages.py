@@ -29,10 +29,11 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-from pathlib import Path
 
 import torch
 from torch import nn
+
+from torch_tensorrt_dist.runtime.huge_pages import system_thp_mode
 
 __all__ = ["HUGE_PAGES_ENV", "huge_page_weights", "huge_pages_available"]
 
@@ -41,20 +42,17 @@ logger = logging.getLogger(__name__)
 HUGE_PAGES_ENV = "TORCH_TENSORRT_DIST_HUGE_PAGES"
 _PAGE = 2 << 20  # a transparent huge page on x86-64 and most arm64 kernels
 _ALIGN = 64
-_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def huge_pages_available(setting: Path = _THP) -> bool:
-    """Transparent huge pages can back an advised mapping here (Linux, not ``[never]``), and
+def huge_pages_available(mode: str | None = None) -> bool:
+    """Transparent huge pages can back an advised mapping here (Linux, the system's THP mode
+    ``always`` or ``madvise``: ``mode``, default the system's), and
     ``$TORCH_TENSORRT_DIST_HUGE_PAGES`` is not ``0``."""
     if os.environ.get(HUGE_PAGES_ENV, "").strip() == "0":
         return False
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return False
-    try:
-        return "[never]" not in setting.read_text()
-    except OSError:
-        return False
+    return (mode or system_thp_mode()) in ("always", "madvise")
 
 
 def _movable(t: torch.Tensor) -> bool:
@@ -88,27 +86,22 @@ def huge_page_weights(model: nn.Module) -> int:
     docstring); returns the bytes moved (0: not available here, or nothing to move)."""
     if not huge_pages_available():
         return 0
-    tensors = _tensors(model)
-    storages: dict[int, torch.UntypedStorage] = {}
-    by_storage: dict[int, list[torch.Tensor]] = {}
-    for t in tensors:
-        ptr = t.untyped_storage().data_ptr()
-        storages.setdefault(ptr, t.untyped_storage())
-        by_storage.setdefault(ptr, []).append(t)
-    if not storages:
+    by_storage: dict[int, list[torch.Tensor]] = {}  # the tensors over each storage
+    for t in _tensors(model):
+        by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(t)
+    if not by_storage:
         return 0
     offsets, total = {}, 0
-    for ptr, s in storages.items():
+    for ptr, group in by_storage.items():
         offsets[ptr] = total
-        total += -(-s.nbytes() // _ALIGN) * _ALIGN
+        total += -(-group[0].untyped_storage().nbytes() // _ALIGN) * _ALIGN
     region = mmap.mmap(-1, total + _PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     region.madvise(mmap.MADV_HUGEPAGE)
     raw = torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive
     start = -raw.data_ptr() % _PAGE
-    del tensors
     with torch.no_grad():
         for ptr, group in by_storage.items():
-            old = storages.pop(ptr)
+            old = group[0].untyped_storage()  # freed once its tensors are rebound
             at, n = start + offsets[ptr], old.nbytes()
             raw[at : at + n].copy_(torch.empty(0, dtype=torch.uint8).set_(old))
             for t in group:
