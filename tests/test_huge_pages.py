@@ -12,6 +12,7 @@ import pytest
 from torch_tensorrt_dist.runtime.huge_pages import (
     THP_ENV,
     HugePages,
+    huge_kib,
     rank_env,
     system_thp_mode,
     wanted,
@@ -37,6 +38,32 @@ def test_the_system_mode_is_the_bracketed_word(tmp_path: Path):
     assert system_thp_mode(str(tmp_path / "absent")) is None
 
 
+_SMAPS = """\
+00400000-00600000 r-xp 00000000 08:01 42     /usr/bin/python3
+Size:               2048 kB
+AnonHugePages:         0 kB
+7f0000000000-7f0000800000 rw-p 00000000 00:00 0
+Size:               8192 kB
+AnonHugePages:      6144 kB
+7f0000800000-7f0000a00000 rw-p 00000000 00:00 0
+AnonHugePages:      2048 kB
+7f0001000000-7f0001200000 rw-p 00000000 00:00 0
+AnonHugePages:      2048 kB
+"""
+
+
+def test_huge_kib_sums_the_mappings_that_overlap_the_range(tmp_path: Path):
+    f = tmp_path / "smaps"
+    f.write_text(_SMAPS)
+    assert huge_kib(0x7F0000100000, 0x7F0000100001, str(f)) == 6144  # inside one mapping
+    assert huge_kib(0x7F00007FF000, 0x7F0000801000, str(f)) == 6144 + 2048  # two of them
+    assert huge_kib(0x7F0000A00000, 0x7F0001000000, str(f)) == 0  # the gap between
+    assert huge_kib(0x400000, 0x400001, str(f)) == 0
+    assert huge_kib(0, 1, str(tmp_path / "absent")) is None
+    f.write_text("zz-yy rw-p\n")
+    assert huge_kib(0, 1, str(f)) is None
+
+
 def test_each_state_says_what_it_does():
     assert "off (THP_MEM_ALLOC_ENABLE=0)" in HugePages(False, "madvise").describe()
     assert "mode is never" in HugePages(True, "never").describe()
@@ -48,22 +75,12 @@ _PROBE = textwrap.dedent(
     """
     import os, torch
     from torch_tensorrt_dist.cli import build_parser  # the CLI's imports, as main has them
-    from torch_tensorrt_dist.runtime.huge_pages import THP_ENV, use_huge_pages
+    from torch_tensorrt_dist.runtime.huge_pages import THP_ENV, huge_kib, use_huge_pages
     use_huge_pages()
     assert THP_ENV not in os.environ or os.environ[THP_ENV] == "0", "the environment is restored"
     build_parser()
     x = torch.ones(64 * 2**18)  # 64 MiB
-    start = x.data_ptr()
-    huge = 0
-    with open("/proc/self/smaps") as f:
-        inside = False
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(v, 16) for v in head.split("-"))
-                inside = lo <= start < hi
-            elif inside and head == "AnonHugePages:":
-                huge = int(line.split()[1])
+    huge = huge_kib(x.data_ptr(), x.data_ptr() + x.nbytes)
     print(huge)
     """
 )

@@ -4,8 +4,6 @@ layouts and ties, backed by huge pages where the kernel gives them, and the same
 from __future__ import annotations
 
 import mmap
-import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +17,7 @@ from torch_tensorrt_dist.models.huge_pages import (
     huge_pages_available,
 )
 from torch_tensorrt_dist.parallel.llama_load import load_llama
+from torch_tensorrt_dist.runtime.huge_pages import huge_kib
 
 needs_thp = pytest.mark.skipif(
     not huge_pages_available(), reason="no transparent huge pages here (not Linux, or never)"
@@ -44,15 +43,9 @@ def _region(m: nn.Module) -> tuple[int, int]:
 
 
 def _huge_kib(lo: int, hi: int) -> int:
-    """AnonHugePages (KiB) of this process's mappings that overlap [lo, hi)."""
-    total = 0
-    smaps = Path("/proc/self/smaps").read_text()
-    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", smaps):
-        start, end = (int(x, 16) for x in block.split(" ", 1)[0].split("-"))
-        found = re.search(r"AnonHugePages:\s+(\d+)", block)
-        if start < hi and end > lo and found:
-            total += int(found.group(1))
-    return total
+    kib = huge_kib(lo, hi)
+    assert kib is not None, "/proc/self/smaps cannot be read"
+    return kib
 
 
 @needs_thp

@@ -27,7 +27,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["THP_ENV", "HugePages", "rank_env", "system_thp_mode", "use_huge_pages", "wanted"]
+__all__ = [
+    "THP_ENV",
+    "HugePages",
+    "huge_kib",
+    "rank_env",
+    "system_thp_mode",
+    "use_huge_pages",
+    "wanted",
+]
 
 THP_ENV = "THP_MEM_ALLOC_ENABLE"
 _SYSTEM_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -109,20 +117,27 @@ def use_huge_pages() -> HugePages:
 
 
 def _granted() -> bool | None:
-    """Whether a fresh 4 MiB tensor, touched, lies in huge pages (its mapping's
-    ``AnonHugePages`` in ``/proc/self/smaps``); None where that file cannot be read."""
+    """Whether a fresh 4 MiB tensor, touched, lies in huge pages; None where
+    ``/proc/self/smaps`` cannot be read."""
     probe = torch.ones(2 * _THRESHOLD, dtype=torch.uint8)
     start = probe.data_ptr()
+    kib = huge_kib(start, start + 1)
+    return None if kib is None else kib > 0
+
+
+def huge_kib(lo: int, hi: int, smaps: str = "/proc/self/smaps") -> int | None:
+    """KiB of this process's anonymous huge pages (``AnonHugePages``) in the mappings that
+    overlap the addresses [lo, hi); None where ``smaps`` cannot be read."""
+    total, inside = 0, False
     try:
-        with open("/proc/self/smaps", encoding="ascii", errors="replace") as f:
-            inside = False
+        with open(smaps, encoding="ascii", errors="replace") as f:
             for line in f:
                 head = line.split(maxsplit=1)[0] if line.strip() else ""
-                if "-" in head and not head.endswith(":"):
-                    low, high = (int(v, 16) for v in head.split("-"))
-                    inside = low <= start < high
+                if "-" in head and not head.endswith(":"):  # a mapping's first line
+                    start, end = (int(v, 16) for v in head.split("-"))
+                    inside = start < hi and end > lo
                 elif inside and head == "AnonHugePages:":
-                    return int(line.split()[1]) > 0
+                    total += int(line.split()[1])
     except (OSError, ValueError):
         return None
-    return None
+    return total
