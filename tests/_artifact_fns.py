@@ -110,6 +110,9 @@ def load_and_generate(
     start = time.perf_counter()
     gen = load_generator(out)
     load_s = time.perf_counter() - start
+    state = set(gen.manifest.rank_entry(rank).state)  # the pools: zeros, written each step
+    pools = [t for n, t in gen.constants.items() if n in state]
+    weights = [t for n, t in gen.constants.items() if n not in state]
     classes: set[tuple[bool, bool]] = set()  # (several rows, several tokens) of each call
     step = gen._step
 
@@ -167,7 +170,17 @@ def load_and_generate(
         "served": served,
         "served_checkpoint": served_ckpt,
         "errors": errors,
+        # the weight shard in one region of huge pages (models/huge_pages.py), each pool apart
+        "storages": {
+            "weights": _storages(weights),
+            "pools": _storages(pools),
+            "n_pools": len(pools),
+        },
     }
+
+
+def _storages(tensors: list[torch.Tensor]) -> int:
+    return len({t.untyped_storage().data_ptr() for t in tensors})
 
 
 def _generator_options() -> dict[str, Any]:

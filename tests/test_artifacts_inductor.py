@@ -29,6 +29,7 @@ from torch_tensorrt_dist.artifacts.graphs import GraphEntry
 from torch_tensorrt_dist.artifacts.manifest import manifest_digest, sha256_file
 from torch_tensorrt_dist.cli import main
 from torch_tensorrt_dist.errors import ArtifactError
+from torch_tensorrt_dist.models.huge_pages import huge_pages_available
 from torch_tensorrt_dist.testing import run_on_ranks
 
 from . import _artifact_fns, _llama_ckpt
@@ -65,6 +66,15 @@ def test_same_tokens_as_checkpoint_and_transformers(built: dict[str, Any]) -> No
         assert r["queued"] == r["queued_checkpoint"] and r["queued"][:2] == built["hf"]
         # one package ran every shape class: decode or prefill, one row or several
         assert r["classes"] == [(False, False), (False, True), (True, False), (True, True)]
+
+
+def test_the_weights_are_moved_into_huge_pages_and_the_pools_are_not(
+    built: dict[str, Any],
+) -> None:
+    for r in built["ranks"]:
+        s = r["storages"]
+        assert s["n_pools"] > 0 and s["pools"] == s["n_pools"]
+        assert (s["weights"] == 1) == huge_pages_available(), s
 
 
 def test_the_core_schedule_matches_the_checkpoint(built: dict[str, Any]) -> None:

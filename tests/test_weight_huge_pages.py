@@ -13,6 +13,7 @@ from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.models.demo import demo_checkpoint_path
 from torch_tensorrt_dist.models.huge_pages import (
     HUGE_PAGES_ENV,
+    huge_page_tensors,
     huge_page_weights,
     huge_pages_available,
 )
@@ -75,12 +76,44 @@ def test_the_moved_weights_are_backed_by_huge_pages() -> None:
     assert _huge_kib(*_region(m)) >= 2048
 
 
+class _Marked(torch.Tensor):
+    pass
+
+
+@needs_thp
+def test_loose_tensors_move_into_one_aligned_region_with_their_values() -> None:
+    """What a loaded artifact's weight shard gets (``artifacts/load.py``): a dict of tensors,
+    int8 codes among them, one a transposed view of another's storage."""
+    torch.manual_seed(0)
+    big = torch.randn(1024, 1024)  # 4 MiB: whole huge pages inside the region
+    weights = {
+        "w": big,
+        "w.t": big.t(),
+        "codes": torch.randint(-128, 127, (300, 7), dtype=torch.int8),
+        "scales": torch.rand(300, dtype=torch.bfloat16),
+    }
+    before = {k: (t.clone(), t.stride()) for k, t in weights.items()}
+    other = torch.rand(8).as_subclass(_Marked)  # a subclass (as DTensor is): not ours to move
+    other_ptr = other.data_ptr()
+    storages = big.nbytes + weights["codes"].nbytes + weights["scales"].nbytes  # 3, not 4
+    moved = huge_page_tensors([*weights.values(), other])
+    assert storages <= moved < storages + 3 * 64
+    assert len({t.untyped_storage().data_ptr() for t in weights.values()}) == 1
+    for k, t in weights.items():
+        value, stride = before[k]
+        assert torch.equal(t, value) and t.stride() == stride and t.data_ptr() % 64 == 0, k
+    assert weights["w.t"].data_ptr() == weights["w"].data_ptr()  # still one storage's views
+    assert other.data_ptr() == other_ptr
+    assert _huge_kib(big.data_ptr(), big.data_ptr() + big.nbytes) >= 2048
+
+
 def test_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(HUGE_PAGES_ENV, "0")
     assert not huge_pages_available()
     m = _model()
     ptrs = [p.data_ptr() for p in m.parameters()]
     assert huge_page_weights(m) == 0
+    assert huge_page_tensors(m.parameters()) == 0
     assert [p.data_ptr() for p in m.parameters()] == ptrs
 
 

@@ -42,6 +42,7 @@ from torch_tensorrt_dist.errors import ArtifactError
 from torch_tensorrt_dist.generation.generate import Generator, StepFn
 from torch_tensorrt_dist.generation.kv_memory import KVLayout, format_bytes, kv_layout_for
 from torch_tensorrt_dist.models.dtypes import DTYPES
+from torch_tensorrt_dist.models.huge_pages import huge_page_tensors
 from torch_tensorrt_dist.models.llama_args import ModelArgs, RopeScaling
 from torch_tensorrt_dist.ops.groups import check_group_ranks
 from torch_tensorrt_dist.runtime.agree import agreed
@@ -271,6 +272,8 @@ def _load_generator(
     )
     check_device(manifest, dev.type)
     constants = read_weights(opened.root / entry.files["weights"].path, dev)
+    if dev.type == "cpu":  # each step streams the weights (models/huge_pages.py); not the state
+        huge_page_tensors(constants.values())
     dtype = DTYPES[manifest.dtype]
     for name, shape in entry.state.items():
         constants[name] = torch.zeros(shape, dtype=dtype, device=dev)

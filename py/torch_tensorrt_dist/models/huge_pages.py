@@ -1,6 +1,7 @@
 """A model's CPU weights moved into transparent huge pages (Linux), before its step compiles.
 
     moved = huge_page_weights(model)     # bytes moved; 0 where it does not apply
+    huge_page_tensors(weights.values())  # the same for loose tensors (artifacts/load.py)
 
 Why: a CPU decode step reads every weight once, so it runs at the speed the weights stream
 from the caches or from memory. The serving benchmark's checkpoint holds 26 MiB of fp32
@@ -29,13 +30,14 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from torch_tensorrt_dist.runtime.huge_pages import system_thp_mode
 
-__all__ = ["HUGE_PAGES_ENV", "huge_page_weights", "huge_pages_available"]
+__all__ = ["HUGE_PAGES_ENV", "huge_page_tensors", "huge_page_weights", "huge_pages_available"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ def _movable(t: torch.Tensor) -> bool:
 
 
 def _tensors(model: nn.Module) -> list[torch.Tensor]:
-    """The model's movable parameters and buffers, each once (a tied weight is one)."""
+    """The model's parameters and buffers, each once (a tied weight is one), not its pools."""
     from torch_tensorrt_dist.models.paged import PagedKVCache
 
     out: dict[int, torch.Tensor] = {}
@@ -78,16 +80,26 @@ def _tensors(model: nn.Module) -> list[torch.Tensor]:
         for _, b in module.named_buffers(recurse=False):
             if b is not None:
                 out.setdefault(id(b), b)
-    return [t for t in out.values() if _movable(t)]
+    return list(out.values())
 
 
 def huge_page_weights(model: nn.Module) -> int:
     """Move the storages of ``model``'s parameters and buffers into huge pages (module
     docstring); returns the bytes moved (0: not available here, or nothing to move)."""
+    return huge_page_tensors(_tensors(model))
+
+
+def huge_page_tensors(tensors: Iterable[torch.Tensor]) -> int:
+    """Move the storages of ``tensors`` (the plain strided CPU ones; the others are left)
+    into one region of huge pages, each tensor rebound to a view of the same size, strides
+    and offset there; returns the bytes moved (0: not available here, or nothing to move).
+    Call it before anything takes the tensors' addresses (a compiled graph, a package's
+    shared constants)."""
     if not huge_pages_available():
         return 0
+    unique = {id(t): t for t in tensors if _movable(t)}
     by_storage: dict[int, list[torch.Tensor]] = {}  # the tensors over each storage
-    for t in _tensors(model):
+    for t in unique.values():
         by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(t)
     if not by_storage:
         return 0
