@@ -51,6 +51,9 @@ def test_launch_leaves_the_callers_signal_handlers() -> None:
     def mine(signum: int, frame: object) -> None:
         raise AssertionError("not called")
 
+    # Ctrl-C as an interactive Python has it: a shell's background job (`pytest ... &` without
+    # job control) starts with SIGINT ignored, and that would be the caller's handler here
+    saved_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGHUP)}
     saved = signal.signal(signal.SIGTERM, mine)
     try:
@@ -62,3 +65,4 @@ def test_launch_leaves_the_callers_signal_handlers() -> None:
             signal.raise_signal(signal.SIGINT)
     finally:
         signal.signal(signal.SIGTERM, saved)
+        signal.signal(signal.SIGINT, saved_int)
