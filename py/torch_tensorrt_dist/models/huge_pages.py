@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -67,20 +67,14 @@ def _movable(t: torch.Tensor) -> bool:
     )
 
 
-def _tensors(model: nn.Module) -> list[torch.Tensor]:
-    """The model's parameters and buffers, each once (a tied weight is one), not its pools."""
+def _tensors(model: nn.Module) -> Iterator[torch.Tensor]:
+    """The model's parameters and buffers (a tied weight more than once), not its pools."""
     from torch_tensorrt_dist.models.paged import PagedKVCache
 
-    out: dict[int, torch.Tensor] = {}
     for module in model.modules():
-        if isinstance(module, PagedKVCache):
-            continue
-        for _, p in module.named_parameters(recurse=False):
-            out.setdefault(id(p), p)
-        for _, b in module.named_buffers(recurse=False):
-            if b is not None:
-                out.setdefault(id(b), b)
-    return list(out.values())
+        if not isinstance(module, PagedKVCache):
+            yield from module.parameters(recurse=False)
+            yield from (b for b in module.buffers(recurse=False) if b is not None)
 
 
 def huge_page_weights(model: nn.Module) -> int:
