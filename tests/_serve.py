@@ -38,10 +38,13 @@ def demo_with_chat_template(dest: Path) -> Path:
 Server = ServerProcess
 
 
-def start_server(args: list[str], *, timeout: float = 240) -> Server:
-    """``torchtrt-dist serve ARGS --port 0``; returns once it printed its URL."""
+def start_server(
+    args: list[str], *, timeout: float = 240, env: dict[str, str] | None = None
+) -> Server:
+    """``torchtrt-dist serve ARGS --port 0`` (``env``: more environment variables); returns
+    once it printed its URL."""
     try:
-        return Server(args, start_timeout_s=timeout).start()
+        return Server(args, start_timeout_s=timeout, env=env).start()
     except ConfigError as exc:
         pytest.fail(str(exc))
 

@@ -1,4 +1,5 @@
-"""``torchtrt-dist explain`` end to end, as a user runs it (its refusals in this process)."""
+"""``torchtrt-dist explain`` end to end: one run as a user runs it (``python -m``), the others
+through ``main`` in this process (the same code after the interpreter starts)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,22 @@ from torch_tensorrt_dist.cli import main
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m torch_tensorrt_dist ARGS``, as a user runs it."""
     return subprocess.run(
         [sys.executable, "-m", "torch_tensorrt_dist", *args],
         capture_output=True,
         text=True,
         timeout=240,
     )
+
+
+def _explain(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """``main(["explain", *ARGS])`` in this process (no interpreter start): its stdout."""
+    capsys.readouterr()
+    code = main(["explain", *args])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
 
 
 def test_rank_5_of_8_with_tp_4_uses_ranks_4_to_7() -> None:
@@ -28,9 +39,9 @@ def test_rank_5_of_8_with_tp_4_uses_ranks_4_to_7() -> None:
     assert "all_reduce  [4, 5, 6, 7]" in proc.stdout
 
 
-def test_json_report_on_a_2d_mesh() -> None:
-    proc = _run(
-        "explain",
+def test_json_report_on_a_2d_mesh(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _explain(
+        capsys,
         "--model",
         "mlp-sp",
         "--world-size",
@@ -43,8 +54,7 @@ def test_json_report_on_a_2d_mesh() -> None:
         "bfloat16",
         "--json",
     )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    report = json.loads(out)
     assert report["graph_count"] == 1 and report["graph_breaks"] == []
     assert [c["op"] for c in report["collectives"]] == ["all_gather", "reduce_scatter"]
     assert all(c["group_ranks"] == [2, 3] for c in report["collectives"])
@@ -68,9 +78,11 @@ def test_bad_layouts_are_clear_errors(
     assert message in err and "Traceback" not in err
 
 
-def test_llama_decode_step_has_two_all_reduces_per_layer() -> None:
-    proc = _run(
-        "explain",
+def test_llama_decode_step_has_two_all_reduces_per_layer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = _explain(
+        capsys,
         "--model",
         "llama",
         "--layers",
@@ -83,8 +95,7 @@ def test_llama_decode_step_has_two_all_reduces_per_layer() -> None:
         "6",
         "--json",
     )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    report = json.loads(out)
     assert report["graph_count"] == 1 and report["graph_breaks"] == []
     ops = [(c["op"], c["module"].split(".")[0]) for c in report["collectives"]]
     # the vocab-parallel embedding, 2 per layer, the vocab-parallel head
@@ -101,9 +112,7 @@ def test_llama_decode_step_has_two_all_reduces_per_layer() -> None:
 
 
 def test_llama_prefill_graph_writes_its_row_in_place(capsys: pytest.CaptureFixture[str]) -> None:
-    """``--graph prefill``: the serving prefill of one bucket into one row (in one process)."""
-    from torch_tensorrt_dist.cli import main
-
+    """``--graph prefill``: the serving prefill of one bucket into one row."""
     args = [
         "explain",
         "--model",
@@ -127,9 +136,11 @@ def test_llama_prefill_graph_writes_its_row_in_place(capsys: pytest.CaptureFixtu
     assert report["collectives"][0]["shape"] == [1, 16, 32]  # the embedding's all_reduce
 
 
-def test_llama_replicated_embedding_and_head_have_only_the_layers_all_reduces() -> None:
-    proc = _run(
-        "explain",
+def test_llama_replicated_embedding_and_head_have_only_the_layers_all_reduces(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = _explain(
+        capsys,
         "--model",
         "llama",
         "--layers",
@@ -142,8 +153,7 @@ def test_llama_replicated_embedding_and_head_have_only_the_layers_all_reduces() 
         "replicated",
         "--json",
     )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    report = json.loads(out)
     assert [c["module"] for c in report["collectives"]] == [
         "layers.0.attention",
         "layers.0.feed_forward",
@@ -152,9 +162,11 @@ def test_llama_replicated_embedding_and_head_have_only_the_layers_all_reduces() 
     ]
 
 
-def test_pipeline_explain_shows_stage_collectives_and_transfers() -> None:
-    proc = _run(
-        "explain",
+def test_pipeline_explain_shows_stage_collectives_and_transfers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = _explain(
+        capsys,
         "--model",
         "llama",
         "--layers",
@@ -168,8 +180,6 @@ def test_pipeline_explain_shows_stage_collectives_and_transfers() -> None:
         "--rank",
         "2",
     )
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
     assert "pipeline stage 0 of 2 (rank 2, tp rank 2 of group [0, 1, 2, 3])" in out
     # 2 layers x 2 + the vocab-parallel embedding, on the stage's TP group
     assert out.count("all_reduce  [0, 1, 2, 3]") == 5
@@ -178,9 +188,11 @@ def test_pipeline_explain_shows_stage_collectives_and_transfers() -> None:
     assert "recv     6  logits" in out  # the last stage's logits, broadcast back
 
 
-def test_llama_with_torch_nccl_selected_names_it_for_every_collective() -> None:
-    proc = _run(
-        "explain",
+def test_llama_with_torch_nccl_selected_names_it_for_every_collective(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = _explain(
+        capsys,
         "--model",
         "llama",
         "--world-size",
@@ -194,11 +206,10 @@ def test_llama_with_torch_nccl_selected_names_it_for_every_collective() -> None:
         "--collective-impl",
         "torch_nccl",
     )
-    assert proc.returncode == 0, proc.stderr
-    rows = [line for line in proc.stdout.splitlines() if "[4, 5, 6, 7]" in line]
+    rows = [line for line in out.splitlines() if "[4, 5, 6, 7]" in line]
     assert len(rows) == 4  # embedding, attention, feed-forward, head gather
     assert all("torch_nccl" in row for row in rows)
-    summary = proc.stdout.strip().splitlines()[-1]
+    summary = out.strip().splitlines()[-1]
     assert summary.startswith("TensorRT collectives (collective_impl=torch_nccl): torch_nccl")
     assert "layers for 4 of 4 collectives" in summary
 

@@ -24,7 +24,7 @@ import hmac
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -46,6 +46,9 @@ from torch_tensorrt_dist.serving.protocol import RequestError
 from torch_tensorrt_dist.serving.request_body import ClientGone, read_json
 from torch_tensorrt_dist.serving.responses import RETRY_AFTER, UnhandledErrors, error_response
 from torch_tensorrt_dist.serving.schema import Params, parse_request
+
+if TYPE_CHECKING:
+    from torch_tensorrt_dist.serving.frontend import ChildInbox
 
 __all__ = ["CLIENT_GONE", "ServedModel", "create_app"]
 
@@ -75,9 +78,9 @@ class _Handler:
     def __init__(
         self,
         model: ServedModel,
-        inbox: Inbox,
+        inbox: Inbox | ChildInbox,
         state: ServerState,
-        metrics: Metrics,
+        metrics: Metrics | ChildInbox,
         api_key: str | None,
     ) -> None:
         self.model, self.inbox, self.state, self.metrics = model, inbox, state, metrics
@@ -185,13 +188,14 @@ class _Handler:
 
 def create_app(
     model: ServedModel,
-    inbox: Inbox,
+    inbox: Inbox | ChildInbox,
     state: ServerState,
-    metrics: Metrics,
+    metrics: Metrics | ChildInbox,
     *,
     api_key: str | None = None,
 ) -> FastAPI:
-    """The FastAPI application of one server (rank 0)."""
+    """The FastAPI application of one server (rank 0's HTTP thread, or its HTTP process: there
+    ``inbox`` and ``metrics`` are the child's stand-ins, ``frontend.ChildInbox``)."""
     app = FastAPI(
         title="torch_tensorrt_dist",
         docs_url=None,
@@ -258,7 +262,6 @@ def create_app(
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        metrics.queue_depth.set(inbox.waiting)
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+        return Response(await metrics.scrape(inbox.waiting), media_type=CONTENT_TYPE)
 
     return app

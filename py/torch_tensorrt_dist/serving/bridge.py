@@ -1,4 +1,5 @@
-"""Between the HTTP thread and the step loop (rank 0): requests in, text out, no tensors.
+"""Between HTTP and the step loop (rank 0): requests in, text out, no tensors. (With HTTP in a
+process of its own, ``frontend.py`` carries these through a pipe.)
 
     inbox = Inbox(max_waiting=64)
     inbox.submit(Submission(...))          # HTTP thread; QueueFull when the queue is full
@@ -21,6 +22,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -221,9 +223,13 @@ class ServerState:
         self.reason = ""
         self.pids: list[int] = []  # every rank's process id, once warm
         self.changed = threading.Event()
+        #: called with this state after each change (the HTTP process is told)
+        self.listeners: list[Callable[[ServerState], None]] = []
 
     def set(self, state: State, reason: str = "") -> None:
         if self.state == "failed" or (state == "ready" and self.state != "warming"):
             return  # failed is final; a drain that began while warming stays a drain
         self.state, self.reason = state, reason
         self.changed.set()
+        for listener in self.listeners:
+            listener(self)

@@ -30,7 +30,7 @@ from torch_tensorrt_dist.serving.connections import (
     quiet_logs,
 )
 
-__all__ = ["HTTP_LOOP_ENV", "HttpThread", "bind_socket", "event_loop"]
+__all__ = ["HTTP_LOOP_ENV", "HttpThread", "bind_socket", "event_loop", "uvicorn_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,24 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def uvicorn_config(app: Any, loop: str, limits: ConnectionLimits | None = None) -> Any:
+    """uvicorn's configuration of our server (a thread of rank 0, or its HTTP process): the
+    guarded h11 protocol, event loop ``loop``, no lifespan, no access log."""
+    import uvicorn
+
+    quiet_logs()
+    return uvicorn.Config(
+        app,
+        http=guarded_protocol(limits or ConnectionLimits(max_connections=connection_cap())),
+        loop=loop,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+        timeout_graceful_shutdown=2,
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
+
+
 class HttpThread:
     """An ASGI app served by uvicorn from a daemon thread, on ``sock`` (bound already)."""
 
@@ -99,19 +117,8 @@ class HttpThread:
         self.sock = sock
         self.host, self.port = sock.getsockname()[:2]
         self.limits = limits or ConnectionLimits(max_connections=connection_cap())
-        quiet_logs()
         self.loop = event_loop()
-        config = uvicorn.Config(
-            app,
-            http=guarded_protocol(self.limits),
-            loop=self.loop,
-            log_level="warning",
-            lifespan="off",
-            access_log=False,
-            timeout_graceful_shutdown=2,
-            timeout_keep_alive=KEEP_ALIVE_S,
-        )
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn.Server(uvicorn_config(app, self.loop, self.limits))
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, name="http", daemon=True
         )

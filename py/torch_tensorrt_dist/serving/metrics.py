@@ -32,11 +32,11 @@ _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 _FAST = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1)
 
 
-def thread_cpu_seconds(native_id: int) -> float | None:
-    """CPU seconds (user + system) thread ``native_id`` of this process has used; None where
-    it has ended or ``/proc`` does not exist (not Linux)."""
+def thread_cpu_seconds(native_id: int, pid: int | None = None) -> float | None:
+    """CPU seconds (user + system) thread ``native_id`` of this process (or of process
+    ``pid``) has used; None where it has ended or ``/proc`` does not exist (not Linux)."""
     try:
-        with open(f"/proc/self/task/{native_id}/stat") as f:
+        with open(f"/proc/{pid or 'self'}/task/{native_id}/stat") as f:
             fields = proc_stat_fields(f.read())
     except OSError:
         return None
@@ -53,13 +53,14 @@ class ThreadCPUMetric:
 
     def __init__(self, prefix: str) -> None:
         self.name = f"{prefix}_thread_cpu_seconds"
-        self._threads: dict[str, int] = {}
+        self._threads: dict[str, tuple[int, int | None]] = {}
         self._lock = threading.Lock()
 
-    def track(self, name: str, native_id: int) -> None:
-        """Report thread ``native_id`` (``threading.get_native_id()``) as ``name``."""
+    def track(self, name: str, native_id: int, *, pid: int | None = None) -> None:
+        """Report thread ``native_id`` (``threading.get_native_id()``) as ``name``; of process
+        ``pid`` (rank 0's HTTP process) where given."""
         with self._lock:
-            self._threads[name] = native_id
+            self._threads[name] = (native_id, pid)
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(
@@ -67,8 +68,8 @@ class ThreadCPUMetric:
         )
         with self._lock:
             threads = list(self._threads.items())
-        for name, tid in threads:
-            seconds = thread_cpu_seconds(tid)
+        for name, (tid, pid) in threads:
+            seconds = thread_cpu_seconds(tid, pid)
             if seconds is not None:
                 family.add_metric([name], seconds)
         yield family
@@ -158,3 +159,9 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    async def scrape(self, waiting: int) -> bytes:
+        """``/metrics``'s body, the wait queue holding ``waiting`` requests (the HTTP process
+        asks rank 0 for it: ``frontend.ChildInbox.scrape``)."""
+        self.queue_depth.set(waiting)
+        return self.render()

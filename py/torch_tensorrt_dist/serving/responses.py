@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from torch_tensorrt_dist.serving.metrics import Metrics
 from torch_tensorrt_dist.serving.protocol import RequestError
+
+if TYPE_CHECKING:
+    from torch_tensorrt_dist.serving.frontend import ChildInbox
 
 __all__ = ["RETRY_AFTER", "UnhandledErrors", "error_response"]
 
@@ -53,7 +56,7 @@ class UnhandledErrors:
     line with its traceback) and answered with a 500 in OpenAI's body. Starlette's own handler
     would answer in text and raise it again, for uvicorn to log a second time."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics | ChildInbox) -> None:
         self.app, self.metrics = app, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -4,7 +4,8 @@
                       control=dist.new_group(backend="gloo"))       # every rank
 
 Rank 0 serves on a socket bound before the model loads (``http.bind_socket``, passed as
-``sock``) and starts the HTTP thread first (``/health`` answers 503 while the graphs compile),
+``sock``) and starts HTTP first: a forked process of its own (``frontend.py``), or a thread
+with ``TORCH_TENSORRT_DIST_HTTP=thread`` (``/health`` answers 503 while the graphs compile),
 then every rank compiles every prefill bucket and the decode graph, measures the control
 channel's latency, and enters the step loop. SIGTERM (or SIGINT) on rank 0 starts a drain: new
 requests get 503, running ones finish (at most ``drain_timeout_s``), then rank 0 tells every
@@ -62,7 +63,9 @@ __all__ = ["DEFAULT_STEP_TIMEOUT_S", "ServeConfig", "ServeResult", "serve_rank",
 
 logger = logging.getLogger(__name__)
 
-#: Rank 0's thread switch interval while serving (Python's default is 5 ms). The step loop
+#: Rank 0's thread switch interval while serving (Python's default is 5 ms; measured with the
+#: HTTP server in a thread of rank 0, as ``TORCH_TENSORRT_DIST_HTTP=thread`` still runs it;
+#: else the pipe's reader thread shares the lock). The step loop
 #: releases the interpreter lock (GIL) inside every kernel (``backend/kernel_gil.py``), matmul
 #: and collective, and the HTTP thread runs then; when the loop comes back while the HTTP
 #: thread holds the lock, it waits until the HTTP thread's interval ends (every other rank
@@ -185,10 +188,12 @@ def _lead(
 ) -> ServeResult:
     from torch_tensorrt_dist.serving.api import ServedModel, create_app
     from torch_tensorrt_dist.serving.bridge import Inbox, ServerState
+    from torch_tensorrt_dist.serving.frontend import HttpProcess, http_mode
     from torch_tensorrt_dist.serving.http import HttpThread, bind_socket
     from torch_tensorrt_dist.serving.limits import request_limits
 
-    state, inbox, metrics = ServerState(), Inbox(config.max_queue), Metrics()
+    state, metrics = ServerState(), Metrics()
+    sock = sock or bind_socket(config.host, config.port)
 
     def check(prompt_len: int, max_new: int) -> None:
         gen.check([[0] * prompt_len], max_new)
@@ -207,11 +212,31 @@ def _lead(
         grammars=loop.core.grammars,
         grammar_error=grammar_error,
     )
-    app = create_app(model, inbox, state, metrics, api_key=config.api_key)
-    http = HttpThread(app, sock or bind_socket(config.host, config.port))
-    http.start()
-    if http.thread.native_id is not None:  # set once the thread has started
-        metrics.threads.track("http", http.thread.native_id)
+
+    def http_lost(reason: str) -> None:
+        """The HTTP process ended unasked (killed): nobody can reach the server; exit 1."""
+        logger.error("the server stops: %s", reason)
+        state.set("failed", reason)
+        end_now(1, RuntimeError(reason))
+
+    http: HttpThread | HttpProcess
+    if http_mode() == "process":  # the HTTP server in a forked child (``frontend.py``)
+        http = HttpProcess(
+            lambda inbox, st: create_app(model, inbox, st, inbox, api_key=config.api_key),
+            sock,
+            state,
+            metrics,
+            max_waiting=config.max_queue,
+            on_lost=http_lost,
+        )
+        inbox: Inbox = http.inbox
+        http.start()
+    else:
+        inbox = Inbox(config.max_queue)
+        http = HttpThread(create_app(model, inbox, state, metrics, api_key=config.api_key), sock)
+        http.start()
+        if http.thread.native_id is not None:  # set once the thread has started
+            metrics.threads.track("http", http.thread.native_id)
     metrics.threads.track("step", threading.get_native_id())  # this thread runs the loop
     signals.on_signal(lambda _: state.set("draining"))
 
@@ -220,7 +245,7 @@ def _lead(
         logger.error("the server stops: %s", reason)
         state.set("failed", reason)
         inbox.fail_live(503, f"the server failed: {reason}")
-        time.sleep(1.0)  # let the HTTP thread send the 503s
+        time.sleep(1.0)  # let HTTP send the 503s
         blame = verdict.rank if verdict is not None and verdict.rank != 0 else None
         end_now(1, StepTimeoutError(reason, failed_rank=blame))
 
@@ -254,7 +279,8 @@ def _lead(
         if state.state == "warming":
             state.set("ready")
             if on_ready is not None:
-                on_ready(http.url, warm, http.loop)  # its URL, warm-up s, event loop
+                where = "own process" if isinstance(http, HttpProcess) else "thread"
+                on_ready(http.url, warm, f"{http.loop}, {where}")  # URL, warm-up s, HTTP
         with _gil_switch(_switch_interval(gen.engine)):
             leader.run()
     except Exception as exc:  # a failed collective (a rank died) or a failed graph
@@ -264,7 +290,7 @@ def _lead(
         state.set("failed", reason)
         leader.fail_all(503, f"a rank of the server failed ({reason})")
         inbox.fail_live(503, f"a rank of the server failed ({reason})")
-        time.sleep(1.0)  # let the HTTP thread send the 503s
+        time.sleep(1.0)  # let HTTP send the 503s
         http.stop()
         return ServeResult(1, f"rank 0: failed: {reason}", signals.first, error)
     finally:

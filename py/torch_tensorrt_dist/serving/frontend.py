@@ -1,0 +1,413 @@
+"""Rank 0's HTTP server in a process of its own (the default on Linux), beside the step loop.
+
+    http = HttpProcess(build_app, sock, state, metrics, max_waiting=64)
+    http.inbox                   # rank 0's inbox: what the child submits (the step loop's)
+    http.start()                 # forks; /health answers (503 "warming") while graphs compile
+    http.url, http.loop          # http://127.0.0.1:PORT, "uvloop"
+    http.stop()                  # the child ends its connections and exits
+
+Why: in one process the HTTP thread and the step loop share the interpreter lock (GIL), and
+the step waited for it about 10 % of the time at one client (7-8 % at eight). Split, rank 0's
+step thread ran 94-98 % of the wall against 88-92 %; output tokens/s over the HTTP thread's,
+one server at a time, 8 alternated pairs (2026-12-06): 1.07x at one client (0.95-1.15), 1.06x
+at eight (1.00-1.19) (docs/performance.md). vLLM's V1 splits the same way.
+``TORCH_TENSORRT_DIST_HTTP=thread`` keeps the HTTP thread in rank 0 (:func:`http_mode`).
+
+The child is forked from rank 0 once the model is loaded, before the warm-up: it inherits the
+tokenizer, the chat template, the grammar engine and the request checks (nothing is loaded
+twice) and runs only the HTTP app, never a tensor operation. Everything between the two goes
+through one pipe, as pickled messages:
+
+- child -> rank 0: submissions (``Submission`` with a :class:`SinkRef` for its sink), cancels,
+  answered requests, counts of the HTTP metrics, scrapes of ``/metrics``;
+- rank 0 -> child: each step's pieces (one message a step: ``bridge.deliver`` groups sinks by
+  their ``loop``, here the :class:`Channel`), admissions (the wait queue's count), state
+  changes (``/health``), the scraped metrics, and stop.
+
+The wait-queue bound (429) is checked in the child, at once. When rank 0 ends without a word
+(killed), the child's end of the pipe closes: every request still open gets a 503 and the
+child exits. When the child ends unasked, rank 0 exits 1 naming it (``on_lost``). The child
+ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group):
+rank 0 drains, then tells it to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import itertools
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection, Pipe
+from typing import Any, cast
+
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.serving.bridge import (
+    Failed,
+    Inbox,
+    Piece,
+    QueueFull,
+    ServerState,
+    Sink,
+    Submission,
+)
+from torch_tensorrt_dist.serving.protocol import RequestError
+
+__all__ = ["HTTP_MODE_ENV", "HttpProcess", "http_mode"]
+
+logger = logging.getLogger(__name__)
+
+HTTP_MODE_ENV = "TORCH_TENSORRT_DIST_HTTP"
+#: seconds the child may take to end its connections once told to stop
+STOP_TIMEOUT_S = 5.0
+#: seconds ``/metrics`` waits for rank 0's reader thread
+SCRAPE_TIMEOUT_S = 10.0
+#: what the child answers when rank 0 has gone
+GONE = "the server failed: its step loop ended"
+
+
+def http_mode(env: Mapping[str, str] | None = None) -> str:
+    """``"process"`` (the default where ``os.fork`` exists) or ``"thread"``
+    (``$TORCH_TENSORRT_DIST_HTTP=thread``: the HTTP server in a thread of rank 0)."""
+    values: Mapping[str, str] = os.environ if env is None else env
+    wanted = values.get(HTTP_MODE_ENV, "").strip().lower()
+    if wanted not in ("", "process", "thread"):
+        raise ConfigError(f"${HTTP_MODE_ENV}={wanted!r}: use process or thread")
+    if wanted == "thread" or not hasattr(os, "fork"):
+        return "thread"
+    return "process"
+
+
+@dataclass(frozen=True)
+class SinkRef:
+    """A sink of the child, by number (what a submission carries through the pipe)."""
+
+    sid: int
+
+
+class Channel:
+    """Rank 0's end of the pipe; also the ``loop`` of every :class:`RemoteSink`, so that
+    ``deliver`` sends a step's pieces in one message."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        try:
+            with self._lock:
+                self.conn.send(message)
+        except OSError:  # the child has ended: nobody is listening any more
+            logger.debug("dropped %s: the HTTP process has ended", message[0])
+
+    def call_soon_threadsafe(self, _fn: Callable[..., Any], batch: list[tuple[Any, Any]]) -> None:
+        self.send(("pieces", [(sink.sid, item) for sink, item in batch]))
+
+
+class RemoteSink:
+    """Rank 0's stand-in for a sink of the child."""
+
+    def __init__(self, sid: int, channel: Channel) -> None:
+        self.sid, self.loop = sid, channel
+
+    def put(self, item: Piece | Failed) -> None:
+        self.loop.send(("pieces", [(self.sid, item)]))
+
+
+class ForwardingInbox(Inbox):
+    """Rank 0's inbox: what the child submits; each admission is told to the child (which
+    counts the wait queue). The bound itself is the child's."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__(max_waiting=1 << 30)
+        self.channel = channel
+
+    def left(self, n: int = 1) -> None:
+        super().left(n)
+        if n:
+            self.channel.send(("left", n))
+
+
+class _Counter:
+    """A child-side counter of rank 0's metrics (``requests`` by status, ``prompt_tokens``)."""
+
+    def __init__(self, send: Callable[[tuple[Any, ...]], bool], name: str, label: str = ""):
+        self.send, self.name, self.label = send, name, label
+
+    def labels(self, label: str) -> _Counter:
+        return _Counter(self.send, self.name, label)
+
+    def inc(self, amount: float = 1) -> None:
+        self.send(("count", self.name, self.label, amount))
+
+
+class ChildInbox:
+    """The child's inbox, metrics and sinks: what the HTTP app uses in place of rank 0's."""
+
+    def __init__(self, conn: Connection, max_waiting: int) -> None:
+        self.conn, self.max_waiting = conn, max_waiting
+        self.waiting = 0
+        self._sinks: dict[int, Sink] = {}
+        self._sink_of: dict[int, int] = {}  # rid -> sid, until answered
+        self._sids = itertools.count()
+        self._scrapes: dict[int, asyncio.Future[bytes]] = {}
+        self.requests = _Counter(self._send, "requests")
+        self.prompt_tokens = _Counter(self._send, "prompt_tokens")
+
+    def _send(self, message: tuple[Any, ...]) -> bool:
+        """Send to rank 0; False where it has gone (its end of the pipe closed: the reader
+        fails what is open)."""
+        try:
+            self.conn.send(message)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    # the Inbox's side
+    def submit(self, *subs: Submission) -> None:
+        if self.waiting + len(subs) > self.max_waiting:
+            raise QueueFull(f"{self.waiting} requests are waiting (--max-queue {self.max_waiting})")
+        self.waiting += len(subs)
+        sid = next(self._sids)
+        self._sinks[sid] = subs[0].sink
+        self._sink_of.update((sub.rid, sid) for sub in subs)
+        ref = cast(Sink, SinkRef(sid))  # the sink stays here; the pipe carries its number
+        if not self._send(("submit", [replace(sub, sink=ref) for sub in subs])):
+            subs[0].sink.queue.put_nowait(Failed(503, GONE))
+
+    def cancel(self, rid: int) -> None:
+        self._send(("cancel", rid))
+
+    def finished(self, rid: int) -> None:
+        sid = self._sink_of.pop(rid, None)
+        if sid is not None and sid not in self._sink_of.values():
+            self._sinks.pop(sid, None)
+        self._send(("finished", rid))
+
+    # the Metrics' side
+    async def scrape(self, waiting: int) -> bytes:
+        """``/metrics``'s body, rendered by rank 0 (which holds every metric)."""
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        key = id(future)
+        self._scrapes[key] = future
+        try:
+            if not self._send(("scrape", key, waiting)):
+                raise RequestError(503, GONE)
+            return await asyncio.wait_for(future, timeout=SCRAPE_TIMEOUT_S)
+        except TimeoutError:
+            raise RequestError(
+                503, f"rank 0 did not render the metrics within {SCRAPE_TIMEOUT_S:g} s"
+            ) from None
+        finally:
+            self._scrapes.pop(key, None)
+
+    # rank 0's messages, on the event loop
+    def received(self, message: tuple[Any, ...], state: ServerState) -> bool:
+        """Apply one message; False when it says stop."""
+        kind = message[0]
+        if kind == "pieces":
+            for sid, item in message[1]:
+                sink = self._sinks.get(sid)
+                if sink is not None:
+                    sink.queue.put_nowait(item)
+        elif kind == "left":
+            self.waiting -= message[1]
+        elif kind == "state":
+            state.state, state.reason, state.pids = message[1], message[2], message[3]
+        elif kind == "scraped":
+            future = self._scrapes.get(message[1])
+            if future is not None and not future.done():
+                future.set_result(message[2])
+        elif kind == "stop":
+            return False
+        return True
+
+    def fail_open(self, status: int, message: str) -> None:
+        for sink in self._sinks.values():
+            sink.queue.put_nowait(Failed(status, message))
+        self._sinks.clear()
+        self._sink_of.clear()
+
+
+class HttpProcess:
+    """The HTTP app served by a forked child of rank 0 (see the module docstring)."""
+
+    def __init__(
+        self,
+        build_app: Callable[[ChildInbox, ServerState], Any],
+        sock: socket.socket,
+        state: ServerState,
+        metrics: Any,
+        *,
+        max_waiting: int,
+        on_lost: Callable[[str], None] | None = None,
+    ) -> None:
+        """``on_lost(reason)``: called (from a thread) when the child ends unasked."""
+        from torch_tensorrt_dist.serving.http import event_loop
+
+        self.sock, self.build_app = sock, build_app
+        self.state, self.metrics = state, metrics
+        self.max_waiting = max_waiting
+        self.host, self.port = sock.getsockname()[:2]
+        self.loop = event_loop()
+        ours, self._theirs = Pipe(duplex=True)
+        self.inbox = ForwardingInbox(Channel(ours))
+        self.pid = 0
+        self.on_lost = on_lost
+        self._stopping = False
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> None:
+        """Fork the child (it serves on ``sock``); read its messages in a thread of rank 0."""
+        # the tokenizer's thread pool does not survive a fork: the child encodes alone
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        ours = self.inbox.channel.conn
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            ours.close()  # else rank 0's end stays open here, and its death is never seen
+            _child(self.build_app, self.sock, self._theirs, self.max_waiting, self.loop)
+        self.pid = pid
+        self._theirs.close()
+        self.metrics.threads.track("http", pid, pid=pid)  # the child's main thread
+        self.state.listeners.append(self._tell_state)
+        self._tell_state(self.state)
+        threading.Thread(target=self._read, name="http-pipe", daemon=True).start()
+
+    def _tell_state(self, state: ServerState) -> None:
+        self.inbox.channel.send(("state", state.state, state.reason, list(state.pids)))
+
+    def _read(self) -> None:
+        conn, channel = self.inbox.channel.conn, self.inbox.channel
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                if not self._stopping and self.on_lost is not None:
+                    self.on_lost(f"the HTTP process (pid {self.pid}) ended")
+                return
+            kind = message[0]
+            if kind == "submit":
+                subs = message[1]
+                sink = cast(Sink, RemoteSink(subs[0].sink.sid, channel))  # deliver: by loop
+                self.inbox.submit(*(replace(sub, sink=sink) for sub in subs))
+            elif kind == "cancel":
+                self.inbox.cancel(message[1])
+            elif kind == "finished":
+                self.inbox.finished(message[1])
+            elif kind == "count":
+                counter = getattr(self.metrics, message[1])
+                (counter.labels(message[2]) if message[2] else counter).inc(message[3])
+            elif kind == "scrape":
+                self.metrics.queue_depth.set(message[2])
+                channel.send(("scraped", message[1], self.metrics.render()))
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Tell the child to end its connections and exit; wait for it (then kill it)."""
+        if not self.pid:
+            return
+        self._stopping = True
+        self.inbox.channel.send(("stop",))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            done, _ = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.02)
+        else:
+            logger.warning("the HTTP process did not stop within %.0f s: killing it", timeout_s)
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        self.pid = 0
+        self.inbox.channel.conn.close()
+        self.sock.close()
+
+
+def _child(
+    build_app: Callable[[ChildInbox, ServerState], Any],
+    sock: socket.socket,
+    conn: Connection,
+    max_waiting: int,
+    loop_name: str,
+) -> None:
+    """The child's whole life: serve until rank 0 says stop or goes away; then ``_exit``."""
+    code = 0
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        signal.set_wakeup_fd(-1)
+        _close_fds_but(sock.fileno(), conn.fileno())
+        gc.freeze()  # rank 0's heap: never scanned here (its pages stay shared)
+        _serve(
+            build_app(inbox := ChildInbox(conn, max_waiting), state := ServerState()),
+            inbox,
+            state,
+            sock,
+            conn,
+            loop_name,
+        )
+    except BaseException:
+        logger.exception("the HTTP process failed")
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _close_fds_but(*keep: int) -> None:
+    """Close what the child inherited (rank 0's gloo sockets, the c10d store, files): a peer
+    must see rank 0's connections close when rank 0 ends, not when this child does."""
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        fd = int(name)
+        if fd > 2 and fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _serve(
+    app: Any,
+    inbox: ChildInbox,
+    state: ServerState,
+    sock: socket.socket,
+    conn: Connection,
+    loop_name: str,
+) -> None:
+    """uvicorn on ``sock``, with rank 0's messages read by the event loop itself."""
+    import uvicorn
+
+    from torch_tensorrt_dist.serving.http import uvicorn_config
+
+    server = uvicorn.Server(uvicorn_config(app, loop_name))
+    loop: asyncio.AbstractEventLoop
+    if loop_name == "uvloop":
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+
+    def on_message() -> None:
+        while conn.poll():
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):  # rank 0 has ended
+                loop.remove_reader(conn.fileno())
+                state.state, state.reason = "failed", "the step loop ended"
+                inbox.fail_open(503, GONE)
+                server.should_exit = True
+                return
+            if not inbox.received(message, state):
+                server.should_exit = True
+
+    loop.add_reader(conn.fileno(), on_message)
+    loop.run_until_complete(server.serve(sockets=[sock]))
