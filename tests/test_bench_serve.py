@@ -199,8 +199,7 @@ def test_report_names_goals_and_judges_them() -> None:
     assert ttft.met is True and "transformers serve 100 ms" in ttft.note
     # C = 8: 0.9 s of 1 s, and 0.016 s over 80 tokens; C = 32 and round 2 have no CPU figures
     threads = figs[
-        "ours, round 1: step thread's share of a core; HTTP thread's CPU per output token, "
-        "C = 1 / 8"
+        "ours, round 1: step thread's share of a core; HTTP's CPU per output token, C = 1 / 8"
     ]
     assert threads.value == "0.90 / 0.90; 100 / 200 us" and threads.met is None
     assert not any(k.startswith("ours, round 2: step thread") for k in figs)

@@ -30,7 +30,8 @@ VLLM_TTFT_P50_S = 0.124
 
 @dataclass(frozen=True)
 class ThreadCPU:
-    """CPU seconds rank 0's step thread and HTTP thread used over one timed round."""
+    """CPU seconds rank 0's step thread and its HTTP server (process, or thread) used over one
+    timed round."""
 
     step_s: float
     http_s: float
@@ -203,7 +204,7 @@ def _default_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
 
 
 def _thread_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
-    """Where our rounds' CPU went: the step thread's share of a core, the HTTP thread's CPU
+    """Where our rounds' CPU went: the step thread's share of a core, the HTTP server's CPU
     per output token (no goal: they say what limits the rate, ``docs/performance.md``)."""
     figs = []
     for i, (runs, cpu) in enumerate(zip(m.ours, m.threads)):
@@ -215,7 +216,7 @@ def _thread_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
         figs.append(
             Figure(
                 SECTION,
-                f"ours, round {i + 1}: step thread's share of a core; HTTP thread's CPU per "
+                f"ours, round {i + 1}: step thread's share of a core; HTTP's CPU per "
                 f"output token, C = {' / '.join(str(c) for c in cs)}",
                 f"{share}; {per_token} us",
                 note="rank 0's threads (/metrics: torchtrt_thread_cpu_seconds_total) over the "
