@@ -74,10 +74,14 @@ def test_the_child_bounds_the_queue_routes_pieces_and_fails_what_is_open() -> No
         ours.recv()
         child.received(("pieces", [(sid, Piece("late", 1))]), state)
         assert sink.queue.empty()  # answered: nothing more reaches it
-        child.fail_open(503, "rank 0 ended")
+        scrape = asyncio.ensure_future(child.scrape(0))
+        await asyncio.sleep(0)
+        assert ours.recv()[:1] == ("scrape",)
+        assert child.received(("stop",), state) is False  # what rank 0 never answered: 503
         failed = other.sink.queue.get_nowait()
         assert isinstance(failed, Failed) and failed.status == 503
-        assert child.received(("stop",), state) is False
+        with pytest.raises(RequestError):
+            await scrape
 
     asyncio.run(body())
 
@@ -117,6 +121,7 @@ def test_rank_0_sends_a_steps_pieces_in_one_message_and_tells_admissions() -> No
     assert theirs.recv() == ("pieces", [(1, failed), (2, failed)])
     theirs.close()
     deliver([(one, Piece("c", 1))])  # type: ignore[list-item]  # the child has gone: dropped
+    channel.close()
 
 
 def test_http_mode_and_state_listeners() -> None:
@@ -151,6 +156,11 @@ def test_the_http_process_gives_the_http_threads_tokens() -> None:
     for mode in ("process", "thread"):
         srv = start_server(_ARGS, env={"TORCH_TENSORRT_DIST_HTTP": mode})
         try:
+            if mode == "process":  # a Ctrl-C reaches the whole group: the child leaves it to
+                [child] = _children(srv.health()["pids"][0])  # rank 0, which drains
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    os.kill(child, sig)
+                time.sleep(0.5)
             r = httpx.post(f"{srv.url}/v1/completions", json=_BODY, timeout=60)
             assert r.status_code == 200, r.text
             texts.append(r.json()["choices"][0]["text"])

@@ -6,29 +6,20 @@
     http.url, http.loop          # http://127.0.0.1:PORT, "uvloop"
     http.stop()                  # the child ends its connections and exits
 
-Why: in one process the HTTP thread and the step loop share the interpreter lock (GIL), and
-the step waited for it about 10 % of the time at one client (7-8 % at eight). Split, rank 0's
-step thread ran 94-98 % of the wall against 88-92 %; output tokens/s over the HTTP thread's,
-one server at a time, 8 alternated pairs (2026-12-06): 1.07x at one client (0.95-1.15), 1.06x
-at eight (1.00-1.19) (docs/performance.md). vLLM's V1 splits the same way.
-``TORCH_TENSORRT_DIST_HTTP=thread`` keeps the HTTP thread in rank 0 (:func:`http_mode`).
+Why: in one process the HTTP thread shared the interpreter lock (GIL) with the step loop,
+which waited for it about 10 % of the time; split, output tokens/s over the HTTP thread's, 8
+alternated pairs (2026-12-06): 1.07x at one client, 1.06x at eight (docs/performance.md).
+vLLM's V1 splits the same way. ``TORCH_TENSORRT_DIST_HTTP=thread`` keeps the HTTP thread.
 
-The child is forked from rank 0 once the model is loaded, before the warm-up: it inherits the
-tokenizer, the chat template, the grammar engine and the request checks (nothing is loaded
-twice) and runs only the HTTP app, never a tensor operation. Everything between the two goes
-through one pipe, as pickled messages:
-
-- child -> rank 0: submissions (``Submission`` with a :class:`SinkRef` for its sink), cancels,
-  answered requests, counts of the HTTP metrics, scrapes of ``/metrics``;
-- rank 0 -> child: each step's pieces (one message a step: ``bridge.deliver`` groups sinks by
-  their ``loop``, here the :class:`Channel`), admissions (the wait queue's count), state
-  changes (``/health``), the scraped metrics, and stop.
-
-The wait-queue bound (429) is checked in the child, at once. When rank 0 ends without a word
-(killed), the child's end of the pipe closes: every request still open gets a 503 and the
-child exits. When the child ends unasked, rank 0 exits 1 naming it (``on_lost``). The child
-ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group):
-rank 0 drains, then tells it to stop.
+The child is forked once the model is loaded, before the warm-up: it inherits the tokenizer,
+chat template, grammar engine and request checks, and never runs a tensor operation. One pipe,
+pickled messages: child -> rank 0 submissions (their sink a :class:`SinkRef`), cancels,
+answered requests, HTTP metric counts, ``/metrics`` scrapes; rank 0 -> child each step's pieces
+in one message (``bridge.deliver`` groups sinks by ``loop``: the :class:`Channel`), admissions
+(the child counts the wait queue: 429 at once), state (``/health``), scraped metrics, stop.
+When rank 0 is killed, the child's pipe closes: every open request gets a 503, the child exits;
+when the child ends unasked, rank 0 exits 1 naming it. The child ignores SIGINT and SIGTERM (a
+Ctrl-C reaches the whole process group): rank 0 drains, then tells it to stop.
 """
 
 from __future__ import annotations
@@ -39,11 +30,12 @@ import gc
 import itertools
 import logging
 import os
+import queue
 import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, Pipe
 from typing import Any, cast
@@ -94,21 +86,39 @@ class SinkRef:
 
 class Channel:
     """Rank 0's end of the pipe; also the ``loop`` of every :class:`RemoteSink`, so that
-    ``deliver`` sends a step's pieces in one message."""
+    ``deliver`` sends a step's pieces in one message.
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self._lock = threading.Lock()
+    :meth:`send` only queues (``queue.SimpleQueue``: it never blocks, and a signal handler may
+    call it while the interrupted thread is inside it); one writer thread does the writes, so
+    neither the step loop nor the reader waits for a child that is slow to read. A ``("state",)``
+    message is sent as the state at the time of the write (the latest wins)."""
+
+    def __init__(self, conn: Connection, state: ServerState | None = None) -> None:
+        self.conn, self.state = conn, state
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write, name="http-pipe-writer", daemon=True)
+        self._writer.start()
 
     def send(self, message: tuple[Any, ...]) -> None:
-        try:
-            with self._lock:
-                self.conn.send(message)
-        except OSError:  # the child has ended: nobody is listening any more
-            logger.debug("dropped %s: the HTTP process has ended", message[0])
+        self._queue.put(message)
 
     def call_soon_threadsafe(self, _fn: Callable[..., Any], batch: list[tuple[Any, Any]]) -> None:
         self.send(("pieces", [(sink.sid, item) for sink, item in batch]))
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Write what is queued (for at most ``timeout_s``), then stop the writer."""
+        self._queue.put(None)
+        self._writer.join(timeout_s)
+
+    def _write(self) -> None:
+        while (message := self._queue.get()) is not None:
+            if message == ("state",) and self.state is not None:
+                st = self.state
+                message = ("state", st.state, st.reason, list(st.pids))
+            try:
+                self.conn.send(message)
+            except (OSError, ValueError):  # the child has ended: nobody is listening any more
+                logger.debug("dropped %s: the HTTP process has ended", message[0])
 
 
 class RemoteSink:
@@ -158,6 +168,7 @@ class ChildInbox:
         self._sink_of: dict[int, int] = {}  # rid -> sid, until answered
         self._sids = itertools.count()
         self._scrapes: dict[int, asyncio.Future[bytes]] = {}
+        self._scrape_ids = itertools.count()
         self.requests = _Counter(self._send, "requests")
         self.prompt_tokens = _Counter(self._send, "prompt_tokens")
 
@@ -195,13 +206,13 @@ class ChildInbox:
     async def scrape(self, waiting: int) -> bytes:
         """``/metrics``'s body, rendered by rank 0 (which holds every metric)."""
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        key = id(future)
+        key = next(self._scrape_ids)
         self._scrapes[key] = future
         try:
             if not self._send(("scrape", key, waiting)):
                 raise RequestError(503, GONE)
             return await asyncio.wait_for(future, timeout=SCRAPE_TIMEOUT_S)
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):
             raise RequestError(
                 503, f"rank 0 did not render the metrics within {SCRAPE_TIMEOUT_S:g} s"
             ) from None
@@ -225,15 +236,21 @@ class ChildInbox:
             future = self._scrapes.get(message[1])
             if future is not None and not future.done():
                 future.set_result(message[2])
-        elif kind == "stop":
+        elif kind == "stop":  # rank 0 has sent every answer it will: the rest get a 503
+            self.fail_open(503, "the server is shutting down; retry elsewhere")
             return False
         return True
 
     def fail_open(self, status: int, message: str) -> None:
+        """Answer every open request (and waiting scrape) with ``status``: rank 0 has gone,
+        or stopped without answering them."""
         for sink in self._sinks.values():
             sink.queue.put_nowait(Failed(status, message))
         self._sinks.clear()
         self._sink_of.clear()
+        for future in self._scrapes.values():
+            if not future.done():
+                future.set_exception(RequestError(status, message))
 
 
 class HttpProcess:
@@ -258,10 +275,11 @@ class HttpProcess:
         self.host, self.port = sock.getsockname()[:2]
         self.loop = event_loop()
         ours, self._theirs = Pipe(duplex=True)
-        self.inbox = ForwardingInbox(Channel(ours))
+        self.inbox = ForwardingInbox(Channel(ours, state))
         self.pid = 0
         self.on_lost = on_lost
         self._stopping = False
+        self._reader: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -280,15 +298,13 @@ class HttpProcess:
         self.pid = pid
         self._theirs.close()
         self.metrics.threads.track("http", pid, pid=pid)  # the child's main thread
-        self.state.listeners.append(self._tell_state)
-        self._tell_state(self.state)
-        threading.Thread(target=self._read, name="http-pipe", daemon=True).start()
-
-    def _tell_state(self, state: ServerState) -> None:
-        self.inbox.channel.send(("state", state.state, state.reason, list(state.pids)))
+        self.state.listeners.append(lambda _: self.inbox.channel.send(("state",)))
+        self.inbox.channel.send(("state",))
+        self._reader = threading.Thread(target=self._read, name="http-pipe", daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
-        conn, channel = self.inbox.channel.conn, self.inbox.channel
+        conn = self.inbox.channel.conn
         while True:
             try:
                 message = conn.recv()
@@ -296,21 +312,27 @@ class HttpProcess:
                 if not self._stopping and self.on_lost is not None:
                     self.on_lost(f"the HTTP process (pid {self.pid}) ended")
                 return
-            kind = message[0]
-            if kind == "submit":
-                subs = message[1]
-                sink = cast(Sink, RemoteSink(subs[0].sink.sid, channel))  # deliver: by loop
-                self.inbox.submit(*(replace(sub, sink=sink) for sub in subs))
-            elif kind == "cancel":
-                self.inbox.cancel(message[1])
-            elif kind == "finished":
-                self.inbox.finished(message[1])
-            elif kind == "count":
-                counter = getattr(self.metrics, message[1])
-                (counter.labels(message[2]) if message[2] else counter).inc(message[3])
-            elif kind == "scrape":
-                self.metrics.queue_depth.set(message[2])
-                channel.send(("scraped", message[1], self.metrics.render()))
+            try:
+                self._handle(message)
+            except Exception:  # a bug: logged; the reader (and the child's sends) go on
+                logger.exception("rank 0 failed to handle the HTTP process's %s", message[0])
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        kind, channel = message[0], self.inbox.channel
+        if kind == "submit":
+            subs = message[1]
+            sink = cast(Sink, RemoteSink(subs[0].sink.sid, channel))  # deliver: by loop
+            self.inbox.submit(*(replace(sub, sink=sink) for sub in subs))
+        elif kind == "cancel":
+            self.inbox.cancel(message[1])
+        elif kind == "finished":
+            self.inbox.finished(message[1])
+        elif kind == "count":
+            counter = getattr(self.metrics, message[1])
+            (counter.labels(message[2]) if message[2] else counter).inc(message[3])
+        elif kind == "scrape":
+            self.metrics.queue_depth.set(message[2])
+            channel.send(("scraped", message[1], self.metrics.render()))
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Tell the child to end its connections and exit; wait for it (then kill it)."""
@@ -329,6 +351,9 @@ class HttpProcess:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
         self.pid = 0
+        self.inbox.channel.close()
+        if self._reader is not None:
+            self._reader.join(1.0)  # it has seen the child's end: the pipe may close
         self.inbox.channel.conn.close()
         self.sock.close()
 
@@ -346,6 +371,7 @@ def _child(
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
         signal.set_wakeup_fd(-1)
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # its thread pool did not survive
         _close_fds_but(sock.fileno(), conn.fileno())
         gc.freeze()  # rank 0's heap: never scanned here (its pages stay shared)
         _serve(
@@ -386,7 +412,14 @@ def _serve(
 
     from torch_tensorrt_dist.serving.http import uvicorn_config
 
-    server = uvicorn.Server(uvicorn_config(app, loop_name))
+    class _Server(uvicorn.Server):
+        """uvicorn without its SIGINT/SIGTERM handlers: rank 0 drains, then says stop."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    server = _Server(uvicorn_config(app, loop_name))
     loop: asyncio.AbstractEventLoop
     if loop_name == "uvloop":
         import uvloop
