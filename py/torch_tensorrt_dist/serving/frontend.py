@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, Pipe
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, cast
 
 from torch_tensorrt_dist.errors import ConfigError
@@ -88,19 +89,20 @@ class Channel:
     """Rank 0's end of the pipe; also the ``loop`` of every :class:`RemoteSink`, so that
     ``deliver`` sends a step's pieces in one message.
 
-    :meth:`send` only queues (``queue.SimpleQueue``: it never blocks, and a signal handler may
-    call it while the interrupted thread is inside it); one writer thread does the writes, so
-    neither the step loop nor the reader waits for a child that is slow to read. A ``("state",)``
-    message is sent as the state at the time of the write (the latest wins)."""
+    :meth:`send` only queues (it never blocks; a signal handler may call it while the thread it
+    interrupted is inside it); one writer thread writes, so no thread waits for a slow child.
+    ``("state",)`` is written as the state at the time of the write (the latest wins)."""
 
     def __init__(self, conn: Connection, state: ServerState | None = None) -> None:
         self.conn, self.state = conn, state
-        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()  # pickled, ("state",), None
         self._writer = threading.Thread(target=self._write, name="http-pipe-writer", daemon=True)
         self._writer.start()
 
     def send(self, message: tuple[Any, ...]) -> None:
-        self._queue.put(message)
+        # pickled here: the writer holds the GIL only around its write (the step loop lost its
+        # gain over the HTTP thread when the writer pickled each step's pieces)
+        self._queue.put(message if message == ("state",) else ForkingPickler.dumps(message))
 
     def call_soon_threadsafe(self, _fn: Callable[..., Any], batch: list[tuple[Any, Any]]) -> None:
         self.send(("pieces", [(sink.sid, item) for sink, item in batch]))
@@ -111,14 +113,16 @@ class Channel:
         self._writer.join(timeout_s)
 
     def _write(self) -> None:
-        while (message := self._queue.get()) is not None:
-            if message == ("state",) and self.state is not None:
+        while (item := self._queue.get()) is not None:
+            if isinstance(item, tuple):  # ("state",): the state now
                 st = self.state
-                message = ("state", st.state, st.reason, list(st.pids))
+                if st is None:
+                    continue
+                item = ForkingPickler.dumps(("state", st.state, st.reason, list(st.pids)))
             try:
-                self.conn.send(message)
+                self.conn.send_bytes(item)
             except (OSError, ValueError):  # the child has ended: nobody is listening any more
-                logger.debug("dropped %s: the HTTP process has ended", message[0])
+                logger.debug("dropped a message: the HTTP process has ended")
 
 
 class RemoteSink:
