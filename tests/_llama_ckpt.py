@@ -20,7 +20,8 @@ _COMMON = dict(
     pad_token_id=None,
 )
 
-#: name -> (transformers model type, config overrides). GQA, bias, tied, scaled RoPE, window.
+#: name -> (transformers model type, config overrides). GQA, bias, tied, scaled RoPE, window;
+#: Qwen3's per-head q/k norms with a head_dim (24) that is not hidden_size / heads (16).
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama_gqa": (
         "llama",
@@ -42,6 +43,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         "mistral",
         dict(num_key_value_heads=1, vocab_size=128, sliding_window=6, head_dim=16),
     ),
+    "qwen3_hd24": ("qwen3", dict(num_key_value_heads=2, vocab_size=128, head_dim=24)),
 }
 
 
@@ -50,7 +52,7 @@ def hf_model(name: str, seed: int = 0, **overrides: Any) -> Any:
     import transformers
 
     kind, cfg = CONFIGS[name]
-    cls = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[kind]
+    cls = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3"}[kind]
     config = getattr(transformers, f"{cls}Config")(**{**_COMMON, **cfg, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, f"{cls}ForCausalLM")(config).eval()

@@ -29,6 +29,7 @@ ARGS = ModelArgs(
     vocab_size=96,
     intermediate_size=128,
     max_seq_len=32,
+    qk_norm=True,
 )
 MOE = MoEArgs(
     n_experts=4,
@@ -37,7 +38,6 @@ MOE = MoEArgs(
     shared_expert_size=32,
     sparse_layers=(1,),
     style="qwen3_moe",
-    qk_norm=True,
 )
 
 

@@ -3,9 +3,14 @@ compiled artifacts in ``artifacts/spec.py``): each owns reading its configuratio
 loading a rank's slices and quantizing them (``spec.py`` says what a spec does).
 
     spec = checkpoint_spec(config)          # the family of --model (or the demo / preset)
+
+``NATIVE_MODEL_TYPES`` says which family runs each ``config.json`` ``model_type``; any other
+is refused by name before a weight is read.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.errors import ConfigError
@@ -21,9 +26,11 @@ from torch_tensorrt_dist.families.spec import (
     resolve_model,
 )
 from torch_tensorrt_dist.models.checkpoint_files import load_config_json
-from torch_tensorrt_dist.models.moe_args import is_moe_config
+from torch_tensorrt_dist.models.llama_args import DENSE_MODEL_TYPES
+from torch_tensorrt_dist.models.moe_args import MOE_MODEL_TYPES
 
 __all__ = [
+    "NATIVE_MODEL_TYPES",
     "DenseSpec",
     "MoESpec",
     "ModelPlan",
@@ -33,8 +40,30 @@ __all__ = [
     "build_generator",
     "check_kv_cache",
     "checkpoint_spec",
+    "native_family",
     "resolve_model",
 ]
+
+#: config.json ``model_type`` -> the native family that runs it
+NATIVE_MODEL_TYPES: dict[str, str] = {
+    **dict.fromkeys(DENSE_MODEL_TYPES, "dense"),
+    **dict.fromkeys(MOE_MODEL_TYPES, "moe"),
+}
+
+
+def native_family(cfg: dict[str, Any]) -> str:
+    """The native family ("dense" or "moe") of a ``config.json``; ConfigError naming its
+    ``model_type`` and the ones the native families run otherwise (no weight read)."""
+    kind = cfg.get("model_type", "llama")  # transformers' Llama configs once omitted it
+    family = NATIVE_MODEL_TYPES.get(kind) if isinstance(kind, str) else None
+    if family is None:
+        dense = ", ".join(DENSE_MODEL_TYPES)
+        moe = ", ".join(MOE_MODEL_TYPES)
+        raise ConfigError(
+            f"config.json has model_type={kind!r}, which no native model family runs; they run "
+            f"{dense} (dense) and {moe} (mixture of experts)"
+        )
+    return family
 
 
 def checkpoint_spec(config: RunConfig) -> ModelSpec:
@@ -43,9 +72,12 @@ def checkpoint_spec(config: RunConfig) -> ModelSpec:
     model."""
     path, preset = resolve_model(config.model.model)
     p = config.parallel
-    has_config = path is not None and (path / "config.json").is_file()
     spec: ModelSpec
-    if path is not None and has_config and is_moe_config(load_config_json(path)):
+    if path is not None and (path / "config.json").is_file():
+        family = native_family(load_config_json(path))
+    else:  # a preset (or a folder without config.json: the dense reader says so)
+        family = "dense"
+    if path is not None and family == "moe":
         spec = MoESpec(path)
     elif p.ep != 1:
         raise ConfigError(

@@ -1,4 +1,4 @@
-"""The dense Llama family (Llama 2/3, Mistral, Qwen2): ``config.json`` or a preset, the TP
+"""The dense Llama family (Llama 2/3, Mistral, Qwen2, Qwen3): ``config.json`` or a preset, the TP
 layout of ``parallel/llama.py``, each rank's slices read by ``parallel/llama_load.py`` (only
 its pipeline stage's, when ``families/pipeline.py`` gives the rank one)."""
 

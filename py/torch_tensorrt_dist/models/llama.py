@@ -1,8 +1,10 @@
-"""A compact Llama-family decoder (Llama 2/3, Mistral, Qwen2) with a paged or a static KV cache.
+"""A compact Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) with a paged or a static KV
+cache.
 
 RMSNorm, RoPE in Hugging Face's ``rotate_half`` layout (so HF q/k weights load without a
 permutation; Llama-3 frequency scaling included), grouped-query attention, SwiGLU MLP, optional
-q/k/v bias, tied or untied embeddings. Tensor parallelism (``parallel/llama.py``) shards the
+q/k/v bias, Qwen3's per-head q/k RMSNorm before RoPE (``QKNormLinear``), tied or untied
+embeddings. Tensor parallelism (``parallel/llama.py``) shards the
 linears by hand and sets the per-rank head counts and the TP group on the modules; the forward
 then issues exactly two all-reduces per layer (attention output, MLP down projection); outside the
 layers, a vocabulary-parallel embedding adds one all-reduce of the embedded tokens and a
@@ -54,6 +56,7 @@ __all__ = [
     "FeedForward",
     "KVCache",
     "ModelArgs",
+    "QKNormLinear",
     "RMSNorm",
     "RopeScaling",
     "Transformer",
@@ -82,6 +85,32 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
+
+
+class QKNormLinear(nn.Linear):
+    """A q or k projection followed by RMSNorm over each head's ``head_dim`` values (Qwen3).
+
+    A ``nn.Linear`` subclass, so the tensor-parallel plan slices its weight rows (whole heads)
+    as it slices ``wq``/``wk``; the norm's weight is per head dim and stays replicated.
+    """
+
+    def __init__(self, dim: int, out: int, head_dim: int, bias: bool, eps: float) -> None:
+        super().__init__(dim, out, bias=bias)
+        self.head_dim = head_dim
+        self.norm = RMSNorm(head_dim, eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = super().forward(x)  # [..., H * D]
+        return self.norm(y.unflatten(-1, (-1, self.head_dim))).flatten(-2)
+
+
+def _qk_linear(args: ModelArgs, heads: int) -> nn.Linear:
+    """The q (``heads``: n_heads) or k (n_kv_heads) projection, normed per head where
+    ``args.qk_norm``."""
+    d = args.head_dim
+    if args.qk_norm:
+        return QKNormLinear(args.dim, heads * d, d, args.qkv_bias, args.norm_eps)
+    return nn.Linear(args.dim, heads * d, bias=args.qkv_bias)
 
 
 class KVCache(nn.Module):
@@ -130,8 +159,8 @@ class Attention(nn.Module):
         super().__init__()
         d = args.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, d
-        self.wq = nn.Linear(args.dim, args.n_heads * d, bias=args.qkv_bias)
-        self.wk = nn.Linear(args.dim, args.n_kv_heads * d, bias=args.qkv_bias)
+        self.wq = _qk_linear(args, args.n_heads)
+        self.wk = _qk_linear(args, args.n_kv_heads)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * d, bias=args.qkv_bias)
         self.wo = nn.Linear(args.n_heads * d, args.dim, bias=False)
         # Added once, after the all-reduce (a row-parallel bias must not be summed tp times).
@@ -262,6 +291,7 @@ class Transformer(nn.Module):
         self.max_seq_len = -1
         self.block_size = -1  # set by setup_paged
         self.paged_version = 0  # raised by each setup_paged
+        self.bytes_read = 0  # checkpoint bytes this rank read (set by the loaders)
         #: the part of the decoder this rank runs (``models/stage.cut_stage``): all of it
         self.stage = StageRole.whole(args.n_layers)
 

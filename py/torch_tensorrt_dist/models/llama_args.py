@@ -1,8 +1,9 @@
 """``ModelArgs``: the hyper-parameters of a Llama-family decoder, named presets, HF configs
 (``read_config``: a checkpoint's ``config.json``).
 
-One dataclass serves Llama 2/3, Mistral and Qwen2 checkpoints: they differ only in a few fields
-(GQA head counts, q/k/v bias, tied embeddings, RoPE scaling, sliding window).
+One dataclass serves Llama 2/3, Mistral, Qwen2 and Qwen3 checkpoints: they differ only in a few
+fields (GQA head counts, q/k/v bias, tied embeddings, RoPE scaling, sliding window, an explicit
+``head_dim``, Qwen3's per-head q/k RMSNorm).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from torch_tensorrt_dist.validation import (
     config_int,
 )
 
-__all__ = ["PRESETS", "ModelArgs", "RopeScaling", "read_config"]
+__all__ = ["DENSE_MODEL_TYPES", "PRESETS", "ModelArgs", "RopeScaling", "read_config"]
 
-_SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+#: the ``model_type`` values of the dense checkpoints ``from_hf_config`` reads
+DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class ModelArgs:
     """Bias on the q/k/v projections (Qwen2; Llama with ``attention_bias``)."""
     o_bias: bool = False
     """Bias on the attention output projection (Llama with ``attention_bias``, not Qwen2)."""
+    qk_norm: bool = False
+    """RMSNorm over each query and key head (its ``head_dim`` values) before RoPE (Qwen3)."""
     tie_embeddings: bool = False
     """The LM head reuses the token embedding matrix."""
     sliding_window: int | None = None
@@ -151,15 +155,15 @@ class ModelArgs:
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], *, max_seq_len: int | None = None) -> ModelArgs:
-        """Translate a Hugging Face ``config.json`` (llama, mistral, qwen2) into ModelArgs.
+        """Translate a Hugging Face ``config.json`` (llama, mistral, qwen2, qwen3) into ModelArgs.
 
         Every field is checked by name (type, range, finite): a missing or null required
         field, a string where a number belongs, NaN or infinity are refused in one line."""
         model_type = cfg.get("model_type", "llama")
-        if model_type not in _SUPPORTED_MODEL_TYPES:
+        if model_type not in DENSE_MODEL_TYPES:
             raise ConfigError(
-                f"config.json has model_type={model_type!r}; supported: "
-                f"{', '.join(_SUPPORTED_MODEL_TYPES)}"
+                f"config.json has model_type={model_type!r}; the dense family reads "
+                f"{', '.join(DENSE_MODEL_TYPES)}"
             )
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
@@ -205,11 +209,12 @@ class ModelArgs:
             )
         window = config_int(cfg, "sliding_window", default=0, low=0)
         use_window = config_bool(cfg, "use_sliding_window", default=False)
-        if model_type == "qwen2" and not use_window:
+        qwen = model_type in ("qwen2", "qwen3")
+        if qwen and not use_window:
             window = 0
-        elif model_type == "qwen2" and window:
+        elif qwen and window:
             raise ConfigError(
-                "Qwen2 per-layer sliding windows (use_sliding_window) are not supported"
+                f"{model_type} per-layer sliding windows (use_sliding_window) are not supported"
             )
         eos = cfg.get("eos_token_id")
         eos_list = eos if isinstance(eos, list) else ([] if eos is None else [eos])
@@ -233,8 +238,9 @@ class ModelArgs:
             rope_theta=theta,
             rope_scaling=scaling,
             max_seq_len=max_seq_len or config_int(cfg, "max_position_embeddings", default=2048),
-            qkv_bias=attention_bias or model_type == "qwen2",
+            qkv_bias=attention_bias or model_type == "qwen2",  # Qwen3: attention_bias alone
             o_bias=attention_bias and model_type != "qwen2",
+            qk_norm=model_type == "qwen3",
             tie_embeddings=config_bool(cfg, "tie_word_embeddings", default=False),
             sliding_window=window or None,
             bos_token_id=None

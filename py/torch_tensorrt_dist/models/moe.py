@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.models.llama import RMSNorm, Transformer
+from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs
 from torch_tensorrt_dist.ops.experts import moe_experts
@@ -41,7 +41,6 @@ from torch_tensorrt_dist.ops.experts import moe_experts
 __all__ = [
     "COMPUTE_MODES",
     "MoETransformer",
-    "QKNormLinear",
     "SharedExpert",
     "SparseMoE",
     "route",
@@ -88,23 +87,6 @@ class SharedExpert(nn.Module):
         # h: [T, D] -> [T, D] (a partial sum when w1/w3/w2 are sharded)
         y = self.w2(F.silu(self.w1(h)) * self.w3(h))
         return torch.sigmoid(self.gate(h)) * y
-
-
-class QKNormLinear(nn.Linear):
-    """A q or k projection followed by RMSNorm over each head's ``head_dim`` values (Qwen3).
-
-    A ``nn.Linear`` subclass, so the tensor-parallel plan slices its weight rows (whole heads)
-    as it slices ``wq``/``wk``; the norm's weight is per head dim and stays replicated.
-    """
-
-    def __init__(self, dim: int, out: int, head_dim: int, bias: bool, eps: float) -> None:
-        super().__init__(dim, out, bias=bias)
-        self.head_dim = head_dim
-        self.norm = RMSNorm(head_dim, eps)
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = super().forward(x)  # [..., H * D]
-        return self.norm(y.unflatten(-1, (-1, self.head_dim))).flatten(-2)
 
 
 class SparseMoE(nn.Module):
@@ -196,17 +178,8 @@ class MoETransformer(Transformer):
     def __init__(self, args: ModelArgs, moe: MoEArgs) -> None:
         super().__init__(args)
         self.moe = moe
-        self.bytes_read = 0  # checkpoint bytes this rank read (set by the MoE loader)
         for i in moe.sparse_layers:
             self.blocks[i].feed_forward = SparseMoE(args, moe)  # type: ignore[assignment]
-        if moe.qk_norm:
-            d = args.head_dim
-            for block in self.blocks:
-                attn = block.attention
-                attn.wq = QKNormLinear(args.dim, args.n_heads * d, d, args.qkv_bias, args.norm_eps)
-                attn.wk = QKNormLinear(
-                    args.dim, args.n_kv_heads * d, d, args.qkv_bias, args.norm_eps
-                )
 
     @property
     def sparse_blocks(self) -> list[SparseMoE]:

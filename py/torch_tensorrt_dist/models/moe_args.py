@@ -3,7 +3,8 @@
 Mixtral, Qwen2-MoE and Qwen3-MoE are Llama-family decoders whose MLP is (in some or all layers)
 a sparse block: a router picks ``top_k`` of ``n_experts`` SwiGLU experts per token. Qwen2-MoE
 adds a shared expert (every token) scaled by ``sigmoid(shared_expert_gate(x))``; Qwen3-MoE
-normalises each query and key head (RMSNorm) before RoPE.
+normalises each query and key head (RMSNorm) before RoPE, as dense Qwen3 does
+(``ModelArgs.qk_norm``).
 
     args, moe = moe_args_from_hf_config(json.load(open("config.json")))
 """
@@ -28,7 +29,7 @@ __all__ = [
 ]
 
 #: HF model_type -> the dense ModelArgs family it shares attention and norms with.
-MOE_MODEL_TYPES = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2"}
+MOE_MODEL_TYPES = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,6 @@ class MoEArgs:
     style: str = "mixtral"
     """Checkpoint naming: ``"mixtral"`` (block_sparse_moe.experts.N.w1), ``"qwen2_moe"`` or
     ``"qwen3_moe"`` (mlp.experts.N.gate_proj)."""
-    qk_norm: bool = False
-    """RMSNorm over each query and key head before RoPE (Qwen3-MoE)."""
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "top_k", "expert_size"):
@@ -118,13 +117,10 @@ def moe_args_from_hf_config(
                 i for i in range(n_layers) if i not in dense_only and (i + 1) % step == 0
             ),
             style=kind,
-            qk_norm=kind == "qwen3_moe",
         )
     args = ModelArgs.from_hf_config(dense, max_seq_len=max_seq_len)
     if kind == "qwen2_moe":  # its config says qkv_bias (default true) instead of attention_bias
         args.qkv_bias = config_bool(cfg, "qkv_bias", default=True)
-    if kind == "qwen3_moe":  # q/k/v and o biases both follow attention_bias (default false)
-        args.qkv_bias = args.o_bias = config_bool(cfg, "attention_bias", default=False)
     return args, moe
 
 

@@ -1,7 +1,7 @@
 """Compare what config.json implies with the checkpoint's safetensors headers, before anything
 is built or allocated.
 
-    check_checkpoint("path/to/ckpt", args)          # Llama / Mistral / Qwen2
+    check_checkpoint("path/to/ckpt", args)          # Llama / Mistral / Qwen2 / Qwen3
     check_checkpoint("path/to/ckpt", args, moe)     # Mixtral / Qwen2-MoE / Qwen3-MoE
 
 Headers are small, so this runs in the launching process before any rank starts and again in
@@ -74,7 +74,7 @@ def _dims(args: ModelArgs, moe: MoEArgs | None = None) -> dict[str, Dim]:
     return out
 
 
-def _attention(args: ModelArgs, x: dict[str, Dim], p: str, qk_norm: bool) -> Table:
+def _attention(args: ModelArgs, x: dict[str, Dim], p: str) -> Table:
     d, q, kv = x["D"], x["Q"], x["KV"]
     out: Table = {
         f"{p}input_layernorm.weight": (d,),
@@ -89,7 +89,7 @@ def _attention(args: ModelArgs, x: dict[str, Dim], p: str, qk_norm: bool) -> Tab
             out[f"{p}self_attn.{proj}_proj.bias"] = (dim,)
     if args.o_bias:
         out[f"{p}self_attn.o_proj.bias"] = (d,)
-    if qk_norm:
+    if args.qk_norm:
         out[f"{p}self_attn.q_norm.weight"] = out[f"{p}self_attn.k_norm.weight"] = (x["HD"],)
     return out
 
@@ -114,7 +114,7 @@ def _llama_table(args: ModelArgs) -> Table:
     out = _outer(args, x)
     for i in range(args.n_layers):
         p = f"model.layers.{i}."
-        out.update(_attention(args, x, p, qk_norm=False))
+        out.update(_attention(args, x, p))
         out.update(_swiglu(f"{p}mlp.", x["D"], x["I"]))
     return out
 
@@ -127,7 +127,7 @@ def _moe_table(args: ModelArgs, moe: MoEArgs, names: Collection[str]) -> Table:
     out = _outer(args, x)
     for i in range(args.n_layers):
         p = f"model.layers.{i}."
-        out.update(_attention(args, x, p, qk_norm=moe.qk_norm))
+        out.update(_attention(args, x, p))
         if i not in sparse:
             out.update(_swiglu(f"{p}mlp.", d, x["I"]))
             continue
@@ -229,7 +229,7 @@ def check_checkpoint(path: str | Path, args: ModelArgs, moe: MoEArgs | None = No
     tensors = checkpoint_tensors(root)
     _check_counts(root, tensors, args, moe)
     table = _llama_table(args) if moe is None else _moe_table(args, moe, tensors.keys())
-    family = "Llama/Mistral/Qwen2" if moe is None else "Mixtral/Qwen2-MoE/Qwen3-MoE"
+    family = "Llama/Mistral/Qwen2/Qwen3" if moe is None else "Mixtral/Qwen2-MoE/Qwen3-MoE"
     missing = [name for name in table if name not in tensors]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

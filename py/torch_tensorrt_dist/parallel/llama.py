@@ -5,6 +5,8 @@ it is given (never the world group), so a compiled decode step holds exactly two
 layer and plain tensors:
 
     q/k/v, gate (w1), up (w3)   column-parallel (output rows split; biases split with them)
+    q/k per-head norms (Qwen3)  replicated: each acts on one head's head_dim values, so every
+                                rank's whole heads use the same weight
     o (wo), down (w2)           row-parallel (input columns split) + all-reduce(sum)
     embedding                   vocabulary-parallel (default) + one all-reduce of [B, S, dim],
                                 or replicated (``embedding="replicated"``: no collective, but
@@ -60,7 +62,8 @@ __all__ = [
 LMHead = Literal["vocab_parallel", "replicated"]
 Embedding = Literal["vocab_parallel", "replicated"]
 
-#: Module-path suffix -> sharding style. Modules not listed (norms) are replicated.
+#: Module-path suffix -> sharding style. Modules not listed (norms, Qwen3's ``wq.norm`` and
+#: ``wk.norm`` inside the q/k projections) are replicated.
 TP_PLAN: dict[str, str] = {
     "tok_embeddings": "vocab_embedding",
     "attention.wq": "colwise_q",
@@ -149,7 +152,7 @@ def tp_layout(
         raise ConfigError(f"embedding={embedding!r}; use 'vocab_parallel' or 'replicated'")
     if args.n_heads % size:
         raise ConfigError(
-            f"n_heads={args.n_heads} is not divisible by tp={size}; use tp in "
+            f"num_attention_heads={args.n_heads} is not divisible by tp={size}; use tp in "
             f"{valid_tp_sizes(args)}"
         )
     if args.n_kv_heads % size and size % args.n_kv_heads:

@@ -1,4 +1,5 @@
-"""Load a Hugging Face Llama/Mistral/Qwen2 checkpoint directory, each rank reading only its slices.
+"""Load a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint directory, each rank reading only its
+slices.
 
     model = load_llama("path/to/ckpt", group=tp_group, dtype=torch.bfloat16)
 
@@ -55,6 +56,7 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
 }
 _LAYER_RE = re.compile(r"layers\.(\d+)\.(.+)\.(weight|bias)$")
+_QK_NORM_RE = re.compile(r"layers\.(\d+)\.attention\.w([qk])\.norm\.weight$")
 
 
 def hf_name(name: str, args: ModelArgs) -> str:
@@ -65,6 +67,8 @@ def hf_name(name: str, args: ModelArgs) -> str:
         return "lm_head.weight"
     if name == "norm.weight":
         return "model.norm.weight"
+    if (qk := _QK_NORM_RE.match(name)) is not None:  # Qwen3's per-head q/k RMSNorm
+        return f"model.layers.{qk.group(1)}.self_attn.{qk.group(2)}_norm.weight"
     if name.endswith("attention.wo_bias"):
         return f"model.{name.removesuffix('attention.wo_bias')}self_attn.o_proj.bias"
     m = _LAYER_RE.match(name)
@@ -98,9 +102,10 @@ def fill_parameters(
     full_shapes: dict[str, tuple[int, ...]],
     *,
     progress: bool = True,
-) -> None:
+) -> int:
     """Fill every parameter of a sharded, materialised ``model`` with this rank's slice of its
-    checkpoint tensor (``full_shapes``: the unsharded shapes, checked against the files)."""
+    checkpoint tensor (``full_shapes``: the unsharded shapes, checked against the files);
+    returns the checkpoint bytes read."""
     names = weight_map(root)
     by_file: dict[Path, list[tuple[str, torch.nn.Parameter, str]]] = {}
     for name, param in model.named_parameters():
@@ -108,11 +113,12 @@ def fill_parameters(
         if key not in names:
             raise CheckpointError(
                 f"{root} lacks tensor {key!r} (for {name}); the checkpoint "
-                "is incomplete or not a Llama/Mistral/Qwen2 model"
+                "is incomplete or not a Llama/Mistral/Qwen2/Qwen3 model"
             )
         by_file.setdefault(names[key], []).append((name, param, key))
     show = progress and (not dist.is_initialized() or dist.get_rank() == 0)
     bar = tqdm(total=sum(map(len, by_file.values())), desc=f"loading {root.name}", disable=not show)
+    total = 0
     with bar, torch.no_grad():
         for file, entries in by_file.items():
             with SafetensorsReader(file) as reader:
@@ -129,6 +135,8 @@ def fill_parameters(
                         sl = None  # a row-parallel bias stays whole (added after the reduce)
                     load_into(param, reader, key, sl)
                     bar.update(1)
+                total += reader.bytes_read
+    return total
 
 
 def load_llama(
@@ -145,7 +153,8 @@ def load_llama(
     stage: StageRole | None = None,
 ) -> Transformer:
     """Build the (sharded) model of checkpoint ``path``, reading only this rank's slices
-    (``stage``: only a pipeline stage's parts, ``models/stage.py``)."""
+    (``stage``: only a pipeline stage's parts, ``models/stage.py``). ``model.bytes_read`` says
+    how many checkpoint bytes this rank read."""
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist")
@@ -162,7 +171,7 @@ def load_llama(
     if stage is not None:
         cut_stage(model, stage)
     model = model.to(dtype).to_empty(device=device)
-    fill_parameters(model, root, args, layout, full_shapes, progress=progress)
+    model.bytes_read = fill_parameters(model, root, args, layout, full_shapes, progress=progress)
     logger.info("loaded %s (tp rank %d of %d, %s)", root, rank, size, dtype)
     return model.requires_grad_(False).eval()
 

@@ -53,7 +53,6 @@ _EXPERT = {
     "qwen3_moe": {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"},
 }
 _BLOCK = {"mixtral": "block_sparse_moe", "qwen2_moe": "mlp", "qwen3_moe": "mlp"}
-_QK_NORM_RE = re.compile(r"layers\.(\d+)\.attention\.w([qk])\.norm\.weight$")
 _SHARED = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _MOE_RE = re.compile(r"layers\.(\d+)\.feed_forward\.(gate\.weight|w1|w2|w3|shared\.(\w+)\.weight)$")
 
@@ -67,10 +66,7 @@ def expert_key(layer: int, expert: int, kind: str, moe: MoEArgs) -> str:
 def moe_hf_name(name: str, args: ModelArgs, moe: MoEArgs) -> str | None:
     """The checkpoint name of a MoE parameter (router, shared expert); None for the stacked
     expert tensors (one checkpoint tensor per expert: :func:`expert_key`); dense parameters
-    map as in ``loader.hf_name``."""
-    qk = _QK_NORM_RE.match(name)
-    if qk is not None:  # Qwen3's per-head q/k RMSNorm
-        return f"model.layers.{qk.group(1)}.self_attn.{qk.group(2)}_norm.weight"
+    map as in ``llama_load.hf_name`` (Qwen3's q/k norms included)."""
     m = _MOE_RE.match(name)
     if m is None:
         return hf_name(name, args)

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torch_tensorrt_dist.lowering.freeze_constants import mark_frozen
-from torch_tensorrt_dist.models.moe import QKNormLinear, SparseMoE, route
+from torch_tensorrt_dist.models.llama import QKNormLinear
+from torch_tensorrt_dist.models.moe import SparseMoE, route
 from torch_tensorrt_dist.quantization.kernels import compute_dtype
 from torch_tensorrt_dist.quantization.modules import (
     WeightOnlyLinear,
