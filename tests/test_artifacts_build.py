@@ -19,14 +19,21 @@ from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.quantization import QuantConfig, quantize_model
 
 
-@pytest.mark.parametrize("quantize", [None, "int8"])
-def test_one_exported_step_runs_every_shape_class_as_eager(quantize: str | None) -> None:
+@pytest.mark.parametrize(
+    ("quantize", "overrides"),
+    [(None, {}), ("int8", {}), (None, {"qk_norm": True, "head_dim": 24})],
+    ids=["fp32", "int8", "qwen3"],
+)
+def test_one_exported_step_runs_every_shape_class_as_eager(
+    quantize: str | None, overrides: dict[str, Any]
+) -> None:
     """torch.export over R in [1, 3], S in [1, 8] traces no 0/1 specialisation: the exported
     step equals eager ``paged_step`` for a prefill of one row and of two, a decode of one row
     and of three, each reading what the calls before it wrote into the pools (int8 weights:
-    the weight-only matmuls take the dynamic rows too)."""
+    the weight-only matmuls take the dynamic rows too; Qwen3's per-head q/k norms with a
+    head_dim that is not dim / heads)."""
     torch.manual_seed(0)
-    model = Transformer(ModelArgs.from_name("tiny")).eval()
+    model = Transformer(ModelArgs.from_name("tiny", **overrides)).eval()
     if quantize is not None:
         quantize_model(model, QuantConfig(quantize), engine="inductor")
     model.setup_paged(13, 4, 32)

@@ -214,7 +214,12 @@ def _meta_llama(args: ModelArgs) -> dict[str, tuple[int, ...]]:
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"tie_embeddings": False, "qkv_bias": True, "o_bias": True}, {"n_kv_heads": 4}],
+    [
+        {},
+        {"tie_embeddings": False, "qkv_bias": True, "o_bias": True},
+        {"n_kv_heads": 4},
+        {"qk_norm": True, "head_dim": 24},  # Qwen3: per-head q/k norms, head_dim != dim / heads
+    ],
 )
 def test_llama_table_equals_the_model(overrides: dict[str, Any]) -> None:
     args = ModelArgs.from_name("tiny", **overrides)

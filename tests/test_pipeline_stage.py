@@ -27,7 +27,7 @@ pytest.importorskip("transformers")
 LIMITS = StepLimits(rows=2, tokens=16, blocks=8, block_size=4)
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "qwen2_tied", "mistral_window"])
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2_tied", "mistral_window", "qwen3_hd24"])
 def test_chained_stages_equal_whole_model(tmp_path: Path, name: str) -> None:
     """A prefill of two rows (different lengths) then a decode step, through the whole model's
     paged step and through each split's stages in turn (hidden states handed on): the same
