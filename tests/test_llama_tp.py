@@ -19,7 +19,7 @@ def test_layout_errors_name_the_fix() -> None:
     msg = r"n_heads=12 is not divisible by tp=5; use tp in \[1, 2, 4, 12\]"
     with pytest.raises(ConfigError, match=msg):
         tp_layout(args, 0, 5)
-    with pytest.raises(ConfigError, match="n_kv_heads=4 and tp=6"):
+    with pytest.raises(ConfigError, match="num_key_value_heads=4 and tp=6"):
         tp_layout(args, 0, 6)
     with pytest.raises(ConfigError, match="intermediate_size=100 is not divisible by tp=8"):
         tp_layout(ModelArgs(dim=64, n_heads=8, n_kv_heads=8, intermediate_size=100), 0, 8)

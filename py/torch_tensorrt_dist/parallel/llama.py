@@ -157,8 +157,9 @@ def tp_layout(
         )
     if args.n_kv_heads % size and size % args.n_kv_heads:
         raise ConfigError(
-            f"n_kv_heads={args.n_kv_heads} and tp={size}: tp must divide the KV head count, or "
-            f"be a multiple of it (KV heads are then replicated); use tp in {valid_tp_sizes(args)}"
+            f"num_key_value_heads={args.n_kv_heads} and tp={size}: tp must divide the KV head "
+            "count, or be a multiple of it (KV heads are then replicated); use tp in "
+            f"{valid_tp_sizes(args)}"
         )
     if args.intermediate_size % size:
         raise ConfigError(
