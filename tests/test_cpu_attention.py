@@ -74,7 +74,9 @@ def _case(
 
 
 @pytest.mark.parametrize(
-    "hq,hkv,d", [(4, 4, 8), (8, 4, 32), (8, 2, 48), (4, 1, 64)], ids=["mha", "gqa2", "gqa4", "mqa"]
+    "hq,hkv,d",
+    [(4, 4, 8), (8, 4, 32), (8, 2, 48), (4, 1, 64), (4, 2, 24)],
+    ids=["mha", "gqa2", "gqa4", "mqa", "qwen3_d24"],
 )
 @pytest.mark.parametrize("window", [None, 5], ids=["full", "window5"])
 def test_the_op_is_the_reference_attention(hq: int, hkv: int, d: int, window: int | None) -> None:
