@@ -61,11 +61,15 @@ __all__ = [
     "Grammars",
     "MaskFiller",
     "Matcher",
+    "allows_other",
     "apply_bitmask_",
+    "id_bits",
     "new_bitmask",
 ]
 
 KINDS = ("json_object", "json_schema", "regex", "choice")
+PROBE_TOKENS = 8
+"""Tokens :meth:`Grammars.check` follows a grammar for before a request is accepted."""
 JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,16}"}
 """llguidance's JSON compile options: whitespace between tokens, bounded (see above)."""
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")
@@ -222,6 +226,8 @@ class Grammars:
         :meth:`from_json` and :meth:`for_bytes`. ``threads``: mask computation threads."""
         llg = _llguidance()
         self.vocab_size, self._tok = vocab_size, tokenizer
+        self.eos_ids: tuple[int, ...] = ()
+        """The end-of-text ids the engine was told (set by the constructors)."""
         self._executor = llg.LLExecutor(num_threads=threads)
 
     @classmethod
@@ -239,7 +245,9 @@ class Grammars:
             tok = llg.LLTokenizer(text, n_vocab=vocab_size, eos_token=list(eos_ids))
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"the grammar engine cannot read the tokenizer: {exc}") from None
-        return cls(tok, vocab_size=vocab_size, threads=threads)
+        out = cls(tok, vocab_size=vocab_size, threads=threads)
+        out.eos_ids = tuple(eos_ids)
+        return out
 
     @classmethod
     def from_file(
@@ -261,7 +269,9 @@ class Grammars:
         tok = llg.LLTokenizer(
             llg.TokenizerWrapper(_ByteVocab(vocab_size, eos_ids[0])), n_vocab=vocab_size
         )
-        return cls(tok, vocab_size=vocab_size, threads=threads)
+        out = cls(tok, vocab_size=vocab_size, threads=threads)
+        out.eos_ids = (eos_ids[0],)
+        return out
 
     @classmethod
     def for_tokenizer(
@@ -273,6 +283,47 @@ class Grammars:
         if path is not None:
             return cls.from_file(path, vocab_size=vocab_size, eos_ids=eos_ids, threads=threads)
         return cls.for_bytes(vocab_size=vocab_size, eos_ids=eos_ids, threads=threads)
+
+    def check(self, spec: GrammarSpec) -> Matcher:
+        """:meth:`compile` ``spec`` and follow it for up to ``PROBE_TOKENS`` tokens, so that
+        what the engine would report at the first steps is a GrammarError now, before the
+        request joins a step: a grammar no text satisfies (its first mask fails: llguidance's
+        ``NoExtensionBias``; it would allow only the end-of-text token, which the grammar
+        does not accept) and the engine's size limits (a schema of 5,000 properties compiles,
+        then fails at its second token: "Current row has 20007 items; max is 2000").
+
+        The probe takes the lowest allowed id that is not an end-of-text id at each step
+        (one path of many: a limit hit only on another path still fails that request when
+        it is reached, with the same reason). Returns the matcher at the start."""
+        matcher = self.compile(spec)
+        probe, what = matcher.fork(), _WHAT[spec.kind]
+        end = torch.zeros(self.vocab_size, dtype=torch.bool)
+        end[[i for i in self.eos_ids if 0 <= i < self.vocab_size]] = True
+        for step in range(PROBE_TOKENS):
+            allowed = probe.allowed()  # the engine fails here when it fails at a step
+            reason = probe.error
+            if reason is not None:
+                if step == 0 and "NoExtensionBias" in reason:
+                    raise GrammarError(
+                        f"{what} allows no text: nothing satisfies it ({reason})", reason=reason
+                    )
+                raise GrammarError(
+                    f"{what} cannot be followed: the grammar engine fails after {step} "
+                    f"token(s) ({reason}); make it smaller or simpler",
+                    reason=reason,
+                )
+            nxt = (allowed & ~end).nonzero()
+            if probe._m.is_stopped() or not nxt.numel():
+                break
+            try:
+                probe.accept(int(nxt[0, 0]))
+            except GrammarError as exc:
+                raise GrammarError(
+                    f"{what} cannot be followed: the grammar engine fails after {step + 1} "
+                    f"token(s) ({exc.reason}); make it smaller or simpler",
+                    reason=exc.reason,
+                ) from None
+        return matcher
 
     def compile(self, spec: GrammarSpec) -> Matcher:
         """A matcher at the start of ``spec``; GrammarError with the engine's reason."""
@@ -339,6 +390,23 @@ class MaskFiller:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def id_bits(ids: Sequence[int], vocab_size: int) -> Tensor:
+    """A bitmask row int32 [ceil(V / 32)] with the bits of ``ids`` set, and those past the
+    vocabulary (the last word's padding)."""
+    words = (vocab_size + 31) // 32
+    bits = torch.zeros(words * 32, dtype=torch.bool)
+    bits[[i for i in ids if 0 <= i < vocab_size]] = True
+    bits[vocab_size:] = True
+    weights = torch.tensor([1 << k for k in range(31)] + [-(1 << 31)], dtype=torch.int64)
+    return (bits.view(words, 32).long() * weights).sum(-1).to(torch.int32)
+
+
+def allows_other(mask_row: Tensor, bits: Tensor) -> bool:
+    """Whether bitmask row ``mask_row`` int32 [W] allows a token outside ``bits``
+    (:func:`id_bits`)."""
+    return bool((mask_row & ~bits).any())
 
 
 def new_bitmask(rows: int, vocab_size: int) -> Tensor:
