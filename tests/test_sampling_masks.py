@@ -6,6 +6,7 @@ by name instead of drawing id 0 or NaN (byte grammars and scripted logits; no mo
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -192,3 +193,32 @@ def test_a_matcher_the_engine_failed_fails_its_row_not_with_the_end_token(
     assert list(failed) == [0] and "NoExtensionBias" in str(failed[0])
     pick = sample_step(_favour(EOS)[None], [state], bitmask, failed)[0]
     assert isinstance(pick, Failure) and pick.stage == "grammar"
+
+
+def test_a_repeated_spec_is_compiled_and_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    grammars = Grammars.for_bytes(vocab_size=V, eos_ids=(EOS,))
+    calls = {"compile": 0, "probe": 0}
+    compile_, probe = Grammars._compile, Grammars._probe
+
+    def counted(name: str, fn: Any) -> Any:
+        def wrapper(self: Grammars, spec: GrammarSpec) -> Any:
+            calls[name] += 1
+            return fn(self, spec)
+
+        return wrapper
+
+    monkeypatch.setattr(Grammars, "_compile", counted("compile", compile_))
+    monkeypatch.setattr(Grammars, "_probe", counted("probe", probe))
+    spec = GrammarSpec.regex("a{1,3}")
+    one, two = grammars.check(spec), grammars.compile(spec)
+    one.accept(A)  # each request its own copy: the other stays at the start
+    assert two.allowed().nonzero().flatten().tolist() == [A] and one.allowed()[EOS]
+    assert calls == {"compile": 1, "probe": 1}
+    for _ in range(2):  # a refusal is raised again, not computed again
+        with pytest.raises(GrammarError, match="allows no text"):
+            grammars.check(GrammarSpec.regex(r"[^\s\S]"))
+    assert calls == {"compile": 2, "probe": 2}
+    for i in range(20):  # the oldest are dropped
+        grammars.compile(GrammarSpec.regex(f"b{{{i + 1}}}"))
+    grammars.compile(spec)
+    assert calls["compile"] == 23

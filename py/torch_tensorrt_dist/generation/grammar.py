@@ -44,11 +44,13 @@ stays possible; a model cannot loop on whitespace).
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -67,7 +69,13 @@ __all__ = [
     "new_bitmask",
 ]
 
+T = TypeVar("T")
 KINDS = ("json_object", "json_schema", "regex", "choice")
+CACHED_GRAMMARS = 16
+"""Specs whose compiled start (or refusal) a :class:`Grammars` keeps: a request that repeats a
+schema takes a copy of its start (0.01-1 ms) instead of compiling it again on the step loop of
+every rank (0.05-0.4 s for 450 properties to 30,000 choices; 3-7 s before the refusal of
+5,000 properties)."""
 PROBE_TOKENS = 8
 """Tokens :meth:`Grammars.check` follows a grammar for before a request is accepted."""
 JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,16}"}
@@ -182,6 +190,28 @@ class _ByteVocab:
         return list(text)
 
 
+class _Recent(Generic[T]):
+    """The last ``size`` values put, by key (least recently used out first; thread-safe: the
+    HTTP layer's worker threads check grammars at once)."""
+
+    def __init__(self, size: int) -> None:
+        self._size, self._items, self._lock = size, OrderedDict[Any, T](), threading.Lock()
+
+    def get(self, key: Any) -> T | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: T) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+
 class Matcher:
     """One request's position in its grammar."""
 
@@ -228,6 +258,8 @@ class Grammars:
         self.vocab_size, self._tok = vocab_size, tokenizer
         self.eos_ids: tuple[int, ...] = ()
         """The end-of-text ids the engine was told (set by the constructors)."""
+        self._compiled: _Recent[Matcher | GrammarError] = _Recent(CACHED_GRAMMARS)
+        self._checked: _Recent[bool | GrammarError] = _Recent(CACHED_GRAMMARS)
         self._executor = llg.LLExecutor(num_threads=threads)
 
     @classmethod
@@ -294,7 +326,21 @@ class Grammars:
 
         The probe takes the lowest allowed id that is not an end-of-text id at each step
         (one path of many: a limit hit only on another path still fails that request when
-        it is reached, with the same reason). Returns the matcher at the start."""
+        it is reached, with the same reason). Returns the matcher at the start. The verdict
+        on one of the last ``CACHED_GRAMMARS`` specs is not computed again."""
+        verdict = self._checked.get(spec)
+        if verdict is None:
+            try:
+                self._probe(spec)
+                verdict = True
+            except GrammarError as exc:
+                verdict = exc
+            self._checked.put(spec, verdict)
+        if isinstance(verdict, GrammarError):
+            raise GrammarError(str(verdict), reason=verdict.reason)
+        return self.compile(spec)
+
+    def _probe(self, spec: GrammarSpec) -> None:
         matcher = self.compile(spec)
         probe, what = matcher.fork(), _WHAT[spec.kind]
         end = torch.zeros(self.vocab_size, dtype=torch.bool)
@@ -323,10 +369,23 @@ class Grammars:
                     f"token(s) ({exc.reason}); make it smaller or simpler",
                     reason=exc.reason,
                 ) from None
-        return matcher
 
     def compile(self, spec: GrammarSpec) -> Matcher:
-        """A matcher at the start of ``spec``; GrammarError with the engine's reason."""
+        """A matcher at the start of ``spec``; GrammarError with the engine's reason. A spec
+        compiled before (one of the last ``CACHED_GRAMMARS``) is not compiled again: its start
+        is copied (:meth:`Matcher.fork`), or its refusal raised again."""
+        found = self._compiled.get(spec)
+        if found is None:
+            try:
+                found = self._compile(spec)
+            except GrammarError as exc:
+                found = exc
+            self._compiled.put(spec, found)
+        if isinstance(found, GrammarError):
+            raise GrammarError(str(found), reason=found.reason)
+        return found.fork()
+
+    def _compile(self, spec: GrammarSpec) -> Matcher:
         llg = _llguidance()
         M = llg.LLMatcher
         try:
