@@ -131,8 +131,7 @@ class Pick:
 @dataclass(frozen=True)
 class Failure:
     """Why a row has no token: the stage (``sampling``, ``processing``, ``grammar``,
-    ``masked``) and the
-    exception (the same on every rank)."""
+    ``masked``) and the exception (the same on every rank)."""
 
     stage: str
     error: Exception
