@@ -81,6 +81,10 @@ def test_the_engines_size_limits_are_refused_when_checked(grammars: Grammars) ->
     with pytest.raises(GrammarError, match=r"fails after 1 token\(s\).*make it smaller") as info:
         grammars.check(big)
     assert "Current row has 2407 items; max is 2000" in info.value.reason
+    # untyped, the lowest first token starts a string ('"'): the probe also follows "{"
+    untyped = GrammarSpec.json_schema({"properties": {f"p{i}": {} for i in range(600)}})
+    with pytest.raises(GrammarError, match="Current row has 2407 items"):
+        grammars.check(untyped)
     start = grammars.check(_props(450))
     assert torch.equal(start.allowed(), grammars.compile(_props(450)).allowed())
     for spec in (GrammarSpec.json_object(), GrammarSpec.regex("()"), GrammarSpec.choice(["x"])):

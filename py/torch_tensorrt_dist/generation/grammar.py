@@ -77,7 +77,10 @@ schema takes a copy of its start (0.01-1 ms) instead of compiling it again on th
 every rank (0.05-0.4 s for 450 properties to 30,000 choices; 3-7 s before the refusal of
 5,000 properties)."""
 PROBE_TOKENS = 8
-"""Tokens :meth:`Grammars.check` follows a grammar for before a request is accepted."""
+"""Tokens :meth:`Grammars.check` follows a grammar for, on each path, before a request is
+accepted."""
+PROBE_PATHS = 8
+"""Paths :meth:`Grammars.check` follows (each from another first token)."""
 JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,16}"}
 """llguidance's JSON compile options: whitespace between tokens, bounded (see above)."""
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")
@@ -190,6 +193,16 @@ class _ByteVocab:
         return list(text)
 
 
+def _fail(what: str, step: int, reason: str | None) -> None:
+    """GrammarError when the engine failed (``reason``) after ``step`` tokens of a probe."""
+    if reason is not None:
+        raise GrammarError(
+            f"{what} cannot be followed: the grammar engine fails after {step} token(s) "
+            f"({reason}); make it smaller or simpler",
+            reason=reason,
+        )
+
+
 class _Recent(Generic[T]):
     """The last ``size`` values put, by key (least recently used out first; thread-safe: the
     HTTP layer's worker threads check grammars at once)."""
@@ -260,6 +273,7 @@ class Grammars:
         """The end-of-text ids the engine was told (set by the constructors)."""
         self._compiled: _Recent[Matcher | GrammarError] = _Recent(CACHED_GRAMMARS)
         self._checked: _Recent[bool | GrammarError] = _Recent(CACHED_GRAMMARS)
+        self._bytes: list[int] | None = None  # one-byte tokens (``_byte_tokens``)
         self._executor = llg.LLExecutor(num_threads=threads)
 
     @classmethod
@@ -317,16 +331,16 @@ class Grammars:
         return cls.for_bytes(vocab_size=vocab_size, eos_ids=eos_ids, threads=threads)
 
     def check(self, spec: GrammarSpec) -> Matcher:
-        """:meth:`compile` ``spec`` and follow it for up to ``PROBE_TOKENS`` tokens, so that
+        """:meth:`compile` ``spec`` and follow it along a few paths of ``PROBE_TOKENS`` tokens
+        (:meth:`_probe`), so that
         what the engine would report at the first steps is a GrammarError now, before the
         request joins a step: a grammar no text satisfies (its first mask fails: llguidance's
         ``NoExtensionBias``; it would allow only the end-of-text token, which the grammar
         does not accept) and the engine's size limits (a schema of 5,000 properties compiles,
         then fails at its second token: "Current row has 20007 items; max is 2000").
 
-        The probe takes the lowest allowed id that is not an end-of-text id at each step
-        (one path of many: a limit hit only on another path still fails that request when
-        it is reached, with the same reason). Returns the matcher at the start. The verdict
+        A few paths of many: a limit hit only on another path still fails that request when
+        it is reached, with the same reason. Returns the matcher at the start. The verdict
         on one of the last ``CACHED_GRAMMARS`` specs is not computed again."""
         verdict = self._checked.get(spec)
         if verdict is None:
@@ -341,34 +355,56 @@ class Grammars:
         return self.compile(spec)
 
     def _probe(self, spec: GrammarSpec) -> None:
-        matcher = self.compile(spec)
-        probe, what = matcher.fork(), _WHAT[spec.kind]
+        """Follow ``spec`` from its first mask along up to ``PROBE_PATHS`` paths: the lowest
+        allowed id, then each allowed one-byte token of another first byte, punctuation first
+        (JSON's ``{``, ``[``, ``"``: the alternatives of an untyped schema start apart), each for
+        up to ``PROBE_TOKENS`` tokens by its lowest allowed id."""
+        start, what = self.compile(spec), _WHAT[spec.kind]
         end = torch.zeros(self.vocab_size, dtype=torch.bool)
         end[[i for i in self.eos_ids if 0 <= i < self.vocab_size]] = True
-        for step in range(PROBE_TOKENS):
-            allowed = probe.allowed()  # the engine fails here when it fails at a step
-            reason = probe.error
-            if reason is not None:
-                if step == 0 and "NoExtensionBias" in reason:
-                    raise GrammarError(
-                        f"{what} allows no text: nothing satisfies it ({reason})", reason=reason
-                    )
-                raise GrammarError(
-                    f"{what} cannot be followed: the grammar engine fails after {step} "
-                    f"token(s) ({reason}); make it smaller or simpler",
-                    reason=reason,
-                )
-            nxt = (allowed & ~end).nonzero()
-            if probe._m.is_stopped() or not nxt.numel():
+        allowed = start.allowed()  # the engine fails here when it fails at a step
+        reason = start.error
+        if reason is not None and "NoExtensionBias" in reason:
+            raise GrammarError(
+                f"{what} allows no text: nothing satisfies it ({reason})", reason=reason
+            )
+        _fail(what, 0, reason)
+        firsts = (allowed & ~end).nonzero().flatten().tolist()[:1]
+        for token in self._byte_tokens():
+            if len(firsts) >= PROBE_PATHS:
                 break
-            try:
-                probe.accept(int(nxt[0, 0]))
-            except GrammarError as exc:
-                raise GrammarError(
-                    f"{what} cannot be followed: the grammar engine fails after {step + 1} "
-                    f"token(s) ({exc.reason}); make it smaller or simpler",
-                    reason=exc.reason,
-                ) from None
+            if allowed[token] and token not in firsts:
+                firsts.append(token)
+        for first in firsts:
+            probe = start.fork()
+            token = first
+            for step in range(1, PROBE_TOKENS + 1):
+                try:
+                    probe.accept(token)
+                except GrammarError as exc:
+                    _fail(what, step, exc.reason)
+                allowed = probe.allowed()
+                _fail(what, step, probe.error)
+                nxt = (allowed & ~end).nonzero()
+                if probe._m.is_stopped() or not nxt.numel():
+                    break
+                token = int(nxt[0, 0])
+
+    def _byte_tokens(self) -> list[int]:
+        """One token id per byte value that a token spells alone, punctuation first
+        (computed once)."""
+        if self._bytes is None:
+            found: dict[bytes, int] = {}
+            for i in range(self.vocab_size):
+                try:
+                    text = self._tok.decode_bytes([i])
+                except (ValueError, RuntimeError, IndexError):  # ids past the tokenizer's
+                    continue
+                if len(text) == 1 and not self._tok.is_special_token(i):
+                    found.setdefault(text, i)
+            # punctuation first (JSON's values start apart there), then digits and letters
+            self._bytes = [found[b] for b in sorted(found, key=lambda b: (b.isalnum(), b))]
+        return self._bytes
 
     def compile(self, spec: GrammarSpec) -> Matcher:
         """A matcher at the start of ``spec``; GrammarError with the engine's reason. A spec
