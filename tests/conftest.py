@@ -72,6 +72,7 @@ SLOW_FIRST = (
     "test_paged_conversion.py",
     "test_serve_hostile.py",
     "test_moe_parallel.py",
+    "test_serve_field_fuzz.py",
 )
 
 

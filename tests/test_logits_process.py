@@ -19,7 +19,7 @@ from torch_tensorrt_dist.generation.logits_process import (
     process,
     process_rows_,
 )
-from torch_tensorrt_dist.generation.sampling import SamplingConfig
+from torch_tensorrt_dist.generation.sampling import REPETITION_RANGE, SamplingConfig
 
 
 def _logits(v: int, seed: int = 0, rows: int | None = None) -> torch.Tensor:
@@ -61,7 +61,11 @@ def test_config_errors_name_the_field() -> None:
     cases = [
         (dict(presence_penalty=3), r"presence_penalty must be a finite number in \[-2, 2\], got 3"),
         (dict(frequency_penalty=float("nan")), r"frequency_penalty must be a finite number"),
-        (dict(repetition_penalty=0), r"repetition_penalty must be a finite number in \(0, 100\]"),
+        (
+            dict(repetition_penalty=0),
+            r"repetition_penalty must be a finite number in \[0.01, 100\]",
+        ),
+        (dict(repetition_penalty=1e-300), r"repetition_penalty must be .* got 1e-300"),
         (
             dict(logit_bias={"7": 101}),
             r"logit_bias\['7'\] must be a finite number in \[-100, 100\]",
@@ -91,6 +95,23 @@ def test_config_checks_against_the_model_and_request() -> None:
         cfg.check_for(vocab_size=100, max_new_tokens=7)
     with pytest.raises(ConfigError, match=r"stop_token_ids holds token ids \[3\]"):
         SamplingConfig(stop_token_ids=[3]).check_for(vocab_size=3)
+    every = SamplingConfig(min_tokens=1, stop_token_ids=[0, 2, 3])
+    every.check_for(vocab_size=4, eos_ids=[])  # id 1 is left to sample
+    with pytest.raises(ConfigError, match=r"min_tokens \(1\) holds back every token: .* all 4 ids"):
+        every.check_for(vocab_size=4, eos_ids=[1])
+    SamplingConfig(stop_token_ids=[0, 1, 2, 3]).check_for(vocab_size=4, eos_ids=[1])  # no min
+    ignored = SamplingConfig(min_tokens=1, stop_token_ids=[0, 2, 3], ignore_eos=True)
+    ignored.check_for(vocab_size=4, eos_ids=[1])  # ignore_eos: eos is not held back
+
+
+def test_repetition_penalty_range_keeps_finite_logits_finite() -> None:
+    """At either end of the range a logit within float32 / 100 stays finite; below the range
+    (1e-300 is 0 in float32) a seen token's logit became inf and the softmax NaN."""
+    x = torch.tensor([3.0e36, -3.0e36, 5.0, -5.0])
+    for p in REPETITION_RANGE:
+        out = _processed(SamplingConfig(repetition_penalty=p), x, [0, 1, 2, 3], [])
+        assert torch.isfinite(out).all(), (p, out)
+    assert torch.isinf(x[:1] / torch.tensor(1e-300, dtype=torch.float32)).all()
 
 
 def test_config_normalises_and_round_trips_through_json() -> None:

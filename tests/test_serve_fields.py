@@ -397,6 +397,30 @@ def test_processed_requests_batched_with_plain_ones_give_their_alone_text(client
         ),
         ("completions", {"prompt": "x", "logit_bias": {"5000": 1}}, "logit_bias", "outside the"),
         ("completions", {"prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens", "exceeds"),
+        # issue 55: what the sampler would see (each used to blame temperature, or answer "")
+        (
+            "completions",
+            {"prompt": "x", "repetition_penalty": 1e-300},
+            "repetition_penalty",
+            r"in \[0.01, 100\], got 1e-300",
+        ),
+        (
+            "completions",
+            {"prompt": "x", "min_tokens": 2, "stop_token_ids": list(range(1024))},
+            "min_tokens",
+            "holds back every token",
+        ),
+        ("completions", {"prompt": "x", "guided_regex": r"[^\s\S]"}, "guided_regex", "no text"),
+        ("chat/completions", {"messages": CHAT, "guided_json": {"$ref": "#"}}, "guided_json", "no"),
+        (
+            "completions",
+            {
+                "prompt": "x",
+                "guided_json": {"type": "object", "properties": {f"p{i}": {} for i in range(600)}},
+            },
+            "guided_json",
+            "max is 2000",
+        ),
     ],
 )
 def test_fields_the_server_cannot_take_are_400s_naming_them(

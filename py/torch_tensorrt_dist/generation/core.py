@@ -76,7 +76,8 @@ class CoreError(TensorRTDistError):
 class RowError:
     """Why one request failed (``Emitted.finish == "error"``): the stage (``join``: its grammar
     did not compile; ``sampling``; ``processing``: its logits settings; ``grammar``: its
-    grammar refused or failed; ``text``) and the exception in one line."""
+    grammar refused or failed; ``masked``: no token was left to draw; ``text``) and the
+    exception in one line."""
 
     stage: str
     message: str

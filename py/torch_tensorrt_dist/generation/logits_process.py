@@ -140,16 +140,25 @@ class RowLogits:
         """Whether :meth:`apply_` changes anything at this step."""
         cfg = self.cfg
         return bool(
-            self._seen is not None
-            or self._out is not None
-            or cfg.logit_bias
-            or (self.n_out < cfg.min_tokens and self._held.numel())
+            self._seen is not None or self._out is not None or cfg.logit_bias or self.holding
         )
 
-    def apply_(self, row: Tensor) -> None:
-        """Apply the settings to one row of float32 logits [V], in place."""
+    @property
+    def holding(self) -> bool:
+        """Whether ``min_tokens`` holds back the end ids at this step."""
+        return bool(self.n_out < self.cfg.min_tokens and self._held.numel())
+
+    @property
+    def held(self) -> Tensor:
+        """The ids ``min_tokens`` holds back (the request's end ids), int64 [H]."""
+        return self._held
+
+    def apply_(self, row: Tensor, *, hold: bool = True) -> None:
+        """Apply the settings to one row of float32 logits [V], in place. ``hold=False``:
+        ``min_tokens`` does not hold back the end ids at this step (a grammar that allows
+        nothing else: its end wins, see :mod:`.sampler`)."""
         cfg = self.cfg
-        if self.n_out < cfg.min_tokens and self._held.numel():
+        if hold and self.holding:
             row.index_fill_(0, self._held, _NEG_INF)
         if cfg.logit_bias:
             row.index_add_(0, self._bias_ids, self._bias)  # ids are distinct: one add each

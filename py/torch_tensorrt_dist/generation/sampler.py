@@ -22,8 +22,8 @@ Two paths, chosen per row:
 Every value here is a function of the row's logits and its own state, never of other rows: a
 request samples the same tokens alone or batched, and on every rank (same logits, same state
 created from the same request, same generator). A row's exception is returned as a
-:class:`Failure` naming the stage (``sampling``, ``processing``, ``grammar``): the core fails
-that request alone.
+:class:`Failure` naming the stage (``sampling``, ``processing``, ``grammar``, ``masked``: no
+token left to draw, :class:`NoTokenLeft`): the core fails that request alone.
 
 The grammar masks depend only on the tokens so far, so they are computed while the graph runs
 (:class:`StepMasks`: llguidance in a worker thread, without the interpreter lock).
@@ -35,14 +35,18 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.grammar import (
+    GrammarError,
     Grammars,
     MaskFiller,
     Matcher,
+    allows_other,
     apply_bitmask_,
+    id_bits,
     new_bitmask,
 )
 from torch_tensorrt_dist.generation.logits_process import (
@@ -54,7 +58,7 @@ from torch_tensorrt_dist.generation.logits_process import (
 from torch_tensorrt_dist.generation.plan import Request
 from torch_tensorrt_dist.generation.sampling import make_generator, sample
 
-__all__ = ["Failure", "Pick", "RowSampling", "StepMasks", "sample_step"]
+__all__ = ["Failure", "NoTokenLeft", "Pick", "RowSampling", "StepMasks", "sample_step"]
 
 #: the logprob JSON shows for a token the model gives no chance (-inf is not JSON): vLLM's
 LOGPROB_FLOOR = -9999.0
@@ -79,11 +83,23 @@ class RowSampling:
         #: the settings' state (penalty counts), built at the first sampling (the logits give
         #: the vocabulary); None where no setting changes the logits
         self.logits: RowLogits | None = None
+        self._held_bits: Tensor | None = None  # the held ids as a bitmask row (``holds``)
         cfg = self.cfg
         self.processed = bool(
             self.matcher is not None or cfg.shapes_logits or cfg.logprobs is not None
         )
         """Whether the row takes the processed path (see the module docstring)."""
+
+    def holds(self, mask_row: Tensor | None) -> bool:
+        """Whether ``min_tokens`` holds back the end ids at this step: only while the grammar
+        (its bitmask row ``mask_row``, None: no grammar) allows some other token. A grammar
+        that allows only its end (or only ``stop_token_ids``) ends the request, as one that
+        is complete does: the grammar's end wins over ``min_tokens``."""
+        if self.logits is None or not self.logits.holding or mask_row is None:
+            return True
+        if self._held_bits is None:
+            self._held_bits = id_bits(self.logits.held.tolist(), self.logits.vocab_size)
+        return allows_other(mask_row, self._held_bits)
 
     def processing(self, vocab_size: int) -> RowLogits | None:
         if self.logits is None and self.cfg.shapes_logits:
@@ -114,8 +130,8 @@ class Pick:
 
 @dataclass(frozen=True)
 class Failure:
-    """Why a row has no token: the stage (``sampling``, ``processing``, ``grammar``) and the
-    exception (the same on every rank)."""
+    """Why a row has no token: the stage (``sampling``, ``processing``, ``grammar``,
+    ``masked``) and the exception (the same on every rank)."""
 
     stage: str
     error: Exception
@@ -163,6 +179,10 @@ class StepMasks:
                     raise
                 except Exception as exc:
                     failed[i] = exc
+        for matcher, i in self.rows:  # the engine fails a row by its state, not by raising
+            reason = matcher.error
+            if reason is not None and i not in failed:
+                failed[i] = GrammarError(f"the grammar engine failed: {reason}", reason=reason)
         return self.bitmask, failed
 
 
@@ -191,6 +211,21 @@ def sample_step(
     return [p for p in out if p is not None]
 
 
+class NoTokenLeft(ConfigError):
+    """Every token of a row was masked (-inf) or its logits were not finite."""
+
+
+def _no_token(state: RowSampling) -> str:
+    cfg, what = state.cfg, []
+    if state.matcher is not None:
+        what.append("the grammar")
+    if state.logits is not None and state.logits.holding:
+        what.append(f"min_tokens ({cfg.min_tokens}) holding back the end ids")
+    if not what:
+        return "the model's logits hold no finite value"
+    return f"no token is left to sample: {' and '.join(what)} masked every token"
+
+
 def _draw(logits: Tensor, state: RowSampling) -> Pick | Failure:
     """Temperature, top-k, top-p and the draw from the row's generator (greedy: argmax)."""
     try:
@@ -217,6 +252,7 @@ def _sample_processed(
     asking = [k for k, i in enumerate(special) if states[i].cfg.logprobs is not None]
     lp = log_probs(x, asking) if asking else None  # raw logprobs: after the mask, before the rest
     tokens: dict[int, int] = {}
+    drawing: list[int] = []
     for k, i in enumerate(special):
         state = states[i]
         if i in mask_failures:
@@ -225,11 +261,20 @@ def _sample_processed(
         try:
             rows = state.processing(vocab)
             if rows is not None and rows.active:
-                rows.apply_(x[k])
+                mask_row = bitmask[i] if state.matcher is not None and bitmask is not None else None
+                rows.apply_(x[k], hold=state.holds(mask_row))
         except MemoryError:
             raise
         except Exception as exc:
             out[i] = Failure("processing", exc)
+            continue
+        drawing.append(k)
+    # a row with no finite logit has no token to draw (argmax would give id 0, the softmax NaN)
+    left = torch.isfinite(x[drawing]).any(dim=-1).tolist() if drawing else []
+    for k, ok in zip(drawing, left):
+        i, state = special[k], states[special[k]]
+        if not ok:
+            out[i] = Failure("masked", NoTokenLeft(_no_token(state)))
             continue
         pick = _draw(x[k : k + 1], state)
         if isinstance(pick, Pick):

@@ -25,6 +25,7 @@ from torch_tensorrt_dist.validation import check_bool, check_float, check_int, c
 
 __all__ = [
     "LOGPROBS_MAX",
+    "REPETITION_RANGE",
     "TEMPERATURE_RANGE",
     "SamplingConfig",
     "check_field",
@@ -41,9 +42,11 @@ LOGPROBS_MAX = 20
 """Most alternatives per token that ``logprobs`` may ask for (OpenAI's ``top_logprobs`` limit)."""
 PENALTY_RANGE = (-2.0, 2.0)
 """OpenAI's range of ``presence_penalty`` and ``frequency_penalty``."""
-REPETITION_MAX = 100.0
-"""Largest ``repetition_penalty`` (vLLM and HF set none; real use is 1 to 2): the bound keeps a
-penalised logit far inside float32, so a row never loses every token to -inf."""
+REPETITION_RANGE = (0.01, 100.0)
+"""``repetition_penalty``'s range (vLLM and HF ask only for > 0; real use is 1 to 2): a penalty p
+multiplies a logit by at most max(p, 1 / p) = 100, which keeps a finite logit finite in float32.
+Below 0.01 a logit divided by p overflows (1e-300 is 0 in float32: every seen token's logit
+became inf, and the sampler's softmax NaN)."""
 BIAS_RANGE = (-100.0, 100.0)
 """OpenAI's range of a ``logit_bias`` value."""
 
@@ -83,7 +86,7 @@ class SamplingConfig:
     """Subtracted from a token's logit once per time the output holds it (OpenAI, in [-2, 2])."""
     repetition_penalty: float = 1.0
     """Divides the positive logits (multiplies the negative ones) of every token in the prompt
-    or the output (vLLM, HF ``generate``); 1 is off, in (0, ``REPETITION_MAX``]."""
+    or the output (vLLM, HF ``generate``); 1 is off, in ``REPETITION_RANGE``."""
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias) pairs added to the logits, sorted by id, each bias in [-100, 100]. A
     mapping (OpenAI's ``{"50256": -100}``, keys as text) is accepted and normalised."""
@@ -123,9 +126,17 @@ class SamplingConfig:
         ids = () if self.ignore_eos else tuple(eos_ids)
         return tuple(dict.fromkeys((*ids, *self.stop_token_ids)))
 
-    def check_for(self, *, vocab_size: int, max_new_tokens: int | None = None) -> None:
-        """What a config alone cannot check: token ids within the model's vocabulary, and
-        ``min_tokens`` within the request's ``max_tokens`` (where given)."""
+    def check_for(
+        self,
+        *,
+        vocab_size: int,
+        max_new_tokens: int | None = None,
+        eos_ids: Iterable[int] | None = None,
+    ) -> None:
+        """What a config alone cannot check: token ids within the model's vocabulary,
+        ``min_tokens`` within the request's ``max_tokens`` (where given), and ``min_tokens``
+        leaving a token to sample (where the model's end-of-text ``eos_ids`` are given: what
+        it holds back, :meth:`end_ids`, must not be the whole vocabulary)."""
         for name, ids in (
             ("logit_bias", [i for i, _ in self.logit_bias]),
             ("stop_token_ids", list(self.stop_token_ids)),
@@ -141,6 +152,15 @@ class SamplingConfig:
                 f"min_tokens ({self.min_tokens}) exceeds max_tokens ({max_new_tokens}); "
                 f"use min_tokens <= {max_new_tokens}"
             )
+        if eos_ids is not None and self.min_tokens:
+            held = {i for i in self.end_ids(eos_ids) if 0 <= i < vocab_size}
+            if len(held) == vocab_size:
+                raise ConfigError(
+                    f"min_tokens ({self.min_tokens}) holds back every token: the end-of-text "
+                    f"ids and stop_token_ids together are all {vocab_size} ids of the "
+                    "vocabulary, so nothing is left to sample; set min_tokens 0 or leave ids "
+                    "out of stop_token_ids"
+                )
 
     def to_json(self) -> dict[str, Any]:
         """The fields as JSON values (``json.dumps`` writes floats so that they read back
@@ -193,7 +213,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "presence_penalty": _penalty("presence_penalty"),
     "frequency_penalty": _penalty("frequency_penalty"),
     "repetition_penalty": lambda v: check_float(
-        v, name="repetition_penalty", low=0.0, high=REPETITION_MAX, low_open=True
+        v, name="repetition_penalty", low=REPETITION_RANGE[0], high=REPETITION_RANGE[1]
     ),
     "logit_bias": lambda v: _logit_bias(v),
     "min_tokens": lambda v: check_int(v, name="min_tokens", low=0),

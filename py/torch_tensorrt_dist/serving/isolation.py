@@ -27,7 +27,9 @@ def row_failure(
 ) -> Failed:
     """The HTTP answer to a request the core failed: its grammar (400, naming the field it
     came from, ``grammar``: ``response_format`` or ``guided_*``), its logits settings (400,
-    naming the first one set), its sampling (400, naming ``top_p`` or ``temperature``), the
+    naming the first one set), every token masked (400, naming the grammar's field or
+    ``min_tokens``; 500 when nothing of the request masks: the model's logits were not finite),
+    its sampling (400, naming ``top_p`` or ``temperature``), the
     text its stop strings are matched on (400, ``stop``), or the text shown (500: the model's
     tokens, not the request, could not be decoded)."""
     if error.stage in ("join", "grammar"):
@@ -40,6 +42,8 @@ def row_failure(
         return Failed(
             400, f"applying the sampling settings failed ({error.message}); change {param}", param
         )
+    if error.stage == "masked":
+        return _masked(error, sampling, grammar)
     if error.stage == "sampling":
         param = "top_p" if sampling.top_p is not None else "temperature"
         return Failed(
@@ -57,6 +61,14 @@ def row_failure(
             "stop",
         )
     return Failed(500, f"decoding the generated tokens to text failed ({error.message})")
+
+
+def _masked(error: RowError, sampling: SamplingConfig, grammar: str | None) -> Failed:
+    """No token was left to draw: what of the request masks, or the model's logits."""
+    param = grammar or ("min_tokens" if sampling.min_tokens else None)
+    if param is None:
+        return Failed(500, f"sampling found no token to draw ({error.message})")
+    return Failed(400, f"sampling found no token to draw ({error.message}); change {param}", param)
 
 
 #: the settings of ``logits_process``, in the order they apply

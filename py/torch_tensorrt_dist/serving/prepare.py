@@ -10,8 +10,10 @@ Templates, the tokenizer and the grammar compiler take time: ``prepare`` runs in
 without a grammar (:func:`inline`: at most ``INLINE_CHARS`` characters of prompt and
 ``INLINE_MESSAGES`` messages, at most about 0.6 ms of template and tokenizer on the loop), which
 the hop to a worker and back would delay more than its work. The grammar is compiled here once
-(its error, the engine's reason, is the client's 400) and again on every rank when the request
-joins (the same spec compiles alike there).
+and followed for its first tokens (``Grammars.check``: a grammar no text satisfies, or one
+beyond the engine's size limits, is the client's 400 with the engine's reason, before any
+step), and compiled again on every rank when the request joins (the same spec compiles alike
+there).
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class ServedModel:
     grammars: Grammars | None = None
     """The grammar engine of structured output (None: not available, ``grammar_error``)."""
     grammar_error: str = "the grammar engine was not built"
+    eos_ids: tuple[int, ...] = ()
+    """The model's end-of-text ids (what ``min_tokens`` holds back besides ``stop_token_ids``)."""
 
 
 def check_counts(req: Params, model: ServedModel) -> None:
@@ -152,7 +156,9 @@ def prepare(req: Params, model: ServedModel) -> Prepared:
         max_new.append(m)
     sampling = req.sampling()
     try:
-        sampling.check_for(vocab_size=model.vocab_size, max_new_tokens=min(max_new))
+        sampling.check_for(
+            vocab_size=model.vocab_size, max_new_tokens=min(max_new), eos_ids=model.eos_ids
+        )
     except ConfigError as exc:  # "logit_bias holds ...", "min_tokens (9) exceeds max_tokens"
         name = str(exc).split(" ", 1)[0]
         raise RequestError(400, str(exc), param=name) from exc
@@ -165,7 +171,9 @@ def prepare(req: Params, model: ServedModel) -> Prepared:
 
 
 def _compile(spec: GrammarSpec, param: str, model: ServedModel) -> None:
-    """A grammar the engine cannot compile is the client's 400, with the engine's reason."""
+    """A grammar the engine cannot compile, that no text satisfies, or that fails within its
+    first tokens (the engine's size limits: ``Grammars.check``) is the client's 400, with the
+    engine's reason, before any step."""
     if model.grammars is None:
         raise RequestError(
             400,
@@ -173,7 +181,7 @@ def _compile(spec: GrammarSpec, param: str, model: ServedModel) -> None:
             param=param,
         )
     try:
-        model.grammars.compile(spec)
+        model.grammars.check(spec)
     except ConfigError as exc:  # GrammarError: the engine's reason
         raise RequestError(400, f"{param}: {exc}", param=param) from exc
 

@@ -211,6 +211,7 @@ def _lead(
         max_queue=config.max_queue,
         grammars=loop.core.grammars,
         grammar_error=grammar_error,
+        eos_ids=stop_ids,
     )
 
     def http_lost(reason: str) -> None:
