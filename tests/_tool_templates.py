@@ -111,3 +111,24 @@ TIME = {
         },
     },
 }
+
+#: the serving tests' checkpoint (tests/test_serve_tools.py): Hermes calls, the tools' names
+#: only (the demo model has 256 positions; its tokenizer spends about a token per character of
+#: JSON), a <think> block opened where chat_template_kwargs ask
+SERVER = """\
+{% if tools %}<|system|>
+Tools:{% for t in tools %} {{ t.function.name }}{% endfor %}
+Call as <tool_call>{"name": ..., "arguments": ...}</tool_call></s>
+{% endif %}
+{% for m in messages %}
+{% if m.role == 'assistant' and m.tool_calls %}<|assistant|>
+{% for tc in m.tool_calls %}<tool_call>{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}</tool_call>{% endfor %}</s>
+{% elif m.role == 'tool' %}<|tool|>
+{{ m.content }}</s>
+{% else %}<|{{ m.role }}|>
+{{ m.content }}</s>
+{% endif %}
+{% endfor %}
+{% if add_generation_prompt %}<|assistant|>
+{% if enable_thinking %}<think>
+{% endif %}{% endif %}"""

@@ -144,12 +144,18 @@ def test_text_without_calls_is_content_whole_and_streamed(family: str, text: str
         (FORMATS["hermes"], '<tool_call>\n{"name": 3, "arguments": {}}\n</tool_call>'),
         (FORMATS["hermes"], '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>'),
         (FORMATS["mistral"], '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}'),
+        (FORMATS["mistral"], '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}, {"name": 3}]'),
         (FORMATS["llama3_json"], '{"name": "f", "parameters": {"a": tru'),
     ],
 )
 def test_calls_that_do_not_parse_are_the_whole_text_as_content(fmt: CallFormat, text: str) -> None:
     parsed = fmt.parse(text)
     assert parsed.content == text and parsed.calls == []
+
+
+def test_a_last_call_cut_short_after_whole_ones_is_left_out() -> None:
+    text = '[{"name": "get_time", "parameters": {"zone": 2}}, {"name": "get_weath'
+    assert [c.name for c in REQUIRED.parse(text).calls] == ["get_time"]
 
 
 def test_the_arguments_stream_as_the_model_writes_them() -> None:
@@ -261,3 +267,46 @@ def test_streamed_pieces_of_random_sizes_join_to_the_whole_parse() -> None:
         assert [json.loads(c["arguments"]) for c in calls] == [
             c["function"]["arguments"] for c in CALLS
         ]
+
+
+# ------------------------------------------------------------------- the tool grammars
+
+
+def _accepts(grammars: Any, tok: Any, spec: Any, text: str) -> bool:
+    from torch_tensorrt_dist.generation.grammar import GrammarError
+
+    matcher = grammars.compile(spec)
+    try:
+        for t in tok.encode(text, add_special_tokens=False):
+            matcher.accept(t)
+    except GrammarError:
+        return False
+    return matcher.is_finished
+
+
+def test_tool_grammars_take_compact_calls_and_start_after_the_reasoning() -> None:
+    from dataclasses import replace
+
+    pytest.importorskip("llguidance")
+    from torch_tensorrt_dist.generation.grammar import Grammars, GrammarSpec
+    from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+    from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+    from torch_tensorrt_dist.serving.tools.forced import named_schema
+
+    tok = load_tokenizer(demo_checkpoint_path(), vocab_size=1024)
+    grammars = Grammars.for_tokenizer(tok, vocab_size=1024, eos_ids=(1,))
+    named = GrammarSpec.json_schema(named_schema(T.WEATHER))
+    required = GrammarSpec.json_schema(required_schema([T.WEATHER, T.TIME], parallel=True))
+    assert _accepts(grammars, tok, named, '{"city": "Oslo", "unit": "c"}')
+    assert not _accepts(grammars, tok, named, '{"city":  "Oslo", "unit": "c"}')  # compact only
+    assert not _accepts(grammars, tok, named, '{"city": "Oslo", "unit": "k"}')
+    calls = '[{"name": "get_time", "parameters": {"zone": 3}}]'
+    assert _accepts(grammars, tok, required, calls)
+    assert not _accepts(
+        grammars, tok, required, '[{"name": "get_time", "parameters": {"zone": 30}}]'
+    )
+    thinking = replace(required, after="</think>")
+    assert GrammarSpec.from_json(json.loads(json.dumps(thinking.to_json()))) == thinking
+    assert _accepts(grammars, tok, thinking, "Hmm, {not json} </thin </think>" + calls)
+    assert not _accepts(grammars, tok, thinking, calls)  # the reasoning must end first
+    assert not _accepts(grammars, tok, thinking, "ok</think>{}")

@@ -112,14 +112,17 @@ class ChatTemplate:
         *,
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        variables: dict[str, Any] | None = None,
     ) -> str:
         """The prompt text of ``messages`` (ConfigError when the template refuses them);
-        ``tools``: OpenAI's tool list, as transformers passes it (None: no tools)."""
+        ``tools``: OpenAI's tool list, as transformers passes it (None: no tools);
+        ``variables``: more template variables (vLLM's ``chat_template_kwargs``)."""
         import jinja2
 
         try:
             return str(
                 self._template.render(
+                    **(variables or {}),
                     messages=messages,
                     tools=tools,
                     documents=None,

@@ -16,7 +16,15 @@ from torch_tensorrt_dist.serving.tools.hermes import HERMES
 from torch_tensorrt_dist.serving.tools.llama3_json import LLAMA3_JSON, PYTHON_TAG
 from torch_tensorrt_dist.serving.tools.mistral import MISTRAL
 
-__all__ = ["FORMATS", "CallFormat", "Parsed", "ToolCall", "format_for_template", "tool_format"]
+__all__ = [
+    "FORMATS",
+    "CallFormat",
+    "Parsed",
+    "ToolCall",
+    "format_for_template",
+    "served_format",
+    "tool_format",
+]
 
 FORMATS: dict[str, CallFormat] = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL)}
 
@@ -42,3 +50,9 @@ def tool_format(name: str) -> CallFormat:
             f"--tool-call-parser {name!r} is not known; choose one of {', '.join(FORMATS)}"
         )
     return FORMATS[name]
+
+
+def served_format(parser: str | None, template: str | None) -> CallFormat | None:
+    """``--tool-call-parser``, else the format the chat template asks for (None: unknown)."""
+    name = parser or format_for_template(template)
+    return tool_format(name) if name is not None else None

@@ -14,8 +14,9 @@ A call is a JSON object with a ``name`` and its arguments (under one of the form
 string value is the text it holds), and a stream sends exactly that text in pieces, as OpenAI
 streams them: a first delta per call with its ``index``, ``id``, ``type`` and ``function.name``
 (arguments ""), then deltas of ``function.arguments`` only; joined, they are the whole
-call's arguments. Text that does not parse as calls is content, whole (as vLLM returns it);
-a stream that has already sent a call's first delta cannot take it back.
+call's arguments. Text that does not parse as calls is content, whole (as vLLM returns it),
+except that a last call cut short (``max_tokens``) after whole ones is left out; a stream that
+has already sent a call's first delta cannot take it back.
 """
 
 from __future__ import annotations
@@ -134,7 +135,9 @@ class CallFormat:
         calls = []
         try:
             spans = objects(region, self.depth)
-            for s, e in spans:
+            for k, (s, e) in enumerate(spans):
+                if e is None and k > 0:  # cut by max_tokens after whole calls: those
+                    break
                 if e is None:
                     raise Malformed("a call is not closed")
                 obj = region[s:e]
