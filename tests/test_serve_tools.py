@@ -284,3 +284,36 @@ def test_bad_tool_fields_are_400s_naming_them_before_any_rank_works(
     err = res.json()["error"]
     assert err["param"] == param and says in err["message"], err
     assert _prompt_tokens(server) == before  # nothing was submitted
+
+
+def test_tokenize_and_detokenize_in_vllms_shapes_as_transformers_tokenizes(
+    server: Server, ckpt: Path
+) -> None:
+    hf = transformers.AutoTokenizer.from_pretrained(ckpt)
+    url = server.url
+    text = "The return statement"
+    res = httpx.post(f"{url}/tokenize", json={"prompt": text, "return_token_strs": True}).json()
+    assert res["tokens"] == hf(text)["input_ids"] and res["count"] == len(res["tokens"])
+    assert res["max_model_len"] == 256 and len(res["token_strs"]) == res["count"]
+    plain = httpx.post(f"{url}/tokenize", json={"prompt": text, "add_special_tokens": False})
+    assert plain.json()["tokens"] == hf(text, add_special_tokens=False)["input_ids"]
+    back = httpx.post(f"{url}/detokenize", json={"model": "demo", "tokens": plain.json()["tokens"]})
+    assert back.json() == {"prompt": text}
+    chat = {"messages": ASK, "tools": TOOLS, "chat_template_kwargs": {"enable_thinking": True}}
+    res = httpx.post(f"{url}/tokenize", json=chat).json()
+    want = hf.apply_chat_template(
+        ASK, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False,
+        enable_thinking=True,
+    )  # fmt: skip
+    assert res["tokens"] == list(want) and res["token_strs"] is None
+    for path, body, param in [
+        ("/detokenize", {"tokens": [5, 1024]}, "tokens"),
+        ("/detokenize", {"tokens": "5"}, "tokens"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"messages": [{"role": "x"}]}, "messages"),
+        ("/tokenize", {"prompt": "a", "return_token_strs": "yes"}, "return_token_strs"),
+    ]:
+        bad = httpx.post(f"{url}{path}", json=body)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+    gone = httpx.post(f"{url}/tokenize", json={"model": "gpt-4", "prompt": "a"})
+    assert gone.status_code == 404 and gone.json()["error"]["param"] == "model"
