@@ -96,11 +96,21 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "guided_grammar": (),
     "allowed_token_ids": (),
     "bad_words": ([],),
+    # issue 56: what would change the answer unseen if ignored
+    "function_call": ("none",),
+    "truncate_prompt_tokens": (),
+    "skip_special_tokens": (True,),
+    "prediction": (),
+    "audio": (),
+    "modalities": (["text"],),
+    "web_search_options": (),
+    "structured_outputs": (),
 }
 _UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
     "echo": (False,),
     "continue_final_message": (False,),
     "add_generation_prompt": (True,),
+    "chat_template": (),
 }
 #: the tool fields a completion cannot take (a chat can: ``ChatRequest``)
 _UNSUPPORTED_COMPLETION: dict[str, tuple[Any, ...]] = {"tools": ([],), "tool_choice": ("none",)}
