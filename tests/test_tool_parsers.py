@@ -310,3 +310,8 @@ def test_tool_grammars_take_compact_calls_and_start_after_the_reasoning() -> Non
     assert _accepts(grammars, tok, thinking, "Hmm, {not json} </thin </think>" + calls)
     assert not _accepts(grammars, tok, thinking, calls)  # the reasoning must end first
     assert not _accepts(grammars, tok, thinking, "ok</think>{}")
+    from torch_tensorrt_dist.bench.grammar_cost import TOOL_PREFIX, TOOL_SCHEMA
+
+    bench = grammars.compile(GrammarSpec.json_schema(TOOL_SCHEMA))  # the bench's timed prefix
+    for t in tok.encode(TOOL_PREFIX, add_special_tokens=False):
+        bench.accept(t)
