@@ -124,15 +124,20 @@ def test_the_default_parser_is_recognised_from_the_template(family: str) -> None
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize(
     "text",
-    ["Paris is sunny today.", "", "a { brace } and [brackets] and <tool_ and [TOOL", "  \n"],
+    [
+        "Paris is sunny today.",
+        "",
+        "a { brace } and [brackets] and <tool_ and [TOOL",
+        "  \n",
+        '{"answer": 42}',  # JSON content: llama3_json reads it as a call that has no name
+        "<tool_call>not json</tool_call> [TOOL_CALLS] {]",
+    ],
 )
 def test_text_without_calls_is_content_whole_and_streamed(family: str, text: str) -> None:
     fmt = FORMATS[family]
     assert fmt.parse(text).content == (text or None) and fmt.parse(text).calls == []
     for sizes in ([1], [4], [100]):
         content, calls = _streamed(fmt, _pieces(text, sizes))
-        if family == "llama3_json" and text.lstrip().startswith("{"):
-            continue
         assert content == text and calls == []
 
 
@@ -315,3 +320,30 @@ def test_tool_grammars_take_compact_calls_and_start_after_the_reasoning() -> Non
     bench = grammars.compile(GrammarSpec.json_schema(TOOL_SCHEMA))  # the bench's timed prefix
     for t in tok.encode(TOOL_PREFIX, add_special_tokens=False):
         bench.accept(t)
+
+
+def test_chat_output_splits_reasoning_then_reads_calls_whole_and_streamed() -> None:
+    from torch_tensorrt_dist.serving.chat_output import ChatOutput, finish_reason
+
+    call_text = '<tool_call>\n{"name": "get_time", "arguments": {"zone": 1}}\n</tool_call>'
+    text = "Paris? Use the tool.</think>\n\n" + call_text
+    out = ChatOutput(FORMATS["hermes"], Reasoning(inside=True))
+    message, called = out.message(text)
+    assert called and finish_reason("stop", called) == "tool_calls"
+    assert finish_reason("length", called) == "length"
+    assert message["reasoning_content"] == "Paris? Use the tool." and message["content"] is None
+    (call,) = message["tool_calls"]
+    assert call["function"] == {"name": "get_time", "arguments": '{"zone": 1}'}
+    for size in (1, 3, 8):
+        stream = out.stream()
+        deltas = [d for i in range(0, len(text), size) for d in stream.feed(text[i : i + size])]
+        deltas += stream.finish()
+        assert stream.called
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == "Paris? Use the tool."
+        assert "".join(d.get("content", "") for d in deltas).strip() == ""
+        args = [
+            d["tool_calls"][0]["function"].get("arguments", "") for d in deltas if "tool_calls" in d
+        ]
+        assert "".join(args) == '{"zone": 1}'
+    plain, called = ChatOutput(None, Reasoning(inside=False)).message("Hello")
+    assert plain == {"role": "assistant", "content": "Hello", "reasoning_content": None}

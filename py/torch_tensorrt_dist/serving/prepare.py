@@ -135,9 +135,9 @@ class Prepared:
 def inline(req: Params) -> bool:
     """Whether ``req`` is prepared on the event loop: no grammar to compile, at most
     ``INLINE_CHARS`` characters of prompts (all messages' content for a chat) and, for a chat,
-    at most ``INLINE_MESSAGES`` messages."""
-    if isinstance(req, ChatRequest) and len(req.messages) > INLINE_MESSAGES:
-        return False
+    at most ``INLINE_MESSAGES`` messages and no tools."""
+    if isinstance(req, ChatRequest) and (len(req.messages) > INLINE_MESSAGES or req.tools):
+        return False  # many messages, or tools (their schemas are rendered too)
     return req.grammar() is None and prompt_chars(req) <= INLINE_CHARS
 
 

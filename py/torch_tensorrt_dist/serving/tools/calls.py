@@ -185,13 +185,13 @@ class CallStream:
         return out
 
     def finish(self) -> list[Delta]:
-        """What was held back, once the text is complete."""
-        _, start = self.fmt.split(self.text)
-        if start is None and len(self.text) > self.sent:
-            rest = self.text[self.sent :]
-            self.sent = len(self.text)
-            return [{"content": rest}]
-        return []
+        """Once the text is complete: what was held back, and, where no call was sent, the
+        text that looked like calls and was not (content, as the whole text's parse has it)."""
+        if self.calls or len(self.text) <= self.sent:
+            return []
+        rest = self.text[self.sent :]
+        self.sent = len(self.text)
+        return [{"content": rest}]
 
     def _calls(self, region: str) -> list[Delta]:
         out: list[Delta] = []
