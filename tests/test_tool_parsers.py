@@ -347,3 +347,15 @@ def test_chat_output_splits_reasoning_then_reads_calls_whole_and_streamed() -> N
         assert "".join(args) == '{"zone": 1}'
     plain, called = ChatOutput(None, Reasoning(inside=False)).message("Hello")
     assert plain == {"role": "assistant", "content": "Hello", "reasoning_content": None}
+
+
+def test_without_parallel_tool_calls_auto_keeps_the_first_call() -> None:
+    from torch_tensorrt_dist.serving.chat_output import ChatOutput
+
+    text = _turn("hermes", "", CALLS)
+    out = ChatOutput(FORMATS["hermes"], parallel=False)
+    message, _ = out.message(text)
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather"]
+    stream = out.stream()
+    deltas = [d for ch in text for d in stream.feed(ch)] + stream.finish()
+    assert {d["tool_calls"][0]["index"] for d in deltas if "tool_calls" in d} == {0}

@@ -48,6 +48,9 @@ class ChatOutput:
     """How calls are read (None: the text is content)."""
     reasoning: Reasoning | None = None
     """How reasoning is split (None: no ``--reasoning-parser``)."""
+    parallel: bool = True
+    """``parallel_tool_calls``: False keeps the first call the model wrote ("auto"; a forced
+    call's grammar allows one only)."""
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:
         """The choice's message, and whether it called a tool."""
@@ -61,7 +64,8 @@ class ChatOutput:
         if not parsed.calls:
             return message, False
         message["content"] = parsed.content
-        message["tool_calls"] = [c.to_openai() for c in parsed.calls]
+        calls = parsed.calls if self.parallel else parsed.calls[:1]
+        message["tool_calls"] = [c.to_openai() for c in calls]
         return message, True
 
     def stream(self) -> ChatStream:
@@ -74,6 +78,7 @@ class ChatStream:
     def __init__(self, out: ChatOutput) -> None:
         self.reasoning: ReasoningStream | None = out.reasoning.stream() if out.reasoning else None
         self.calls: _Stream | None = out.calls.stream() if out.calls else None
+        self.parallel = out.parallel
 
     @property
     def called(self) -> bool:
@@ -82,7 +87,13 @@ class ChatStream:
     def _content(self, text: str) -> list[Delta]:
         if self.calls is None:
             return [{"content": text}]
-        return self.calls.feed(text)
+        return self._one(self.calls.feed(text))
+
+    def _one(self, deltas: list[Delta]) -> list[Delta]:
+        """Without ``parallel_tool_calls``: the first call's deltas only."""
+        if self.parallel:
+            return deltas
+        return [d for d in deltas if "tool_calls" not in d or d["tool_calls"][0]["index"] == 0]
 
     def _split(self, pieces: list[tuple[str, str]]) -> list[Delta]:
         out: list[Delta] = []
@@ -97,4 +108,4 @@ class ChatStream:
 
     def finish(self) -> list[Delta]:
         out = self._split(self.reasoning.finish()) if self.reasoning is not None else []
-        return out + (self.calls.finish() if self.calls is not None else [])
+        return out + (self._one(self.calls.finish()) if self.calls is not None else [])

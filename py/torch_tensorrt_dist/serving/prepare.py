@@ -202,7 +202,7 @@ def _chat_output(req: ChatRequest, model: ServedModel, prompt: str) -> ChatOutpu
     reasoning = Reasoning(prompt_opens_thinking(prompt)) if model.reasoning else None
     if calls is None and reasoning is None:
         return None
-    return ChatOutput(calls, reasoning)
+    return ChatOutput(calls, reasoning, parallel=req.parallel_tool_calls)
 
 
 def _compile(spec: GrammarSpec, param: str, model: ServedModel, req: Params) -> None:
