@@ -95,3 +95,48 @@ def test_completions_refuse_tools_and_chat_takes_history_with_calls() -> None:
     history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
                {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]  # fmt: skip
     assert _chat(messages=history, tools=[T.TIME]).messages[1]["tool_calls"] == [call]
+
+
+def _served(template: str, tool_format: Any = None) -> Any:
+    from torch_tensorrt_dist.generation.grammar import Grammars
+    from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+    from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+    from torch_tensorrt_dist.serving.chat import ChatTemplate
+    from torch_tensorrt_dist.serving.limits import request_limits
+    from torch_tensorrt_dist.serving.prepare import ServedModel
+
+    tok = load_tokenizer(demo_checkpoint_path(), vocab_size=1024)
+    grammars = Grammars.for_tokenizer(tok, vocab_size=1024, eos_ids=(1,))
+    chat = ChatTemplate(template, {"bos_token": "<s>", "eos_token": "</s>"})
+    limits = request_limits(tok, cache_len=256)
+    return ServedModel(
+        "m", tok, chat, 256, 1024, lambda p, m: None, limits, grammars=grammars,
+        tool_format=tool_format, reasoning=True,
+    )  # fmt: skip
+
+
+def test_auto_needs_a_known_format_and_a_template_that_renders_tools() -> None:
+    pytest.importorskip("llguidance")
+    from torch_tensorrt_dist.serving.prepare import prepare
+    from torch_tensorrt_dist.serving.tools import FORMATS
+
+    plain = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    for model, param in [
+        (_served(T.SERVER), "tool_choice"),
+        (_served(plain, FORMATS["hermes"]), "tools"),
+    ]:
+        with pytest.raises(RequestError) as err:
+            prepare(_chat(tools=[T.TIME]), model)
+        assert err.value.param == param, err.value.message
+    # forced calls need neither: the grammar carries the schema
+    ready = prepare(_chat(tools=[T.TIME], tool_choice="required"), _served(plain))
+    assert ready.grammar is not None and ready.grammar.after == ""
+    # a prompt that opens <think>: the grammar starts after </think>
+    ready = prepare(
+        _chat(
+            tools=[T.TIME], tool_choice="required", chat_template_kwargs={"enable_thinking": True}
+        ),
+        _served(T.SERVER),
+    )
+    assert ready.grammar is not None and ready.grammar.after == "</think>"
+    assert ready.output is not None and ready.output.reasoning is not None
