@@ -315,6 +315,14 @@ def test_tool_grammars_take_compact_calls_and_start_after_the_reasoning() -> Non
     assert _accepts(grammars, tok, thinking, "Hmm, {not json} </thin </think>" + calls)
     assert not _accepts(grammars, tok, thinking, calls)  # the reasoning must end first
     assert not _accepts(grammars, tok, thinking, "ok</think>{}")
+    for spec, good, bad in [
+        (GrammarSpec.regex("[0-9]{2}/[a-z]"), "12/x", "1/x"),
+        (GrammarSpec.choice(["yes", 'n"o']), 'n"o', "maybe"),
+        (GrammarSpec.json_object(), '{"a": [1]}', "[1]"),
+    ]:
+        after = replace(spec, after="</think>")
+        assert _accepts(grammars, tok, after, "a/b</think>" + good)
+        assert not _accepts(grammars, tok, after, "a/b</think>" + bad)
     from torch_tensorrt_dist.bench.grammar_cost import TOOL_PREFIX, TOOL_SCHEMA
 
     bench = grammars.compile(GrammarSpec.json_schema(TOOL_SCHEMA))  # the bench's timed prefix
