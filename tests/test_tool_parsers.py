@@ -331,14 +331,15 @@ def test_tool_grammars_take_compact_calls_and_start_after_the_reasoning() -> Non
 
 
 def test_chat_output_splits_reasoning_then_reads_calls_whole_and_streamed() -> None:
-    from torch_tensorrt_dist.serving.chat_output import ChatOutput, finish_reason
+    from torch_tensorrt_dist.serving.chat_output import ChatOutput
 
     call_text = '<tool_call>\n{"name": "get_time", "arguments": {"zone": 1}}\n</tool_call>'
     text = "Paris? Use the tool.</think>\n\n" + call_text
     out = ChatOutput(FORMATS["hermes"], Reasoning(inside=True))
     message, called = out.message(text)
-    assert called and finish_reason("stop", called) == "tool_calls"
-    assert finish_reason("length", called) == "length"
+    assert called and out.finish_reason("stop", called) == "tool_calls"
+    assert out.finish_reason("length", called) == "length"
+    assert ChatOutput(Named("f")).finish_reason("stop", True) == "stop"  # OpenAI's, vLLM's
     assert message["reasoning_content"] == "Paris? Use the tool." and message["content"] is None
     (call,) = message["tool_calls"]
     assert call["function"] == {"name": "get_time", "arguments": '{"zone": 1}'}

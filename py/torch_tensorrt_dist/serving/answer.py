@@ -19,7 +19,7 @@ from typing import Any
 
 from torch_tensorrt_dist.serving import protocol
 from torch_tensorrt_dist.serving.bridge import Failed, Piece, Submission
-from torch_tensorrt_dist.serving.chat_output import ChatStream, finish_reason
+from torch_tensorrt_dist.serving.chat_output import ChatStream
 from torch_tensorrt_dist.serving.choices import (
     Generated,
     Sequences,
@@ -81,7 +81,7 @@ class Answer:
         message = None
         if self.ready.output is not None:  # tool calls, reasoning
             message, called = self.ready.output.message(text)
-            finish = finish_reason(finish, called)
+            finish = self.ready.output.finish_reason(finish, called)
         return protocol.choice(
             self.req.chat,
             index=index,
@@ -151,8 +151,8 @@ class Answer:
                 )
             if item.finish is not None:
                 finish = item.finish
-                if streams:
-                    finish = finish_reason(finish, streams[index].called)
+                if output is not None:
+                    finish = output.finish_reason(finish, streams[index].called)
                 yield self._sse(protocol.chunk(chat, text=None, index=index, finish=finish, **head))
         self.status = "200"
         if self.req.include_usage:

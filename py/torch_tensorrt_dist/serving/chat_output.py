@@ -11,7 +11,8 @@ calls, whole or as stream deltas (pure; rank 0's HTTP layer).
 The reasoning is split first (``reasoning.py``); the content after it is read for calls by the
 format ``tool_choice`` asks for (``tools/``): the model's own format for "auto", the forced
 shape for "required" or a named function. A choice that called a tool ends with
-``finish_reason`` "tool_calls" (unless ``max_tokens`` cut it: "length").
+``finish_reason`` "tool_calls" (unless ``max_tokens`` cut it: "length"), except a call of the
+function ``tool_choice`` named, which ends with "stop" (as OpenAI and vLLM end it).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import Any, Protocol
 
 from torch_tensorrt_dist.serving.reasoning import Reasoning, ReasoningStream
 from torch_tensorrt_dist.serving.tools.calls import Delta, Parsed
+from torch_tensorrt_dist.serving.tools.forced import Named
 
-__all__ = ["ChatOutput", "ChatStream", "finish_reason"]
+__all__ = ["ChatOutput", "ChatStream"]
 
 
 class _Stream(Protocol):
@@ -38,10 +40,6 @@ class _Format(Protocol):
     def stream(self) -> Any: ...
 
 
-def finish_reason(finish: str, called: bool) -> str:
-    return "tool_calls" if called and finish == "stop" else finish
-
-
 @dataclass(frozen=True)
 class ChatOutput:
     calls: _Format | None = None
@@ -51,6 +49,11 @@ class ChatOutput:
     parallel: bool = True
     """``parallel_tool_calls``: False keeps the first call the model wrote ("auto"; a forced
     call's grammar allows one only)."""
+
+    def finish_reason(self, finish: str, called: bool) -> str:
+        """The choice's ``finish_reason``, given the core's and whether it called a tool."""
+        named = isinstance(self.calls, Named)
+        return "tool_calls" if called and finish == "stop" and not named else finish
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:
         """The choice's message, and whether it called a tool."""
