@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -97,9 +98,10 @@ class ChatTemplate:
     def __post_init__(self) -> None:
         self._template = _compile(self.source)
 
-    @property
+    @cached_property
     def takes_tools(self) -> bool:
-        """Whether the template reads the ``tools`` variable (renders a tool list)."""
+        """Whether the template reads the ``tools`` variable (renders a tool list; parsed
+        once)."""
         from jinja2 import meta
 
         return "tools" in meta.find_undeclared_variables(
