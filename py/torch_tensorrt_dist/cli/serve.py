@@ -97,17 +97,20 @@ def register(subparsers: Any) -> None:
         default=None,
         help="the model name clients send (default: the checkpoint folder's name)",
     )
+    from torch_tensorrt_dist.serving.reasoning import PARSERS
+    from torch_tensorrt_dist.serving.tools import FORMATS
+
     p.add_argument(
         "--tool-call-parser",
         default=None,
-        choices=["hermes", "llama3_json", "mistral"],
+        choices=list(FORMATS),
         help='how tool_choice "auto" reads the model\'s tool calls (default: the format the chat '
         "template asks for, where recognised)",
     )
     p.add_argument(
         "--reasoning-parser",
         default=None,
-        choices=["think", "qwen3", "deepseek_r1"],
+        choices=list(PARSERS),
         help="split <think>...</think> into reasoning_content (default: off)",
     )
     add_quantize(p)
