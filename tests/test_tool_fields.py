@@ -46,6 +46,9 @@ def test_tool_choice_modes_and_their_grammars() -> None:
     assert (
         json.loads(str(spec.value))["properties"] == T.TIME["function"]["parameters"]["properties"]
     )
+    bare = {"type": "function", "function": {"name": "now", "parameters": None}}
+    spec, _ = _chat(tools=[bare], tool_choice="required").grammar()  # type: ignore[misc]
+    assert json.loads(str(spec.value))["items"]["properties"]["parameters"]["type"] == "object"
     one = _chat(tools=[T.WEATHER], tool_choice="required", parallel_tool_calls=False).grammar()
     assert one is not None and json.loads(str(one[0].value))["maxItems"] == 1
 

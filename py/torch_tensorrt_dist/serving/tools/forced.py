@@ -89,7 +89,8 @@ class NamedStream:
 
 
 def _parameters(tool: dict[str, Any]) -> Any:
-    return tool["function"].get("parameters", {"type": "object", "properties": {}})
+    params = tool["function"].get("parameters")  # absent or null: no arguments
+    return params if params is not None else {"type": "object", "properties": {}}
 
 
 def named_schema(tool: dict[str, Any]) -> dict[str, Any]:
