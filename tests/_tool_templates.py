@@ -132,3 +132,14 @@ Call as <tool_call>{"name": ..., "arguments": ...}</tool_call></s>
 {% if add_generation_prompt %}<|assistant|>
 {% if enable_thinking %}<think>
 {% endif %}{% endif %}"""
+
+#: Mistral's v11 templates: [TOOL_CALLS]name[ARGS]{arguments} per call
+MISTRAL_V11 = """\
+{{ bos_token }}{% for m in messages %}
+{% if m.role == 'user' %}{% if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ m.content }}[/INST]
+{% elif m.role == 'assistant' and m.tool_calls %}\
+{% for tc in m.tool_calls %}[TOOL_CALLS]{{ tc.function.name }}[ARGS]{{ tc.function.arguments | tojson }}{% endfor %}{{ eos_token }}
+{% elif m.role == 'assistant' %}{{ m.content }}{{ eos_token }}
+{% elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]
+{% endif %}
+{% endfor %}"""

@@ -97,6 +97,13 @@ class CallFormat:
     """The nesting depth (brackets and braces) of each call object in the calls' text."""
     args_keys: tuple[str, ...] = ("arguments",)
     new_id: Callable[[], str] = openai_id
+    normalize: Callable[[str], str] | None = None
+    """Rewrites the calls' text (maybe cut short) into JSON call objects, keeping a prefix's
+    rewrite a prefix of the whole one's (a format whose calls are not JSON objects)."""
+
+    def region(self, text: str, start: int) -> str:
+        """The calls' text from ``start``, as JSON call objects."""
+        return self.normalize(text[start:]) if self.normalize else text[start:]
 
     def read(self, obj: str) -> _Call:
         """A call object's text (maybe cut short); Malformed when it is not one."""
@@ -131,7 +138,7 @@ class CallFormat:
         content_end, start = self.split(text)
         if start is None:
             return Parsed(text or None)
-        region = text[start:]
+        region = self.region(text, start)
         calls = []
         try:
             spans = objects(region, self.depth)
@@ -179,7 +186,7 @@ class CallStream:
             self.sent = content_end
         if start is not None and not self.broken:
             try:
-                out += self._calls(self.text[start:])
+                out += self._calls(self.fmt.region(self.text, start))
             except (Malformed, json.JSONDecodeError):
                 self.broken = True
         return out
