@@ -17,7 +17,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def demo_with_chat_template(dest: Path) -> Path:
+def demo_with_chat_template(dest: Path, template: str = CHAT_TEMPLATE) -> Path:
     """A copy of the demo checkpoint whose tokenizer_config.json has a chat template."""
     import json
     import shutil
@@ -29,7 +29,7 @@ def demo_with_chat_template(dest: Path) -> Path:
     for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
         shutil.copy(src / name, dest / name)
     cfg = json.loads((src / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg["chat_template"] = template
     (dest / "tokenizer_config.json").write_text(json.dumps(cfg))
     return dest
 

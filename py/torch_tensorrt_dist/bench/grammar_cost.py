@@ -12,6 +12,10 @@ the 8 rows alone, what would be on the path without the overlap.
 
     torchtrt-dist bench --section grammar          # or, in Python:
     grammar_cost(engine="none")                     # plain PyTorch instead of Inductor
+    grammar_cost(tools=True)                        # a forced tool call's grammar instead
+
+``tools=True`` times the grammar of ``tool_choice`` "required" (``serving/tools/forced.py``:
+compact JSON, a list of calls of two functions) with at least 40 calls, so no row ends.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from torch_tensorrt_dist.generation.grammar import Grammars, GrammarSpec, new_bi
 from torch_tensorrt_dist.generation.plan import Request
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
 
-__all__ = ["SCHEMA", "grammar_cost"]
+__all__ = ["SCHEMA", "TOOL_SCHEMA", "grammar_cost"]
 
 SECTION = "serve: grammar cost"
 ROWS = 8
@@ -42,6 +46,28 @@ SCHEMA: dict[str, Any] = {
         "required": ["name", "n"],
     },
 }
+_PARAMS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+}
+_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": _PARAMS}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+]
+
+
+def _tool_schema() -> dict[str, Any]:
+    from torch_tensorrt_dist.serving.tools.forced import required_schema
+
+    return {**required_schema(_TOOLS, parallel=True), "minItems": 40}
+
+
+#: ``tool_choice`` "required" over two functions, long enough that no row ends
+TOOL_SCHEMA = _tool_schema()
+#: where the masks are timed alone: a few tokens into each schema
+JSON_PREFIX, TOOL_PREFIX = '[{"name": "a', '[{"name": "get_weather", "parameters": {"city": "a'
+
 PROMPTS = ("The return statement", "Lists", "Python", "Exceptions", "The for loop", "A pet:")
 
 
@@ -83,11 +109,13 @@ def _block(gen: Generator, grammars: Grammars, reqs: list[Request], steps: int) 
     return times
 
 
-def _mask_s(grammars: Grammars, spec: GrammarSpec, tok: Any, repeats: int = 50) -> float:
-    """Seconds to compute the masks of 8 rows a few tokens into the schema (median)."""
+def _mask_s(
+    grammars: Grammars, spec: GrammarSpec, tok: Any, prefix: str, repeats: int = 50
+) -> float:
+    """Seconds to compute the masks of 8 rows ``prefix`` into the schema (median)."""
     matchers = [grammars.compile(spec) for _ in range(ROWS)]
     for m in matchers:
-        for t in tok.encode('[{"name": "a', add_special_tokens=False):
+        for t in tok.encode(prefix, add_special_tokens=False):
             m.accept(t)
     bitmask = new_bitmask(ROWS, grammars.vocab_size)
     rows = [(m, i) for i, m in enumerate(matchers)]
@@ -99,7 +127,9 @@ def _mask_s(grammars: Grammars, spec: GrammarSpec, tok: Any, repeats: int = 50) 
     return statistics.median(times)
 
 
-def grammar_cost(*, engine: str = "inductor", steps: int = 16, blocks: int = 5) -> list[Figure]:
+def grammar_cost(
+    *, engine: str = "inductor", steps: int = 16, blocks: int = 5, tools: bool = False
+) -> list[Figure]:
     from torch_tensorrt_dist.models.demo import demo_checkpoint_path
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
     from torch_tensorrt_dist.parallel.llama_load import load_llama
@@ -109,7 +139,8 @@ def grammar_cost(*, engine: str = "inductor", steps: int = 16, blocks: int = 5) 
     tok = load_tokenizer(path, vocab_size=model.args.vocab_size)
     eos = tuple(tok.eos_ids) or (1,)
     grammars = Grammars.for_tokenizer(tok, vocab_size=model.args.vocab_size, eos_ids=eos)
-    spec = GrammarSpec.json_schema(SCHEMA)
+    spec = GrammarSpec.json_schema(TOOL_SCHEMA if tools else SCHEMA)
+    what = "a forced tool call's grammar" if tools else "a JSON-schema grammar"
     gen = Generator(model, engine=engine, max_batch_size=ROWS, cache_len=256)
     rid = 0
     best: dict[bool, float] = {}
@@ -125,11 +156,11 @@ def grammar_cost(*, engine: str = "inductor", steps: int = 16, blocks: int = 5) 
                     best[grammar] = min(best.get(grammar, median), median)
     plain, with_grammar = best[False], best[True]
     cost = (with_grammar - plain) / plain
-    mask = _mask_s(grammars, spec, tok)
+    mask = _mask_s(grammars, spec, tok, TOOL_PREFIX if tools else JSON_PREFIX)
     return [
         Figure(
             SECTION,
-            f"decode step with a JSON-schema grammar on each of {ROWS} rows over a plain one "
+            f"decode step with {what} on each of {ROWS} rows over a plain one "
             f"(demo model, {engine}, TP 1)",
             round(100 * cost, 1),
             "%",

@@ -118,6 +118,8 @@ def run(rank: Rank, built: Built) -> int:
             drain_timeout_s=job.drain_timeout,
             model_name=name,
             step_timeout_s=job.step_timeout,
+            tool_call_parser=job.tool_call_parser,
+            reasoning_parser=job.reasoning_parser,
         ),
         control=control,
         on_ready=lambda url, s, loop: _ready(rank, built, name, url, s, loop),

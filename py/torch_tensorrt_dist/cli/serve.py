@@ -97,6 +97,22 @@ def register(subparsers: Any) -> None:
         default=None,
         help="the model name clients send (default: the checkpoint folder's name)",
     )
+    from torch_tensorrt_dist.serving.reasoning import PARSERS
+    from torch_tensorrt_dist.serving.tools import FORMATS
+
+    p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=list(FORMATS),
+        help='how tool_choice "auto" reads the model\'s tool calls (default: the format the chat '
+        "template asks for, where recognised)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=list(PARSERS),
+        help="split <think>...</think> into reasoning_content (default: off)",
+    )
     add_quantize(p)
     add_threads(p)
     p.set_defaults(func=run)
@@ -112,6 +128,8 @@ def _job(ns: argparse.Namespace) -> ServeJob:
         ns.drain_timeout,
         ns.served_model_name,
         step_timeout=ns.step_timeout,
+        tool_call_parser=ns.tool_call_parser,
+        reasoning_parser=ns.reasoning_parser,
     )
     try:
         import fastapi  # noqa: F401

@@ -96,6 +96,10 @@ class ServeJob:
     """Where each rank notes a clean drain (set by the launching process)."""
     step_timeout: float = DEFAULT_STEP_TIMEOUT_S
     """Seconds a step may run before the server fails, naming the rank that did not answer."""
+    tool_call_parser: str | None = None
+    """How tool_choice "auto" reads calls (None: the chat template's format, if known)."""
+    reasoning_parser: str | None = None
+    """Split ``<think>`` reasoning into ``reasoning_content`` (None: off)."""
 
     @property
     def stop_timeout(self) -> float:

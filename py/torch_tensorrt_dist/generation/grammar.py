@@ -109,6 +109,9 @@ class GrammarSpec:
     ``choice`` (exactly one of the strings: vLLM's ``guided_choice``)."""
     value: str | tuple[str, ...] = ""
     """The schema as JSON text, the regex, or the choices; empty for ``json_object``."""
+    after: str = ""
+    """Where the grammar starts: any text may come first, up to and including the first
+    ``after`` (a reasoning model's ``</think>``); "": from the first token."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -151,17 +154,47 @@ class GrammarSpec:
 
     def to_json(self) -> dict[str, Any]:
         value = list(self.value) if isinstance(self.value, tuple) else self.value
-        return {"kind": self.kind, "value": value}
+        return {"kind": self.kind, "value": value, "after": self.after}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GrammarSpec:
         value = data.get("value", "")
-        return cls(data["kind"], tuple(value) if isinstance(value, list) else value)
+        value = tuple(value) if isinstance(value, list) else value
+        return cls(data["kind"], value, after=data.get("after", ""))
 
 
 def _literal(text: str) -> str:
     """``text`` as a regex that matches exactly it (Rust ``regex`` escapes)."""
     return "".join("\\" + c if c in _REGEX_META else c for c in text)
+
+
+def _after_lark(spec: GrammarSpec) -> str:
+    """``spec`` as a Lark grammar (llguidance's dialect) that any text up to and including the
+    first ``spec.after`` precedes (a lazy lexeme: it ends at the first match)."""
+    if spec.kind == "json_object" or spec.kind == "json_schema":
+        text = "{}" if spec.kind == "json_object" else str(spec.value)
+        schema: Any = {"type": "object"} if spec.kind == "json_object" else json.loads(text)
+        if schema is True:
+            schema = {}
+        if isinstance(schema, dict):  # its own x-guidance options win (``_own_options``)
+            schema = {"x-guidance": JSON_OPTIONS, **schema}
+        body = "%json " + json.dumps(schema)
+    elif spec.kind == "regex":
+        body = "/" + str(spec.value).replace("/", "\\/") + "/"
+    else:
+        body = " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.value)
+    prefix = _literal(spec.after).replace("/", "\\/")
+    return f"start: prefix body\nprefix[lazy]: /(?s:.*){prefix}/\nbody: {body}\n"
+
+
+def _own_options(schema: str) -> bool:
+    """Whether a schema sets llguidance's JSON options itself (a top-level ``x-guidance``,
+    as the tool-call grammars do: ``serving/tools/forced.py``)."""
+    try:
+        value = json.loads(schema)
+    except ValueError:
+        return False  # the engine says why
+    return isinstance(value, dict) and "x-guidance" in value
 
 
 def _llguidance() -> Any:
@@ -425,10 +458,13 @@ class Grammars:
         llg = _llguidance()
         M = llg.LLMatcher
         try:
-            if spec.kind == "json_object":
+            if spec.after:
+                grammar = M.grammar_from_lark(_after_lark(spec))
+            elif spec.kind == "json_object":
                 grammar = M.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
             elif spec.kind == "json_schema":
-                grammar = M.grammar_from_json_schema(spec.value, defaults=JSON_OPTIONS)
+                options = None if _own_options(str(spec.value)) else JSON_OPTIONS
+                grammar = M.grammar_from_json_schema(spec.value, defaults=options)
             elif spec.kind == "regex":
                 grammar = M.grammar_from_regex(spec.value)
             else:

@@ -19,6 +19,7 @@ from typing import Any
 
 from torch_tensorrt_dist.serving import protocol
 from torch_tensorrt_dist.serving.bridge import Failed, Piece, Submission
+from torch_tensorrt_dist.serving.chat_output import ChatStream
 from torch_tensorrt_dist.serving.choices import (
     Generated,
     Sequences,
@@ -54,6 +55,9 @@ class Answer:
         #: whether the client sees logprobs (best_of alone computes them, to rank)
         self.show_logprobs = req.top_logprobs_asked is not None
         self.status = "cancelled"
+        #: a usage object on every chunk (``stream_options.continuous_usage_stats``)
+        opts = req.stream_options
+        self.usage_each = req.include_usage and opts is not None and opts.continuous_usage_stats
 
     def usage(self) -> dict[str, Any]:
         return protocol.usage(self.prompt_tokens, self.seqs.tokens, self.seqs.cached)
@@ -74,8 +78,17 @@ class Answer:
         echo = self.ready.echo[prompt]
         text = echo + "".join(seq.text)
         finish = seq.finish or "stop"
+        message = None
+        if self.ready.output is not None:  # tool calls, reasoning
+            message, called = self.ready.output.message(text)
+            finish = self.ready.output.finish_reason(finish, called)
         return protocol.choice(
-            self.req.chat, index=index, text=text, finish=finish, logprobs=self._logprobs(seq)
+            self.req.chat,
+            index=index,
+            text=text,
+            finish=finish,
+            logprobs=self._logprobs(seq),
+            message=message,
         )
 
     def _logprobs(self, seq: Generated, offset: int = 0) -> dict[str, Any] | None:
@@ -85,16 +98,23 @@ class Answer:
             return chat_logprobs(seq.logprobs, self.token_text)
         return completion_logprobs(seq.logprobs, self.token_text, offset)[0]
 
+    def _sse(self, chunk: dict[str, Any]) -> str:
+        if self.usage_each and "usage" not in chunk:
+            chunk["usage"] = self.usage()
+        return sse(chunk)
+
     async def events(self, queue: asyncio.Queue[Piece | Failed]) -> AsyncIterator[str]:
         """The stream's events (``best_of`` <= ``n`` here: a sequence is a choice)."""
         chat, head = self.req.chat, self.head
         offsets = [0] * len(self.seqs.seqs)
+        output = self.ready.output
+        streams: list[ChatStream] = [output.stream() for _ in offsets] if output else []
         for index in range(len(offsets)):
             if chat:
-                yield sse(protocol.chunk(chat, text="", index=index, first=True, **head))
+                yield self._sse(protocol.chunk(chat, text="", index=index, first=True, **head))
             echo = self.ready.echo[index // self.req.n]
             if echo:
-                yield sse(protocol.chunk(chat, text=echo, index=index, **head))
+                yield self._sse(protocol.chunk(chat, text=echo, index=index, **head))
                 offsets[index] = len(echo)
         while not self.seqs.done:
             item = await queue.get()
@@ -112,12 +132,28 @@ class Answer:
                     logprobs, offsets[index] = completion_logprobs(
                         item.logprobs, self.token_text, offsets[index]
                     )
-            if item.text or logprobs is not None:
-                yield sse(
+            if streams:  # tool calls, reasoning: the text's deltas
+                deltas = streams[index].feed(item.text) if item.text else []
+                if item.finish is not None:
+                    deltas += streams[index].finish()
+                if not deltas and logprobs is not None:
+                    deltas = [{}]
+                for k, delta in enumerate(deltas):
+                    lp = logprobs if k == 0 else None
+                    yield self._sse(
+                        protocol.chunk(
+                            chat, text=None, index=index, logprobs=lp, delta=delta, **head
+                        )
+                    )
+            elif item.text or logprobs is not None:
+                yield self._sse(
                     protocol.chunk(chat, text=item.text, index=index, logprobs=logprobs, **head)
                 )
             if item.finish is not None:
-                yield sse(protocol.chunk(chat, text=None, index=index, finish=item.finish, **head))
+                finish = item.finish
+                if output is not None:
+                    finish = output.finish_reason(finish, streams[index].called)
+                yield self._sse(protocol.chunk(chat, text=None, index=index, finish=finish, **head))
         self.status = "200"
         if self.req.include_usage:
             yield sse(protocol.chunk(chat, text=None, usage=self.usage(), **head))

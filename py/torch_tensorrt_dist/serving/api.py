@@ -1,5 +1,6 @@
 """The HTTP API (rank 0): OpenAI's ``/v1/completions`` and ``/v1/chat/completions``, plus
-``/v1/models``, ``/health`` and ``/metrics``.
+``/v1/models``, vLLM's ``/tokenize`` and ``/detokenize`` (``tokenize.py``), ``/health`` and
+``/metrics``.
 
     app = create_app(model, inbox, state, metrics, api_key=None)
 
@@ -46,6 +47,7 @@ from torch_tensorrt_dist.serving.protocol import RequestError
 from torch_tensorrt_dist.serving.request_body import ClientGone, read_json
 from torch_tensorrt_dist.serving.responses import RETRY_AFTER, UnhandledErrors, error_response
 from torch_tensorrt_dist.serving.schema import Params, parse_request
+from torch_tensorrt_dist.serving.tokenize import detokenize, tokenize
 
 if TYPE_CHECKING:
     from torch_tensorrt_dist.serving.frontend import ChildInbox
@@ -153,6 +155,26 @@ class _Handler:
             return StreamingResponse(self.stream(answer, sink), media_type="text/event-stream")
         return await self.collect(request, answer, sink)
 
+    async def tokens(self, request: Request, work: Any) -> Response:
+        """``/tokenize`` or ``/detokenize`` (``tokenize.py``), in the tokenizer's thread."""
+        self.authorize(request)
+        try:
+            body = await read_json(
+                request, limit_bytes=self.model.limits.body_bytes, timeout_s=BODY_TIMEOUT_S
+            )
+        except ClientGone:
+            return Response(status_code=CLIENT_GONE)
+        name = body.get("model") if isinstance(body, dict) else None
+        if name is not None and name != self.model.name:
+            raise RequestError(
+                404,
+                f"model {name!r} is not served here; this server serves {self.model.name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        loop = asyncio.get_running_loop()
+        return JSONResponse(await loop.run_in_executor(self.pool, work, body, self.model))
+
     def _leave(self, answer: Answer) -> None:
         """The request has its answer (or its client left): cancel what still runs."""
         for sub in answer.subs:
@@ -222,7 +244,7 @@ def create_app(
         elif exc.status_code == 404:
             message = (
                 f"{where}: no such route; this server serves /v1/completions, "
-                "/v1/chat/completions, /v1/models, /health and /metrics"
+                "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health and /metrics"
             )
         else:
             message = f"{where}: {exc.detail}"
@@ -237,6 +259,14 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await h.submit(request, chat=True)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request) -> Response:
+        return await h.tokens(request, tokenize)
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request) -> Response:
+        return await h.tokens(request, detokenize)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

@@ -2,6 +2,7 @@
 
     template = load_chat_template(checkpoint_dir)       # None when the model has none
     text = template.render(messages)                    # the prompt, generation prompt added
+    text = template.render(messages, tools=tools)       # with OpenAI's tool list (takes_tools)
     ids = tokenizer.encode(text, add_special_tokens=False)
 
 Where transformers looks: ``chat_template.jinja`` beside the tokenizer, else the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -96,15 +98,35 @@ class ChatTemplate:
     def __post_init__(self) -> None:
         self._template = _compile(self.source)
 
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text of ``messages`` (ConfigError when the template refuses them)."""
+    @cached_property
+    def takes_tools(self) -> bool:
+        """Whether the template reads the ``tools`` variable (renders a tool list; parsed
+        once)."""
+        from jinja2 import meta
+
+        return "tools" in meta.find_undeclared_variables(
+            self._template.environment.parse(self.source)
+        )
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        variables: dict[str, Any] | None = None,
+    ) -> str:
+        """The prompt text of ``messages`` (ConfigError when the template refuses them);
+        ``tools``: OpenAI's tool list, as transformers passes it (None: no tools);
+        ``variables``: more template variables (vLLM's ``chat_template_kwargs``)."""
         import jinja2
 
         try:
             return str(
                 self._template.render(
+                    **(variables or {}),
                     messages=messages,
-                    tools=None,
+                    tools=tools,
                     documents=None,
                     add_generation_prompt=add_generation_prompt,
                     **self.special,

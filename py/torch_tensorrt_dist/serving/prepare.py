@@ -19,7 +19,7 @@ there).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.grammar import Grammars, GrammarSpec
@@ -27,9 +27,14 @@ from torch_tensorrt_dist.generation.sampling import SamplingConfig
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 from torch_tensorrt_dist.serving.bridge import Sink, Submission
 from torch_tensorrt_dist.serving.chat import ChatTemplate
+from torch_tensorrt_dist.serving.chat_output import ChatOutput
 from torch_tensorrt_dist.serving.limits import RequestLimits, check_fit, prompt_chars
 from torch_tensorrt_dist.serving.protocol import RequestError
+from torch_tensorrt_dist.serving.reasoning import END, Reasoning, prompt_opens_thinking
 from torch_tensorrt_dist.serving.schema import ChatRequest, Params
+from torch_tensorrt_dist.serving.tool_fields import template_messages
+from torch_tensorrt_dist.serving.tools import CallFormat
+from torch_tensorrt_dist.serving.tools.forced import REQUIRED, Named
 
 __all__ = [
     "INLINE_CHARS",
@@ -71,6 +76,10 @@ class ServedModel:
     grammar_error: str = "the grammar engine was not built"
     eos_ids: tuple[int, ...] = ()
     """The model's end-of-text ids (what ``min_tokens`` holds back besides ``stop_token_ids``)."""
+    tool_format: CallFormat | None = None
+    """How "auto" reads the model's tool calls (``--tool-call-parser``, else the template's)."""
+    reasoning: bool = False
+    """Split ``<think>`` reasoning into ``reasoning_content`` (``--reasoning-parser``)."""
 
 
 def check_counts(req: Params, model: ServedModel) -> None:
@@ -103,6 +112,8 @@ class Prepared:
     sampling: SamplingConfig
     grammar: GrammarSpec | None
     grammar_param: str | None
+    output: ChatOutput | None = None
+    """How a chat's text becomes its message (tools, reasoning); None: all content."""
 
     def submissions(self, req: Params, sink: Sink) -> list[Submission]:
         """One submission per prompt, sharing ``sink``: ``req.sequences`` sequences each,
@@ -128,16 +139,19 @@ class Prepared:
 def inline(req: Params) -> bool:
     """Whether ``req`` is prepared on the event loop: no grammar to compile, at most
     ``INLINE_CHARS`` characters of prompts (all messages' content for a chat) and, for a chat,
-    at most ``INLINE_MESSAGES`` messages."""
-    if isinstance(req, ChatRequest) and len(req.messages) > INLINE_MESSAGES:
-        return False
+    at most ``INLINE_MESSAGES`` messages and no tools."""
+    if isinstance(req, ChatRequest) and (len(req.messages) > INLINE_MESSAGES or req.tools):
+        return False  # many messages, or tools (their schemas are rendered too)
     return req.grammar() is None and prompt_chars(req) <= INLINE_CHARS
 
 
 def prepare(req: Params, model: ServedModel) -> Prepared:
     """Tokenize, check the limits, build the sampling settings and compile the grammar."""
+    output = None
     if isinstance(req, ChatRequest):
-        prompts, echo = [tuple(_chat_ids(req, model))], [""]
+        rendered, chat_ids = _chat_ids(req, model)
+        prompts, echo = [tuple(chat_ids)], [""]
+        output = _chat_output(req, model, rendered)
     else:
         prompts, echo = [], []
         for k, prompt in enumerate(req.prompts):
@@ -164,16 +178,44 @@ def prepare(req: Params, model: ServedModel) -> Prepared:
         raise RequestError(400, str(exc), param=name) from exc
     found = req.grammar()
     if found is None:
-        return Prepared(prompts, echo, max_new, sampling, None, None)
+        return Prepared(prompts, echo, max_new, sampling, None, None, output)
     spec, param = found
-    _compile(spec, param, model)
-    return Prepared(prompts, echo, max_new, sampling, spec, param)
+    if output is not None and output.reasoning is not None and output.reasoning.inside:
+        spec = replace(spec, after=END)  # the grammar starts once the reasoning has ended
+    _compile(spec, param, model, req)
+    return Prepared(prompts, echo, max_new, sampling, spec, param, output)
 
 
-def _compile(spec: GrammarSpec, param: str, model: ServedModel) -> None:
+def _chat_output(req: ChatRequest, model: ServedModel, prompt: str) -> ChatOutput | None:
+    """How the answer's text becomes its message (None: all of it is content)."""
+    mode = req.tool_mode
+    calls: CallFormat | Named | None = None
+    if mode == "auto":
+        if model.tool_format is None:
+            raise RequestError(
+                400,
+                f'tool_choice "auto" (the default with tools) reads the model\'s own tool calls, '
+                f"and the format of model {model.name!r} is not known from its chat template; "
+                "start the server with --tool-call-parser hermes|llama3_json|mistral, or send "
+                'tool_choice "required" or a named function',
+                param="tool_choice",
+            )
+        calls = model.tool_format
+    elif mode == "required":
+        calls = REQUIRED
+    elif mode == "function" and req.tool_choice is not None:
+        calls = Named(str(req.tool_choice.function))
+    reasoning = Reasoning(prompt_opens_thinking(prompt)) if model.reasoning else None
+    if calls is None and reasoning is None:
+        return None
+    return ChatOutput(calls, reasoning, parallel=req.parallel_tool_calls)
+
+
+def _compile(spec: GrammarSpec, param: str, model: ServedModel, req: Params) -> None:
     """A grammar the engine cannot compile, that no text satisfies, or that fails within its
     first tokens (the engine's size limits: ``Grammars.check``) is the client's 400, with the
-    engine's reason, before any step."""
+    engine's reason (for a tool's grammar, naming the tool whose parameters the engine refused),
+    before any step."""
     if model.grammars is None:
         raise RequestError(
             400,
@@ -183,10 +225,27 @@ def _compile(spec: GrammarSpec, param: str, model: ServedModel) -> None:
     try:
         model.grammars.check(spec)
     except ConfigError as exc:  # GrammarError: the engine's reason
+        if param == "tool_choice" and isinstance(req, ChatRequest):
+            param = _refused_tool(req, model.grammars) or param
         raise RequestError(400, f"{param}: {exc}", param=param) from exc
 
 
-def _chat_ids(req: ChatRequest, model: ServedModel) -> list[int]:
+def _refused_tool(req: ChatRequest, grammars: Grammars) -> str | None:
+    """The first ``tools[i].function.parameters`` the grammar engine refuses alone."""
+    choice = req.tool_choice.function if req.tool_choice is not None else None
+    for i, tool in enumerate(req.tools or []):
+        fn = tool["function"]
+        if choice is not None and fn["name"] != choice:
+            continue
+        try:
+            grammars.compile(GrammarSpec.json_schema(fn.get("parameters") or {}))
+        except ConfigError:
+            return f"tools[{i}].function.parameters"
+    return None
+
+
+def _chat_ids(req: ChatRequest, model: ServedModel) -> tuple[str, list[int]]:
+    """The prompt's text and ids: the messages (and tools) through the chat template."""
     if model.chat is None:
         raise RequestError(
             400,
@@ -194,8 +253,20 @@ def _chat_ids(req: ChatRequest, model: ServedModel) -> list[int]:
             "tokenizer_config.json); use /v1/completions",
             param="messages",
         )
+    if req.tool_mode == "auto" and not model.chat.takes_tools:
+        raise RequestError(
+            400,
+            f"the chat template of model {model.name!r} does not render tools, so the model "
+            'cannot know them; send tool_choice "required" or a named function (a grammar '
+            "forces the call), or use a checkpoint whose template takes tools",
+            param="tools",
+        )
     try:
-        text = model.chat.render(req.messages)
+        text = model.chat.render(
+            template_messages(req.messages),
+            tools=req.tools or None,
+            variables=req.chat_template_kwargs,
+        )
     except ConfigError as exc:
         raise RequestError(400, str(exc), param="messages") from exc
     except Exception as exc:  # the template's own error on these messages
@@ -204,7 +275,7 @@ def _chat_ids(req: ChatRequest, model: ServedModel) -> list[int]:
             f"the chat template failed on these messages ({type(exc).__name__}: {exc})",
             param="messages",
         ) from exc
-    return _encode(text, model, special=False, param="messages")
+    return text, _encode(text, model, special=False, param="messages")
 
 
 def _prompt_ids(prompt: str | tuple[int, ...], model: ServedModel, what: str) -> tuple[int, ...]:

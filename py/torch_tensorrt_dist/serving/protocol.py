@@ -64,11 +64,18 @@ def _head(chat: bool, rid: str, created: int, model: str, stream: bool) -> dict[
 
 
 def choice(
-    chat: bool, *, index: int, text: str, finish: str, logprobs: dict[str, Any] | None = None
+    chat: bool,
+    *,
+    index: int,
+    text: str,
+    finish: str,
+    logprobs: dict[str, Any] | None = None,
+    message: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One choice of a finished, non-streamed request."""
+    """One choice of a finished, non-streamed request (``message``: a chat's message where
+    it is more than its text: tool calls, reasoning)."""
     if chat:
-        message = {"role": "assistant", "content": text}
+        message = message or {"role": "assistant", "content": text}
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
@@ -98,19 +105,23 @@ def chunk(
     first: bool = False,
     logprobs: dict[str, Any] | None = None,
     usage: dict[str, Any] | None = None,
+    delta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One server-sent event's object: choice ``index``'s new text (and its tokens' logprobs),
-    or its end (``finish``), or the usage (``usage``, no choices)."""
+    or its end (``finish``), or the usage (``usage``, no choices). ``delta``: a chat delta
+    other than text (tool calls, reasoning; ``text`` is then ignored)."""
     head = _head(chat, rid, created, model, True)
     if usage is not None:
         return {**head, "choices": [], "usage": usage}
     if chat:
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if text is not None:
-            delta["content"] = text
+        d: dict[str, Any] = {"role": "assistant"} if first else {}
+        if delta is not None:
+            d.update(delta)
+        elif text is not None:
+            d["content"] = text
         one: dict[str, Any] = {
             "index": index,
-            "delta": delta,
+            "delta": d,
             "logprobs": logprobs,
             "finish_reason": finish,
         }

@@ -92,6 +92,8 @@ def check_stop(stop: Any) -> tuple[str, ...]:
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    """vLLM's: the usage so far on every chunk."""
 
 
 def check_stream_options(value: Any) -> StreamOptions | None:
@@ -99,7 +101,10 @@ def check_stream_options(value: Any) -> StreamOptions | None:
         return None
     if not isinstance(value, dict):
         raise ConfigError("stream_options must be an object")
-    return StreamOptions(include_usage=bool(value.get("include_usage", False)))
+    return StreamOptions(
+        include_usage=bool(value.get("include_usage", False)),
+        continuous_usage_stats=bool(value.get("continuous_usage_stats", False)),
+    )
 
 
 def _is_number(x: Any) -> bool:

@@ -63,6 +63,14 @@ from torch_tensorrt_dist.serving.request_fields import (
     check_temperature,
     check_top_k,
 )
+from torch_tensorrt_dist.serving.tool_fields import (
+    ToolChoice,
+    check_chat_template_kwargs,
+    check_message_tool_calls,
+    check_tool_choice,
+    check_tools,
+)
+from torch_tensorrt_dist.serving.tools.forced import named_schema, required_schema
 from torch_tensorrt_dist.validation import check_bool, check_int, check_seed
 
 __all__ = [
@@ -79,8 +87,6 @@ __all__ = [
 #: field -> the values that mean "off"; another value is refused (this server cannot honour it)
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": ("",),
-    "tools": ([],),
-    "tool_choice": ("none",),
     "functions": ([],),
     "min_p": (0, 0.0),
     "use_beam_search": (False,),
@@ -90,12 +96,24 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "guided_grammar": (),
     "allowed_token_ids": (),
     "bad_words": ([],),
+    # issue 56: what would change the answer unseen if ignored
+    "function_call": ("none",),
+    "truncate_prompt_tokens": (),
+    "skip_special_tokens": (True,),
+    "prediction": (),
+    "audio": (),
+    "modalities": (["text"],),
+    "web_search_options": (),
+    "structured_outputs": (),
 }
 _UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
     "echo": (False,),
     "continue_final_message": (False,),
     "add_generation_prompt": (True,),
+    "chat_template": (),
 }
+#: the tool fields a completion cannot take (a chat can: ``ChatRequest``)
+_UNSUPPORTED_COMPLETION: dict[str, tuple[Any, ...]] = {"tools": ([],), "tool_choice": ("none",)}
 _GRAMMAR_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice")
 _SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingConfig))
 #: ``SamplingConfig`` fields whose HTTP form differs from the config's (declared in
@@ -280,6 +298,60 @@ class ChatRequest(RequestFields):
             raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
         return self
 
+    # -- tools (serving/tool_fields.py; the calls' formats: serving/tools/)
+    tools: Annotated[list[dict[str, Any]] | None, PlainValidator(check_tools)] = None
+    tool_choice: Annotated[ToolChoice | None, PlainValidator(check_tool_choice)] = None
+    parallel_tool_calls: Annotated[bool, _bool("parallel_tool_calls")] = True
+    chat_template_kwargs: Annotated[
+        dict[str, Any] | None, PlainValidator(check_chat_template_kwargs)
+    ] = None
+
+    @model_validator(mode="after")
+    def _tools(self) -> ChatRequest:
+        check_message_tool_calls(self.messages)
+        choice = self.tool_choice
+        if choice is None or choice.mode in ("none", "auto"):
+            return self
+        if not self.tools:
+            raise FieldError("tool_choice", f"tool_choice {choice.mode!r} needs tools; give tools")
+        names = [t["function"]["name"] for t in self.tools]
+        if choice.function is not None and choice.function not in names:
+            raise FieldError(
+                "tool_choice",
+                f"tool_choice names {choice.function!r}, which is not in tools "
+                f"({', '.join(names)})",
+            )
+        given = [name for name in _GRAMMAR_FIELDS if getattr(self, name) is not None]
+        if given:
+            raise FieldError(
+                given[0], f"give {given[0]} or tool_choice {choice.mode!r} (a grammar), not both"
+            )
+        return self
+
+    @property
+    def tool_mode(self) -> str:
+        """``none`` (no tools, or ``tool_choice`` "none"), ``auto``, ``required`` or
+        ``function`` (a named one)."""
+        if not self.tools:
+            return "none"
+        return self.tool_choice.mode if self.tool_choice is not None else "auto"
+
+    def tool_grammar(self) -> GrammarSpec | None:
+        """The grammar of the calls ``tool_choice`` forces (required or named), else None."""
+        tools, choice = self.tools or [], self.tool_choice
+        if self.tool_mode == "required":
+            return GrammarSpec.json_schema(
+                required_schema(tools, parallel=self.parallel_tool_calls)
+            )
+        if self.tool_mode == "function" and choice is not None:
+            tool = next(t for t in tools if t["function"]["name"] == choice.function)
+            return GrammarSpec.json_schema(named_schema(tool))
+        return None
+
+    def grammar(self) -> tuple[GrammarSpec, str] | None:
+        spec = self.tool_grammar()
+        return (spec, "tool_choice") if spec is not None else super().grammar()
+
     @property
     def max_new(self) -> int | None:
         """``max_tokens``, else ``max_completion_tokens`` (None: what the cache leaves)."""
@@ -297,7 +369,7 @@ class ChatRequest(RequestFields):
 
 
 def _refuse_unsupported(body: dict[str, Any], chat: bool) -> None:
-    table = {**_UNSUPPORTED, **(_UNSUPPORTED_CHAT if chat else {})}
+    table = {**_UNSUPPORTED, **(_UNSUPPORTED_CHAT if chat else _UNSUPPORTED_COMPLETION)}
     for name, off in table.items():
         value = body.get(name)
         if value is not None and not any(value == o and type(value) is type(o) for o in off):

@@ -50,6 +50,7 @@ from torch_tensorrt_dist.serving.control import ControlChannel, measure_latency
 from torch_tensorrt_dist.serving.loop import Leader, StepLoop
 from torch_tensorrt_dist.serving.metrics import Metrics
 from torch_tensorrt_dist.serving.signals import StopSignals
+from torch_tensorrt_dist.serving.tools import served_format
 from torch_tensorrt_dist.serving.watchdog import (
     Heartbeat,
     PeerBeats,
@@ -95,6 +96,10 @@ class ServeConfig:
     model_name: str = "model"
     step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
     """A step that runs longer fails the server, naming the rank that did not answer."""
+    tool_call_parser: str | None = None
+    """How tool_choice "auto" reads calls (None: the chat template's, ``tools.served_format``)."""
+    reasoning_parser: str | None = None
+    """Split ``<think>`` reasoning into ``reasoning_content`` (None: off)."""
 
 
 @dataclass
@@ -212,6 +217,8 @@ def _lead(
         grammars=loop.core.grammars,
         grammar_error=grammar_error,
         eos_ids=stop_ids,
+        tool_format=served_format(config.tool_call_parser, chat.source if chat else None),
+        reasoning=config.reasoning_parser is not None,
     )
 
     def http_lost(reason: str) -> None:
