@@ -118,6 +118,7 @@ def run(rank: Rank, built: Built) -> int:
             drain_timeout_s=job.drain_timeout,
             model_name=name,
             step_timeout_s=job.step_timeout,
+            write_timeout_s=job.write_timeout,
         ),
         control=control,
         on_ready=lambda url, s, loop: _ready(rank, built, name, url, s, loop),

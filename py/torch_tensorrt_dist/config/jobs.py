@@ -40,6 +40,8 @@ WARMUP_STOP_S = 120.0
 #: A serving step that runs longer fails the server (well under the 10-minute collective
 #: timeout); ``serving.server`` takes it from here (this module needs no serve extra)
 DEFAULT_STEP_TIMEOUT_S = 60.0
+#: A stream whose client takes no write for this long is cut (``serving.stream_out``)
+DEFAULT_WRITE_TIMEOUT_S = 60.0
 #: After a signal, a serving rank still running ``--drain-timeout`` + this ends itself
 DRAIN_GRACE_S = 2.0
 
@@ -96,6 +98,8 @@ class ServeJob:
     """Where each rank notes a clean drain (set by the launching process)."""
     step_timeout: float = DEFAULT_STEP_TIMEOUT_S
     """Seconds a step may run before the server fails, naming the rank that did not answer."""
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT_S
+    """Seconds a stream's client may take no write before its stream is cut."""
 
     @property
     def stop_timeout(self) -> float:
@@ -121,6 +125,8 @@ class ServeJob:
                 "header, which carries nothing else"
             )
         check_step_timeout(self.step_timeout, collective_timeout_s())
+        if not self.write_timeout > 0:
+            raise ConfigError(f"--write-timeout must be > 0 seconds, got {self.write_timeout:g}")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The HTTP API (rank 0): OpenAI's ``/v1/completions`` and ``/v1/chat/completions``, plus
 ``/v1/models``, ``/health`` and ``/metrics``.
 
-    app = create_app(model, inbox, state, metrics, api_key=None)
+    app = create_app(model, inbox, state, metrics, api_key=None, stream=StreamLimits())
 
 A handler reads the body within a size and a time limit (``request_body.py``), checks the
 request (``schema.py``), its size (``limits.py``) and its counts (``n``, ``best_of``, prompts)
@@ -12,9 +12,10 @@ KV cache and hands it to the step loop through the :class:`Inbox`, one submissio
 then it reads the pieces of its sequences from its own asyncio queue, as one JSON body or as
 server-sent events ending with ``data: [DONE]`` (``answer.py``). It never touches a
 tensor and never waits on the step loop. A client that goes away cancels its request, streamed
-or not (its row is freed at the next step). Every status, 404 / 405 / 413 / 500 included, has
-OpenAI's error body naming the field (``param``), with the headers its status calls for
-(``responses.py``).
+or not (its row is freed at the next step). A stream's pieces merge while its client reads
+slowly; a client that stops reading for the write timeout is cut (``stream_out.py``). Every
+status, 404 / 405 / 413 / 500 included, has OpenAI's error body naming the field (``param``),
+with the headers its status calls for (``responses.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from torch_tensorrt_dist.serving.answer import Answer
@@ -46,6 +47,7 @@ from torch_tensorrt_dist.serving.protocol import RequestError
 from torch_tensorrt_dist.serving.request_body import ClientGone, read_json
 from torch_tensorrt_dist.serving.responses import RETRY_AFTER, UnhandledErrors, error_response
 from torch_tensorrt_dist.serving.schema import Params, parse_request
+from torch_tensorrt_dist.serving.stream_out import PacedStream, StreamLimits
 
 if TYPE_CHECKING:
     from torch_tensorrt_dist.serving.frontend import ChildInbox
@@ -57,6 +59,8 @@ __all__ = ["CLIENT_GONE", "ServedModel", "create_app"]
 CLIENT_GONE = 499
 #: how long a client may take to send its whole body
 BODY_TIMEOUT_S = 30.0
+#: the status counted for a stream cut because its client stopped reading
+CUT = "slow_client"
 
 
 def _header(request: Request, name: bytes) -> bytes:
@@ -82,8 +86,10 @@ class _Handler:
         state: ServerState,
         metrics: Metrics | ChildInbox,
         api_key: str | None,
+        stream: StreamLimits,
     ) -> None:
         self.model, self.inbox, self.state, self.metrics = model, inbox, state, metrics
+        self.stream_limits = stream
         self.key = None if api_key is None else api_key.encode()
         #: chat templates and the tokenizer run here, never on the event loop
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="tokenize")
@@ -136,7 +142,7 @@ class _Handler:
             ready = prepare(req, self.model)
         else:
             ready = await loop.run_in_executor(self.pool, prepare, req, self.model)
-        sink = Sink(loop)
+        sink = Sink(loop, self.stream_limits.max_pending)
         subs = ready.submissions(req, sink)
         try:
             self.inbox.submit(*subs)
@@ -150,7 +156,12 @@ class _Handler:
         }
         answer = Answer(req, subs, ready, head, self.model.tokenizer.token_text)
         if req.stream:
-            return StreamingResponse(self.stream(answer, sink), media_type="text/event-stream")
+
+            def cut(reason: str) -> None:  # the stream's cleanup then cancels the request
+                answer.status = CUT
+
+            chunks = self.stream(answer, sink)
+            return PacedStream(chunks, sink.queue, self.stream_limits, on_cut=cut)
         return await self.collect(request, answer, sink)
 
     def _leave(self, answer: Answer) -> None:
@@ -176,11 +187,12 @@ class _Handler:
         self.metrics.requests.labels("200").inc()
         return JSONResponse(body)
 
-    async def stream(self, answer: Answer, sink: Sink) -> AsyncIterator[str]:
+    async def stream(self, answer: Answer, sink: Sink) -> AsyncIterator[tuple[str, float]]:
+        """The stream's events, each with its text's step time (``Piece.made``; 0: none)."""
         try:
             async for event in answer.events(sink.queue):
-                yield event
-            yield "data: [DONE]\n\n"
+                yield event, answer.made
+            yield "data: [DONE]\n\n", 0.0
         finally:  # also when the client went away (the stream is cancelled)
             self._leave(answer)
             self.metrics.requests.labels(answer.status).inc()
@@ -193,6 +205,7 @@ def create_app(
     metrics: Metrics | ChildInbox,
     *,
     api_key: str | None = None,
+    stream: StreamLimits | None = None,
 ) -> FastAPI:
     """The FastAPI application of one server (rank 0's HTTP thread, or its HTTP process: there
     ``inbox`` and ``metrics`` are the child's stand-ins, ``frontend.ChildInbox``)."""
@@ -204,7 +217,7 @@ def create_app(
         redirect_slashes=False,  # a 404 in OpenAI's body, not a 307 elsewhere
     )
     app.add_middleware(UnhandledErrors, metrics=metrics)
-    h = _Handler(model, inbox, state, metrics, api_key)
+    h = _Handler(model, inbox, state, metrics, api_key, stream or StreamLimits())
 
     @app.exception_handler(RequestError)
     async def request_error(_: Request, err: RequestError) -> Response:
