@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -90,7 +91,7 @@ class _Stalled:
 
 def _run_stream(stalled: _Stalled, limits: StreamLimits, pieces: int) -> tuple[Any, list[str]]:
     cuts: list[str] = []
-    closed = []
+    closed, writes = [], []
 
     async def body() -> None:
         q = PieceQueue(limits.max_pending)
@@ -106,7 +107,7 @@ def _run_stream(stalled: _Stalled, limits: StreamLimits, pieces: int) -> tuple[A
             finally:
                 closed.append(True)
 
-        stream = PacedStream(chunks(), q, limits, on_cut=cuts.append)
+        stream = PacedStream(chunks(), q, limits, on_cut=cuts.append, on_write=writes.append)
         task = asyncio.ensure_future(stream.stream_response(stalled))  # type: ignore[arg-type]
         await asyncio.sleep(limits.write_timeout_s * 1.5)  # cut at 1x; its error waits
         stalled.resume.set()  # the client reads again: it finds the error event
@@ -115,6 +116,8 @@ def _run_stream(stalled: _Stalled, limits: StreamLimits, pieces: int) -> tuple[A
     asyncio.run(body())
     assert closed == [True]
     texts = [m.get("body", b"").decode() for m in stalled.sent[1:]]
+    # each event written with a step time is told, once; [DONE] and the error have none
+    assert writes == [1.0] * sum(t.startswith("data: ") and t[6:7].isdigit() for t in texts)
     return cuts, texts
 
 
@@ -240,5 +243,10 @@ def test_a_stalled_client_is_cut_and_the_other_streams_flow(tmp_path: Path) -> N
         assert tokens < 12 * 230  # cut before its end
         metrics = httpx.get(f"{srv.url}/metrics").text
         assert 'torchtrt_requests_total{status="slow_client"} 1.0' in metrics
+        # the HTTP process's writes, shown once after rank 0's metrics: every event of the
+        # other stream but its [DONE], and the stalled one's that were written
+        assert metrics.count("# TYPE torchtrt_token_to_write_seconds histogram") == 1
+        found = re.search(r"^torchtrt_token_to_write_seconds_count (\S+)$", metrics, re.M)
+        assert found is not None and float(found.group(1)) >= len(gaps)
     finally:
         assert srv.stop() == 0

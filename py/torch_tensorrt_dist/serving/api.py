@@ -160,8 +160,11 @@ class _Handler:
             def cut(reason: str) -> None:  # the stream's cleanup then cancels the request
                 answer.status = CUT
 
+            def written(made: float) -> None:
+                self.metrics.write_delay.observe(time.monotonic() - made)
+
             chunks = self.stream(answer, sink)
-            return PacedStream(chunks, sink.queue, self.stream_limits, on_cut=cut)
+            return PacedStream(chunks, sink.queue, self.stream_limits, on_cut=cut, on_write=written)
         return await self.collect(request, answer, sink)
 
     def _leave(self, answer: Answer) -> None:

@@ -229,6 +229,7 @@ def _lead(
     streams = StreamLimits(config.write_timeout_s)
     http: HttpThread | HttpProcess
     if http_mode() == "process":  # the HTTP server in a forked child (``frontend.py``)
+        metrics.writes_elsewhere()
         http = HttpProcess(
             lambda inbox, st: create_app(
                 model, inbox, st, inbox, api_key=config.api_key, stream=streams
