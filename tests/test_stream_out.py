@@ -58,16 +58,20 @@ def test_a_sequences_waiting_pieces_merge_in_order() -> None:
     assert [getattr(i, "text", None) for i in items] == ["d", "e", None, "f"]
 
 
-def test_a_queue_past_its_bound_is_full() -> None:
-    async def body() -> None:
-        q = PieceQueue(max_pending=10)
-        full = q.full
-        q.put_nowait(Piece("0123456789", 1, None))
-        assert not full.is_set()
-        q.put_nowait(Piece("!", 1, None))
-        assert full.is_set() and q.qsize() == 1
+def test_a_queue_past_its_bound_calls_on_full() -> None:
+    q, calls = PieceQueue(max_pending=10), []
+    q.on_full = lambda: calls.append(q.size)
+    q.put_nowait(Piece("0123456789", 1, None))
+    assert not q.over and calls == []
+    q.put_nowait(Piece("!", 1, None))
+    assert q.over and calls == [11] and q.qsize() == 1
 
-    asyncio.run(body())
+
+def test_a_full_queue_cuts_a_blocked_write() -> None:
+    stalled = _Stalled(takes=2)  # the start and one event
+    limits = StreamLimits(write_timeout_s=0.5, max_pending=8 * 5)
+    cuts, _ = _run_stream(stalled, limits, pieces=50, fill=True)
+    assert len(cuts) == 1 and "read too slowly" in cuts[0] and "at most 40" in cuts[0]
 
 
 def test_limits_are_checked() -> None:
@@ -89,7 +93,11 @@ class _Stalled:
         self.sent.append(message)
 
 
-def _run_stream(stalled: _Stalled, limits: StreamLimits, pieces: int) -> tuple[Any, list[str]]:
+def _run_stream(
+    stalled: _Stalled, limits: StreamLimits, pieces: int, fill: bool = False
+) -> tuple[Any, list[str]]:
+    """``pieces`` events through a PacedStream to ``stalled``; ``fill``: while a write waits,
+    more pieces arrive (8 characters every 10 ms)."""
     cuts: list[str] = []
     closed, writes = [], []
 
@@ -108,10 +116,19 @@ def _run_stream(stalled: _Stalled, limits: StreamLimits, pieces: int) -> tuple[A
                 closed.append(True)
 
         stream = PacedStream(chunks(), q, limits, on_cut=cuts.append, on_write=writes.append)
+
+        async def steps() -> None:  # the step loop goes on while the client does not read
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                q.put_nowait(Piece("y" * 8, 1, None))
+
+        filling = asyncio.ensure_future(steps()) if fill else None
         task = asyncio.ensure_future(stream.stream_response(stalled))  # type: ignore[arg-type]
         await asyncio.sleep(limits.write_timeout_s * 1.5)  # cut at 1x; its error waits
         stalled.resume.set()  # the client reads again: it finds the error event
         await asyncio.wait_for(task, 5)
+        if filling is not None:
+            filling.cancel()
 
     asyncio.run(body())
     assert closed == [True]

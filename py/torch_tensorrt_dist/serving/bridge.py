@@ -116,18 +116,15 @@ class PieceQueue:
         self._items: deque[Piece | Failed] = deque()
         self._size = 0
         self._waiter: asyncio.Future[None] | None = None
-        self._full: asyncio.Event | None = None
+        #: called (on the event loop) when a piece takes the size past ``max_pending``
+        self.on_full: Callable[[], None] | None = None
         #: pieces merged into one that was waiting (a slow reader's)
         self.merges = 0
 
     @property
-    def full(self) -> asyncio.Event:
-        """Set once the pending size passed ``max_pending``."""
-        if self._full is None:
-            self._full = asyncio.Event()
-            if self._size > self.max_pending:
-                self._full.set()
-        return self._full
+    def over(self) -> bool:
+        """The pending size is past ``max_pending``."""
+        return self._size > self.max_pending
 
     def put_nowait(self, item: Piece | Failed) -> None:
         if isinstance(item, Piece):
@@ -147,8 +144,8 @@ class PieceQueue:
 
     def _grow(self, size: int) -> None:
         self._size += size
-        if self._size > self.max_pending and self._full is not None:
-            self._full.set()
+        if self.on_full is not None and self.over:
+            self.on_full()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, cast
 
 import anyio
@@ -107,29 +107,46 @@ class PacedStream(StreamingResponse):
     async def _write(self, send: Send, chunk: str, *, last: bool = False) -> str | None:
         """Write ``chunk``; None once written, else why the stream is cut. The ``last`` events
         of a cut stream wait ``CLOSE_AFTER`` write timeouts for the client, the queue unbounded
-        (its request is cancelled: nothing more comes)."""
+        (its request is cancelled: nothing more comes). A timer, or the queue passing its
+        bound, cancels the waiting write (nothing of it is sent: uvicorn waits for the client
+        before it writes, and writes without waiting)."""
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None  # an ASGI app runs in a task
         message = {"type": "http.response.body", "body": chunk.encode(), "more_body": True}
-        write = asyncio.ensure_future(send(message))
-        full = None if last else asyncio.ensure_future(self._queue.full.wait())
-        started = time.monotonic()
+        cut: list[str] = []
+
+        def expire(why: str) -> None:
+            if not cut:
+                cut.append(why)
+                task.cancel()
+
+        timeout = self._limits.write_timeout_s * (CLOSE_AFTER if last else 1)
+        if not last and self._queue.over:
+            cut.append("full")
+            return self._why(cut[0], timeout)
+        timer = loop.call_later(timeout, expire, "timeout")
+        if not last:
+            self._queue.on_full = partial(expire, "full")
         try:
-            waits = {write} if full is None else {write, full}
-            timeout = self._limits.write_timeout_s * (CLOSE_AFTER if last else 1)
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await send(message)
+        except asyncio.CancelledError:
+            if not cut:
+                raise  # this stream was cancelled: the client went away
+            uncancel = getattr(task, "uncancel", None)  # Python >= 3.11 counts cancels
+            if uncancel is not None:
+                uncancel()
         finally:
-            if full is not None:
-                full.cancel()
-        if write.done():
-            write.result()  # a failed write raises here
-            return None
-        write.cancel()
-        if full is not None and self._queue.full.is_set():
+            timer.cancel()
+            self._queue.on_full = None
+        return self._why(cut[0], timeout) if cut else None
+
+    def _why(self, cut: str, timeout: float) -> str:
+        if cut == "full":
             return (
                 f"the client read too slowly: {self._queue.size} characters of this stream "
                 f"were waiting (at most {self._queue.max_pending}); the stream was cut"
             )
         return (
-            f"the client did not read for {time.monotonic() - started:.1f} s "
-            f"(the server's write timeout is {self._limits.write_timeout_s:g} s); "
-            "the stream was cut"
+            f"the client did not read for {timeout:g} s (the server's write timeout is "
+            f"{self._limits.write_timeout_s:g} s); the stream was cut"
         )
