@@ -3,7 +3,7 @@
     figures = client_view(streams)   # pure: gaps between events, first event, events per token
 
 The serving benchmark's checkpoint (``serve_checkpoint.py``: 4096 positions, the demo model's
-byte-level BPE, greedy runs to the token limit) is served at TP 1; C = 1, 8 and 32 clients
+byte-level BPE, greedy runs to the token limit) is served at TP 1 and 2; C = 1, 8 and 32 clients
 each send one streamed completion at once, long (1,500 tokens) then short (64 tokens), and
 record when each event with text arrives. Per run: the wait from the request to its first
 event, the gaps between events (p50 / p99 / max over every stream's gaps, and the largest gap
@@ -43,10 +43,11 @@ class ClientSizes:
     long_tokens: int = 1500
     short_tokens: int = 64
     engine: str = "inductor"
+    tp: tuple[int, ...] = (1, 2)
 
     @classmethod
     def quick(cls) -> ClientSizes:
-        return cls(clients=(1, 4), long_tokens=200, short_tokens=16, engine="none")
+        return cls(clients=(1, 4), long_tokens=200, short_tokens=16, engine="none", tp=(1,))
 
 
 def client_view(streams: Sequence[Stream]) -> dict[str, float]:
@@ -116,12 +117,13 @@ def serve_clients(sizes: ClientSizes | None = None) -> list[Figure]:
         longest = max(sizes.long_tokens, sizes.short_tokens) + 64
         args = ["--model", str(path), "--engine", sizes.engine, "--served-model-name", "bench"]
         args += ["--max-batch-size", str(max(sizes.clients)), "--max-seq-len", str(longest)]
-        with ServerProcess(args) as server:
-            asyncio.run(_run(server.url, 1, 4))  # warm-up
-            for kind, tokens in (("long", sizes.long_tokens), ("short", sizes.short_tokens)):
-                for c in sizes.clients:
-                    view = client_view(asyncio.run(_run(server.url, c, tokens)))
-                    figures += _figures(f"C={c} {kind} ({tokens} tokens)", view)
+        for tp in sizes.tp:
+            with ServerProcess([*args, "--tp", str(tp)]) as server:
+                asyncio.run(_run(server.url, 1, 4))  # warm-up
+                for kind, tokens in (("long", sizes.long_tokens), ("short", sizes.short_tokens)):
+                    for c in sizes.clients:
+                        view = client_view(asyncio.run(_run(server.url, c, tokens)))
+                        figures += _figures(f"TP {tp}, C={c} {kind} ({tokens} tokens)", view)
     return figures
 
 
