@@ -374,3 +374,18 @@ def test_the_template_run_passes_its_flag_and_labels_its_figures() -> None:
     assert [f.value for f in figs] == [f.value for f in default]  # the same arithmetic
     for name in ("serve_aten", "serve_template", "serve_auto"):
         assert name in SECTIONS and name in QUICK_SECTIONS
+
+
+def test_client_view_figures_by_hand() -> None:
+    """Two streams sent at 0: gaps, first events and events per token computed by hand."""
+    from torch_tensorrt_dist.bench.serve_clients import client_view
+    from torch_tensorrt_dist.bench.serve_streams import Stream
+
+    a = Stream(0.0, times=[0.5, 0.6, 0.8], completion_tokens=3)  # gaps 0.1, 0.2
+    b = Stream(0.0, times=[0.2, 2.2], completion_tokens=4)  # gap 2.0: text merged or held
+    view = client_view([a, b])
+    assert view["first_p50"] == 0.5 and view["first_max"] == 0.5  # nearest rank of 2
+    assert view["gap_max"] == 2.0 and view["gap_p99"] == 2.0
+    assert abs(view["gap_p50"] - 0.2) < 1e-9
+    assert view["events_per_token"] == 5 / 7
+    assert client_view([])["events_per_token"] == 0.0

@@ -33,6 +33,7 @@ class Counting:
     def __init__(self, tok: Tokenizer) -> None:
         self.tok, self.eos_ids, self.decoded = tok, tok.eos_ids, 0
         self.unstable_ids = getattr(tok, "unstable_ids", frozenset())
+        self.byte_pieces = getattr(tok, "byte_pieces", {})
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return self.tok.encode(text, add_special_tokens=add_special_tokens)
@@ -103,21 +104,23 @@ def test_any_ids_concatenate_to_decode(
     assert detok.full_decodes == 0
 
 
-def test_byte_fallback_run_is_released_when_it_ends(
+def test_byte_fallback_run_is_held_while_valid_and_released_once_invalid(
     tokenizers: dict[str, tuple[Tokenizer, int]],
 ) -> None:
     """A run of byte pieces decodes as a whole: an invalid byte after a complete character
-    turns that character into U+FFFD too, so a run's text waits for the run's end."""
+    turns that character into U+FFFD too, so a valid run's text waits for the run's end; the
+    byte that makes it invalid (no later byte can repair it) releases the run's U+FFFD."""
     tok = tokenizers["sentencepiece"][0]
     assert isinstance(tok, HFTokenizer) and len(tok.unstable_ids) == 256
     nul = tok.encode("\x00", add_special_tokens=False)[-1]  # <0x00>
     cont = nul + 0x80  # <0x80>: the byte pieces have consecutive ids
     assert tok.decode([nul, cont]) == "\ufffd\ufffd"  # not "\x00\ufffd"
-    pieces, rest, _ = _stream(tok, [nul, 0, cont])  # a skipped special inside the run
-    assert pieces == ["", "", ""] and rest == "\ufffd\ufffd" == tok.decode([nul, 0, cont])
+    pieces, rest, _ = _stream(tok, [nul, 0, cont, cont])  # a skipped special inside the run
+    assert pieces == ["", "", "\ufffd\ufffd", "\ufffd"] and rest == ""
+    assert "".join(pieces) == tok.decode([nul, 0, cont, cont])
     held = Detokenizer(tok)
     assert held.push(nul) == "" and held.peek() == "\x00"  # held, whole characters so far
-    assert held.push(cont) == "" and held.peek() == ""  # an invalid run: every byte is U+FFFD
+    assert held.push(nul + 0xE4) == "" and held.peek() == ""  # inside a character
     word = tok.encode("hello", add_special_tokens=False)
     pieces, _, _ = _stream(tok, [nul, *word])
     assert pieces[0] == "" and "".join(pieces) == "\x00 hello" == tok.decode([nul, *word])
@@ -250,3 +253,114 @@ def test_a_stop_string_ends_the_text_at_the_first_token_that_completes_it(
     first = next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]))
     text = tok.decode(ids[:first])
     assert at == first and shown == text[: text.find(stop)], (ids, stop)
+
+
+def _gpt2_byte_chars() -> dict[int, str]:
+    """Byte -> the character that stands for it in a byte-level BPE vocabulary (GPT-2's
+    printable map: printable Latin-1 bytes stand for themselves, the rest from U+0100 on)."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b], extra = chr(0x100 + extra), extra + 1
+    return chars
+
+
+def _byte_ids(tok: Tokenizer, name: str) -> dict[int, int]:
+    """Byte -> the id of the token that is that one byte."""
+    if name == "byte":
+        return {b: b for b in range(256)}
+    if name == "sentencepiece":
+        assert isinstance(tok, HFTokenizer)
+        return {b: i for i, b in tok.byte_pieces.items()}
+    assert isinstance(tok, HFTokenizer)
+    ids = {b: tok._tok.token_to_id(c) for b, c in _gpt2_byte_chars().items()}
+    assert all(i is not None for i in ids.values())
+    assert tok.decode([ids[0xE4], ids[0xB8], ids[0xAD]]) == "中"
+    return ids  # type: ignore[return-value]
+
+
+def _held_at_each_step(tok: Tokenizer, ids: list[int]) -> list[int]:
+    """Characters of ``decode(ids[:k])`` not released after id k; asserts what was released
+    is a prefix of it at each step (text never released early, then changed)."""
+    detok, released, held = Detokenizer(tok), "", []
+    for k, i in enumerate(ids, 1):
+        released += detok.push(i)
+        text = tok.decode(ids[:k])
+        assert text.startswith(released), (ids[:k], released, text)
+        held.append(len(text) - len(released))
+    assert released + detok.flush() == tok.decode(ids)
+    return held
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_only_what_can_still_change_is_held(
+    tokenizers: dict[str, tuple[Tokenizer, int]], name: str, data: st.DataObject
+) -> None:
+    """Random mixes of single-byte ids (lead, continuation, ASCII: valid and invalid UTF-8) and
+    any ids: after each id the released text is a prefix of ``decode(ids[:k])`` and, but for
+    a valid byte-fallback run, at most one character (a character's incomplete 1-3 bytes)
+    is held back."""
+    tok, vocab = tokenizers[name]
+    by_byte = _byte_ids(tok, name)
+    one_byte = st.sampled_from([0x41, 0x20, 0x80, 0xBF, 0xC3, 0xE4, 0xF0, 0xB8, 0xAD, 0xFF])
+    ids = data.draw(
+        st.lists(st.one_of(one_byte.map(by_byte.__getitem__), st.integers(0, vocab - 1)))
+    )
+    held = _held_at_each_step(tok, ids)
+    if name != "sentencepiece":
+        assert max(held, default=0) <= 1
+
+
+def test_byte_fallback_invalid_run_is_released_byte_by_byte(
+    tokenizers: dict[str, tuple[Tokenizer, int]],
+) -> None:
+    tok = tokenizers["sentencepiece"][0]
+    by_byte = _byte_ids(tok, "sentencepiece")
+    ids = [by_byte[0xE4], by_byte[0xB8], by_byte[0x41], *[by_byte[0x80]] * 50]
+    held = _held_at_each_step(tok, ids)
+    assert held[:2] == [1, 2] and held[2:] == [0] * 51  # shown as U+FFFD once E4 B8 41 fails
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_long_invalid_run_streams_at_a_bounded_cost(
+    tokenizers: dict[str, tuple[Tokenizer, int]], name: str
+) -> None:
+    """2,000 continuation-byte ids (text that never forms a character), then a character cut
+    by specials: each id releases its U+FFFD at once and decodes a few ids, not the run."""
+    counting = Counting(tokenizers[name][0])
+    by_byte = _byte_ids(counting.tok, name)
+    special = 1 if name == "sentencepiece" else (0 if name == "bytelevel-bpe" else 299)
+    ids = [by_byte[0x61], *[by_byte[0x80]] * 2000, by_byte[0xE4], special, by_byte[0xB8]]
+    ids += [special, by_byte[0xAD], *counting.encode("ok", add_special_tokens=False)]
+    detok, pieces, work = Detokenizer(counting), [], []
+    for i in ids:
+        before = counting.decoded
+        pieces.append(detok.push(i))
+        work.append(counting.decoded - before)
+    rest = detok.flush()
+    assert "".join(pieces) + rest == counting.tok.decode(ids)
+    # a byte-fallback run holds its 'a' until the first 0x80 shows the run invalid; else a
+    # 0x80's U+FFFD is held until the next byte shows it cannot be a character's start
+    first = ["", "\ufffd\ufffd"] if name == "sentencepiece" else ["a", ""]
+    assert pieces[:2] == first
+    assert all(p == "\ufffd" for p in pieces[2:2002])  # one U+FFFD per id, one id late at most
+    assert max(work) <= 12, max(work)  # ids decoded per push: a window of a few ids
+    assert detok.full_decodes == 0
+
+
+def test_valid_byte_fallback_run_is_checked_without_decoding(
+    tokenizers: dict[str, tuple[Tokenizer, int]],
+) -> None:
+    """A long valid run (characters outside the vocabulary) is checked byte by byte and
+    decoded once, when it ends."""
+    counting = Counting(tokenizers["sentencepiece"][0])
+    by_byte = _byte_ids(counting.tok, "sentencepiece")
+    word = counting.encode("the", add_special_tokens=False)
+    ids = [*word, *[by_byte[b] for b in "中".encode() * 300], *word]
+    pieces, rest, _ = _stream(counting, ids)
+    assert "".join(pieces) + rest == counting.tok.decode(ids)
+    assert pieces[len(word) : -len(word)] == [""] * 900 and "中" * 300 in pieces[-len(word)]
+    assert counting.decoded < 4 * 900

@@ -77,6 +77,12 @@ def _serve_control() -> list[Figure]:
     return serve_figures()
 
 
+def _serve_clients(*, quick: bool = False) -> list[Figure]:
+    from torch_tensorrt_dist.bench.serve_clients import ClientSizes, serve_clients
+
+    return serve_clients(ClientSizes.quick() if quick else ClientSizes())
+
+
 def _grammar() -> list[Figure]:
     from torch_tensorrt_dist.bench.grammar_cost import grammar_cost
 
@@ -104,6 +110,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "serve_template": partial(_serve, cpu_gemm="template"),
     "serve_auto": partial(_serve, cpu_gemm="auto"),
     "serve_control": _serve_control,
+    "serve_clients": _serve_clients,
     "grammar": _grammar,
     "gpu": _gpu,
 }
@@ -113,6 +120,7 @@ QUICK_SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "serve_aten": partial(_serve, quick=True, cpu_gemm="aten"),
     "serve_template": partial(_serve, quick=True, cpu_gemm="template"),
     "serve_auto": partial(_serve, quick=True, cpu_gemm="auto"),
+    "serve_clients": partial(_serve_clients, quick=True),
 }
 
 

@@ -120,6 +120,7 @@ def run(rank: Rank, built: Built) -> int:
             step_timeout_s=job.step_timeout,
             tool_call_parser=job.tool_call_parser,
             reasoning_parser=job.reasoning_parser,
+            write_timeout_s=job.write_timeout,
         ),
         control=control,
         on_ready=lambda url, s, loop: _ready(rank, built, name, url, s, loop),

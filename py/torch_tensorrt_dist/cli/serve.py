@@ -37,7 +37,12 @@ from torch_tensorrt_dist.cli._options import (
 )
 from torch_tensorrt_dist.cli._rank import start
 from torch_tensorrt_dist.cli._serve_job import API_KEY_ENV
-from torch_tensorrt_dist.config.jobs import DEFAULT_STEP_TIMEOUT_S, MAX_DRAIN_S, ServeJob
+from torch_tensorrt_dist.config.jobs import (
+    DEFAULT_STEP_TIMEOUT_S,
+    DEFAULT_WRITE_TIMEOUT_S,
+    MAX_DRAIN_S,
+    ServeJob,
+)
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.errors import ConfigError
 
@@ -85,6 +90,14 @@ def register(subparsers: Any) -> None:
         help="seconds a step may run; a longer one fails the server, naming the rank that did "
         f"not answer (default {DEFAULT_STEP_TIMEOUT_S:g}; below the collective timeout)",
     )
+    p.add_argument(
+        "--write-timeout",
+        type=float,
+        default=DEFAULT_WRITE_TIMEOUT_S,
+        help="seconds a stream's client may take no write (it stopped reading); then its "
+        f"stream ends with an error event and its request is cancelled (default "
+        f"{DEFAULT_WRITE_TIMEOUT_S:g})",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one)")
     p.add_argument(
@@ -130,6 +143,7 @@ def _job(ns: argparse.Namespace) -> ServeJob:
         step_timeout=ns.step_timeout,
         tool_call_parser=ns.tool_call_parser,
         reasoning_parser=ns.reasoning_parser,
+        write_timeout=ns.write_timeout,
     )
     try:
         import fastapi  # noqa: F401

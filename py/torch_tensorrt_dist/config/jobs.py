@@ -40,6 +40,8 @@ WARMUP_STOP_S = 120.0
 #: A serving step that runs longer fails the server (well under the 10-minute collective
 #: timeout); ``serving.server`` takes it from here (this module needs no serve extra)
 DEFAULT_STEP_TIMEOUT_S = 60.0
+#: A stream whose client takes no write for this long is cut (``serving.stream_out``)
+DEFAULT_WRITE_TIMEOUT_S = 60.0
 #: After a signal, a serving rank still running ``--drain-timeout`` + this ends itself
 DRAIN_GRACE_S = 2.0
 
@@ -100,6 +102,8 @@ class ServeJob:
     """How tool_choice "auto" reads calls (None: the chat template's format, if known)."""
     reasoning_parser: str | None = None
     """Split ``<think>`` reasoning into ``reasoning_content`` (None: off)."""
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT_S
+    """Seconds a stream's client may take no write before its stream is cut."""
 
     @property
     def stop_timeout(self) -> float:
@@ -125,6 +129,8 @@ class ServeJob:
                 "header, which carries nothing else"
             )
         check_step_timeout(self.step_timeout, collective_timeout_s())
+        if not self.write_timeout > 0:
+            raise ConfigError(f"--write-timeout must be > 0 seconds, got {self.write_timeout:g}")
 
 
 @dataclass(frozen=True)

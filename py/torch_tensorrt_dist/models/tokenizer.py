@@ -76,10 +76,15 @@ class HFTokenizer:
         #: (``<0xC3>``), which ``decode`` turns into text a whole run at a time (an invalid run
         #: becomes one U+FFFD per byte, characters that were complete included)
         self.unstable_ids: frozenset[int] = frozenset()
+        #: the byte each byte-fallback piece stands for (``<0xC3>`` -> 0xC3), by id
+        self.byte_pieces: dict[int, int] = {}
         if getattr(self._tok.model, "byte_fallback", False):
-            self.unstable_ids = frozenset(
-                i for piece, i in self._tok.get_vocab().items() if _BYTE_PIECE.fullmatch(piece)
-            )
+            self.byte_pieces = {
+                i: int(piece[3:5], 16)
+                for piece, i in self._tok.get_vocab().items()
+                if _BYTE_PIECE.fullmatch(piece)
+            }
+            self.unstable_ids = frozenset(self.byte_pieces)
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Ids of ``text``; ``add_special_tokens=False`` for text that holds its own (a

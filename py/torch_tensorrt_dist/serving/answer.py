@@ -3,7 +3,7 @@
 
     answer = Answer(req, subs, ready, head, token_text)
     body = await answer.collect(queue)        # a finished request's body; RequestError on Failed
-    async for event in answer.events(queue): ...   # chunks, then [DONE]
+    async for event in answer.events(queue): ...   # chunks (answer.made: their step's time)
 
 Choice ``i`` of a stream gets its events in order: (chat) a first chunk with the role, (echo)
 its prompt's text, its text as it comes with the logprobs of its tokens, and a chunk with its
@@ -12,13 +12,12 @@ its prompt's text, its text as it comes with the logprobs of its tokens, and a c
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from torch_tensorrt_dist.serving import protocol
-from torch_tensorrt_dist.serving.bridge import Failed, Piece, Submission
+from torch_tensorrt_dist.serving.bridge import Failed, PieceQueue, Submission
 from torch_tensorrt_dist.serving.chat_output import ChatStream
 from torch_tensorrt_dist.serving.choices import (
     Generated,
@@ -58,11 +57,13 @@ class Answer:
         #: a usage object on every chunk (``stream_options.continuous_usage_stats``)
         opts = req.stream_options
         self.usage_each = req.include_usage and opts is not None and opts.continuous_usage_stats
+        #: ``Piece.made`` of the piece the last event came from (0 for events of no piece)
+        self.made = 0.0
 
     def usage(self) -> dict[str, Any]:
         return protocol.usage(self.prompt_tokens, self.seqs.tokens, self.seqs.cached)
 
-    async def collect(self, queue: asyncio.Queue[Piece | Failed]) -> dict[str, Any]:
+    async def collect(self, queue: PieceQueue) -> dict[str, Any]:
         """The body once every sequence has finished; RequestError for a Failed."""
         while not self.seqs.done:
             item = await queue.get()
@@ -103,7 +104,7 @@ class Answer:
             chunk["usage"] = self.usage()
         return sse(chunk)
 
-    async def events(self, queue: asyncio.Queue[Piece | Failed]) -> AsyncIterator[str]:
+    async def events(self, queue: PieceQueue) -> AsyncIterator[str]:
         """The stream's events (``best_of`` <= ``n`` here: a sequence is a choice)."""
         chat, head = self.req.chat, self.head
         offsets = [0] * len(self.seqs.seqs)
@@ -119,11 +120,11 @@ class Answer:
         while not self.seqs.done:
             item = await queue.get()
             if isinstance(item, Failed):
-                self.status = str(item.status)
+                self.status, self.made = str(item.status), 0.0
                 yield sse(protocol.error_body(item.status, item.message, param=item.param))
                 return
             self.seqs.add(item)
-            index = item.index
+            index, self.made = item.index, item.made
             logprobs = None
             if self.show_logprobs and item.logprobs:
                 if chat:
@@ -154,6 +155,6 @@ class Answer:
                 if output is not None:
                     finish = output.finish_reason(finish, streams[index].called)
                 yield self._sse(protocol.chunk(chat, text=None, index=index, finish=finish, **head))
-        self.status = "200"
+        self.status, self.made = "200", 0.0
         if self.req.include_usage:
             yield sse(protocol.chunk(chat, text=None, usage=self.usage(), **head))

@@ -2,7 +2,7 @@
 ``/v1/models``, vLLM's ``/tokenize`` and ``/detokenize`` (``tokenize.py``), ``/health`` and
 ``/metrics``.
 
-    app = create_app(model, inbox, state, metrics, api_key=None)
+    app = create_app(model, inbox, state, metrics, api_key=None, stream=StreamLimits())
 
 A handler reads the body within a size and a time limit (``request_body.py``), checks the
 request (``schema.py``), its size (``limits.py``) and its counts (``n``, ``best_of``, prompts)
@@ -13,9 +13,10 @@ KV cache and hands it to the step loop through the :class:`Inbox`, one submissio
 then it reads the pieces of its sequences from its own asyncio queue, as one JSON body or as
 server-sent events ending with ``data: [DONE]`` (``answer.py``). It never touches a
 tensor and never waits on the step loop. A client that goes away cancels its request, streamed
-or not (its row is freed at the next step). Every status, 404 / 405 / 413 / 500 included, has
-OpenAI's error body naming the field (``param``), with the headers its status calls for
-(``responses.py``).
+or not (its row is freed at the next step). A stream's pieces merge while its client reads
+slowly; a client that stops reading for the write timeout is cut (``stream_out.py``). Every
+status, 404 / 405 / 413 / 500 included, has OpenAI's error body naming the field (``param``),
+with the headers its status calls for (``responses.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from torch_tensorrt_dist.serving.answer import Answer
@@ -47,6 +48,7 @@ from torch_tensorrt_dist.serving.protocol import RequestError
 from torch_tensorrt_dist.serving.request_body import ClientGone, read_json
 from torch_tensorrt_dist.serving.responses import RETRY_AFTER, UnhandledErrors, error_response
 from torch_tensorrt_dist.serving.schema import Params, parse_request
+from torch_tensorrt_dist.serving.stream_out import PacedStream, StreamLimits
 from torch_tensorrt_dist.serving.tokenize import detokenize, tokenize
 
 if TYPE_CHECKING:
@@ -59,6 +61,8 @@ __all__ = ["CLIENT_GONE", "ServedModel", "create_app"]
 CLIENT_GONE = 499
 #: how long a client may take to send its whole body
 BODY_TIMEOUT_S = 30.0
+#: the status counted for a stream cut because its client stopped reading
+CUT = "slow_client"
 
 
 def _header(request: Request, name: bytes) -> bytes:
@@ -84,8 +88,10 @@ class _Handler:
         state: ServerState,
         metrics: Metrics | ChildInbox,
         api_key: str | None,
+        stream: StreamLimits,
     ) -> None:
         self.model, self.inbox, self.state, self.metrics = model, inbox, state, metrics
+        self.stream_limits = stream
         self.key = None if api_key is None else api_key.encode()
         #: chat templates and the tokenizer run here, never on the event loop
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="tokenize")
@@ -138,7 +144,7 @@ class _Handler:
             ready = prepare(req, self.model)
         else:
             ready = await loop.run_in_executor(self.pool, prepare, req, self.model)
-        sink = Sink(loop)
+        sink = Sink(loop, self.stream_limits.max_pending)
         subs = ready.submissions(req, sink)
         try:
             self.inbox.submit(*subs)
@@ -152,7 +158,15 @@ class _Handler:
         }
         answer = Answer(req, subs, ready, head, self.model.tokenizer.token_text)
         if req.stream:
-            return StreamingResponse(self.stream(answer, sink), media_type="text/event-stream")
+
+            def cut(reason: str) -> None:  # the stream's cleanup then cancels the request
+                answer.status = CUT
+
+            def written(made: float) -> None:
+                self.metrics.write_delay.observe(time.monotonic() - made)
+
+            chunks = self.stream(answer, sink)
+            return PacedStream(chunks, sink.queue, self.stream_limits, on_cut=cut, on_write=written)
         return await self.collect(request, answer, sink)
 
     async def tokens(self, request: Request, work: Any) -> Response:
@@ -198,11 +212,12 @@ class _Handler:
         self.metrics.requests.labels("200").inc()
         return JSONResponse(body)
 
-    async def stream(self, answer: Answer, sink: Sink) -> AsyncIterator[str]:
+    async def stream(self, answer: Answer, sink: Sink) -> AsyncIterator[tuple[str, float]]:
+        """The stream's events, each with its text's step time (``Piece.made``; 0: none)."""
         try:
             async for event in answer.events(sink.queue):
-                yield event
-            yield "data: [DONE]\n\n"
+                yield event, answer.made
+            yield "data: [DONE]\n\n", 0.0
         finally:  # also when the client went away (the stream is cancelled)
             self._leave(answer)
             self.metrics.requests.labels(answer.status).inc()
@@ -215,6 +230,7 @@ def create_app(
     metrics: Metrics | ChildInbox,
     *,
     api_key: str | None = None,
+    stream: StreamLimits | None = None,
 ) -> FastAPI:
     """The FastAPI application of one server (rank 0's HTTP thread, or its HTTP process: there
     ``inbox`` and ``metrics`` are the child's stand-ins, ``frontend.ChildInbox``)."""
@@ -226,7 +242,7 @@ def create_app(
         redirect_slashes=False,  # a 404 in OpenAI's body, not a 307 elsewhere
     )
     app.add_middleware(UnhandledErrors, metrics=metrics)
-    h = _Handler(model, inbox, state, metrics, api_key)
+    h = _Handler(model, inbox, state, metrics, api_key, stream or StreamLimits())
 
     @app.exception_handler(RequestError)
     async def request_error(_: Request, err: RequestError) -> Response:

@@ -10,8 +10,10 @@ process of its own, ``frontend.py`` carries these through a pipe.)
     deliver([(sink, piece), ...])          # a step's pieces, one wake-up of the HTTP loop
 
 The HTTP layer never waits on the step loop and the step loop never waits on HTTP: requests go
-through a thread-safe queue, and each request's pieces come back through its own asyncio queue
-(``loop.call_soon_threadsafe``).
+through a thread-safe queue, and each request's pieces come back through its own queue
+(``loop.call_soon_threadsafe``), a :class:`PieceQueue` where a sequence's pieces merge while
+they wait: a client that reads slowly gets fewer, larger events, and its queue holds one piece
+per sequence, not one per token (``stream_out.py`` cuts a stream that stops reading).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from torch_tensorrt_dist.generation.grammar import GrammarSpec
@@ -35,6 +38,7 @@ __all__ = [
     "Failed",
     "Inbox",
     "Piece",
+    "PieceQueue",
     "QueueFull",
     "ServerState",
     "Sink",
@@ -64,6 +68,8 @@ class Piece:
     """Which sequence of the HTTP request (``Submission.index`` + its choice)."""
     logprobs: tuple[TokenLogprobs, ...] = ()
     """The logprobs of its tokens, where the request asked for them."""
+    made: float = 0.0
+    """``time.monotonic()`` at the step that made its first token (0: not known)."""
 
 
 @dataclass
@@ -76,11 +82,110 @@ class Failed:
     param: str | None = None
 
 
-class Sink:
-    """A request's queue of :class:`Piece`/:class:`Failed`, filled from any thread."""
+#: the most a stream's pending pieces may hold (characters; logprobs count LOGPROBS_COST a token)
+MAX_PENDING = 1 << 22
+#: what a token's logprobs count in a queue's size (a few alternatives and their bytes)
+LOGPROBS_COST = 256
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.queue: asyncio.Queue[Piece | Failed] = asyncio.Queue()
+
+def _size(item: Piece | Failed) -> int:
+    if isinstance(item, Failed):
+        return 0
+    return len(item.text) + LOGPROBS_COST * len(item.logprobs)
+
+
+def merged(first: Piece, then: Piece) -> Piece:
+    """``first`` followed by ``then`` (same sequence) as one piece."""
+    return replace(
+        first,
+        text=first.text + then.text,
+        tokens=first.tokens + then.tokens,
+        finish=then.finish,
+        cached=first.cached + then.cached,
+        logprobs=first.logprobs + then.logprobs,
+        made=min(first.made, then.made) if first.made and then.made else first.made or then.made,
+    )
+
+
+class PieceQueue:
+    """One request's pending pieces and failures, in order, a sequence's pieces merged while
+    they wait (``asyncio.Queue``'s methods that the server uses; the event loop's thread)."""
+
+    def __init__(self, max_pending: int = MAX_PENDING) -> None:
+        self.max_pending = max_pending
+        self._items: deque[Piece | Failed] = deque()
+        self._size = 0
+        self._waiter: asyncio.Future[None] | None = None
+        #: called (on the event loop) when a piece takes the size past ``max_pending``
+        self.on_full: Callable[[], None] | None = None
+        #: pieces merged into one that was waiting (a slow reader's)
+        self.merges = 0
+
+    @property
+    def over(self) -> bool:
+        """The pending size is past ``max_pending``."""
+        return self._size > self.max_pending
+
+    def put_nowait(self, item: Piece | Failed) -> None:
+        if isinstance(item, Piece):
+            for k in range(len(self._items) - 1, -1, -1):
+                waiting = self._items[k]
+                if isinstance(waiting, Failed):
+                    break  # nothing merges across a failure
+                if waiting.index == item.index and waiting.finish is None:
+                    self._items[k] = merged(waiting, item)
+                    self._grow(_size(item))
+                    self.merges += 1
+                    self._wake()
+                    return
+        self._items.append(item)
+        self._grow(_size(item))
+        self._wake()
+
+    def _grow(self, size: int) -> None:
+        self._size += size
+        if self.on_full is not None and self.over:
+            self.on_full()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def get_nowait(self) -> Piece | Failed:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        item = self._items.popleft()
+        self._size -= _size(item)
+        return item
+
+    async def get(self) -> Piece | Failed:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.get_nowait()
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    @property
+    def size(self) -> int:
+        """The pending pieces' size (characters, logprobs counted ``LOGPROBS_COST`` a token)."""
+        return self._size
+
+
+class Sink:
+    """A request's queue of :class:`Piece`/:class:`Failed`, filled from any thread (a
+    :class:`~torch_tensorrt_dist.serving.stream_out.PieceQueue`: a sequence's pieces merge
+    while they wait for a slow client)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_pending: int = MAX_PENDING) -> None:
+        self.queue = PieceQueue(max_pending)
         self.loop = loop
 
     def put(self, item: Piece | Failed) -> None:

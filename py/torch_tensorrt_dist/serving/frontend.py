@@ -51,6 +51,7 @@ from torch_tensorrt_dist.serving.bridge import (
     Sink,
     Submission,
 )
+from torch_tensorrt_dist.serving.metrics import ClientMetrics
 from torch_tensorrt_dist.serving.protocol import RequestError
 
 __all__ = ["HTTP_MODE_ENV", "HttpProcess", "http_mode"]
@@ -175,6 +176,8 @@ class ChildInbox:
         self._scrape_ids = itertools.count()
         self.requests = _Counter(self._send, "requests")
         self.prompt_tokens = _Counter(self._send, "prompt_tokens")
+        self.client = ClientMetrics()  # measured here; shown after rank 0's metrics
+        self.write_delay = self.client.write_delay
 
     def _send(self, message: tuple[Any, ...]) -> bool:
         """Send to rank 0; False where it has gone (its end of the pipe closed: the reader
@@ -215,7 +218,7 @@ class ChildInbox:
         try:
             if not self._send(("scrape", key, waiting)):
                 raise RequestError(503, GONE)
-            return await asyncio.wait_for(future, timeout=SCRAPE_TIMEOUT_S)
+            return await asyncio.wait_for(future, timeout=SCRAPE_TIMEOUT_S) + self.client.render()
         except (TimeoutError, asyncio.TimeoutError):
             raise RequestError(
                 503, f"rank 0 did not render the metrics within {SCRAPE_TIMEOUT_S:g} s"

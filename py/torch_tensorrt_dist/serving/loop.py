@@ -311,7 +311,7 @@ class Leader:
         if not items and not then:
             return
         self.core.render()
-        now = time.perf_counter()
+        now, made = time.perf_counter(), time.monotonic()  # made: compared in the HTTP process
         pieces: list[tuple[Sink, Piece | Failed]] = []
         failed: set[int] = set()
         for sub, j, e in items:
@@ -337,7 +337,9 @@ class Leader:
             else:  # it finished, or it was cancelled after this step
                 self._last_token.pop(e.rid, None)
             logprobs = (e.logprobs,) if e.logprobs is not None else ()
-            piece = Piece(e.text, len(e.tokens), e.finish, e.cached, sub.index + j, logprobs)
+            piece = Piece(
+                e.text, len(e.tokens), e.finish, e.cached, sub.index + j, logprobs, made=made
+            )
             pieces.append((sub.sink, piece))
             if e.finish is not None and sub.rid not in self.requests:
                 self.inbox.finished(sub.rid)  # answered: nothing left to fail (``fail_live``)

@@ -2,9 +2,11 @@
 
 Requests by status, prompt and generated tokens, queue depth, running and waiting requests, KV
 blocks (used, cached, free), preemptions, prefix-cache hits, time to first token, inter-token
-latency, step time and the control channel's time per step (rank 0's exchange, and the one-way
-latency measured at warm-up), and the CPU time of rank 0's step and HTTP threads (Linux: read
-from ``/proc/self/task`` at each scrape).
+latency, the time from a token's step to the write of its text to the client (kept by the
+process that writes: with HTTP in a process of its own, ``ClientMetrics`` there), step time
+and the control channel's time per step (rank 0's exchange, and the one-way latency measured at
+warm-up), and the CPU time of rank 0's step and HTTP threads (Linux: read from
+``/proc/self/task`` at each scrape).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from torch_tensorrt_dist.runtime.exit_watch import proc_stat_fields
 from torch_tensorrt_dist.serving.bridge import Submission
 
-__all__ = ["CONTENT_TYPE", "Metrics", "ThreadCPUMetric", "thread_cpu_seconds"]
+__all__ = ["CONTENT_TYPE", "ClientMetrics", "Metrics", "ThreadCPUMetric", "thread_cpu_seconds"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -73,6 +75,28 @@ class ThreadCPUMetric:
             if seconds is not None:
                 family.add_metric([name], seconds)
         yield family
+
+
+def _write_delay(prefix: str, registry: CollectorRegistry) -> Histogram:
+    return Histogram(
+        f"{prefix}_token_to_write_seconds",
+        "From the step that made a token to the write of its text to the client (the oldest "
+        "token of each event: a slow reader's merged events count their wait)",
+        buckets=_LATENCY,
+        registry=registry,
+    )
+
+
+class ClientMetrics:
+    """What the HTTP process measures itself (its writes to clients); its ``/metrics`` shows
+    them after rank 0's (``frontend.ChildInbox.scrape``)."""
+
+    def __init__(self, prefix: str = "torchtrt") -> None:
+        self.registry = CollectorRegistry()
+        self.write_delay = _write_delay(prefix, self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
 
 
 class Metrics:
@@ -139,8 +163,13 @@ class Metrics:
             "One-way latency of a control header (measured at warm-up)",
             registry=r,
         )
+        self.write_delay = _write_delay(p, r)
         self.threads = ThreadCPUMetric(p)
         r.register(self.threads)
+
+    def writes_elsewhere(self) -> None:
+        """The HTTP server runs in a process of its own, which keeps ``write_delay``."""
+        self.registry.unregister(self.write_delay)
 
     def set_total(self, counter: Counter, total: float) -> None:
         """Advance ``counter`` to ``total`` (a running total kept elsewhere)."""

@@ -39,7 +39,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from torch_tensorrt_dist.config.jobs import DEFAULT_STEP_TIMEOUT_S, DRAIN_GRACE_S
+from torch_tensorrt_dist.config.jobs import (
+    DEFAULT_STEP_TIMEOUT_S,
+    DEFAULT_WRITE_TIMEOUT_S,
+    DRAIN_GRACE_S,
+)
 from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError, StepTimeoutError
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.generation.grammar import Grammars
@@ -100,6 +104,8 @@ class ServeConfig:
     """How tool_choice "auto" reads calls (None: the chat template's, ``tools.served_format``)."""
     reasoning_parser: str | None = None
     """Split ``<think>`` reasoning into ``reasoning_content`` (None: off)."""
+    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
+    """A stream whose client does not take one write for this long is cut (``stream_out``)."""
 
 
 @dataclass
@@ -196,6 +202,7 @@ def _lead(
     from torch_tensorrt_dist.serving.frontend import HttpProcess, http_mode
     from torch_tensorrt_dist.serving.http import HttpThread, bind_socket
     from torch_tensorrt_dist.serving.limits import request_limits
+    from torch_tensorrt_dist.serving.stream_out import StreamLimits
 
     state, metrics = ServerState(), Metrics()
     sock = sock or bind_socket(config.host, config.port)
@@ -227,10 +234,14 @@ def _lead(
         state.set("failed", reason)
         end_now(1, RuntimeError(reason))
 
+    streams = StreamLimits(config.write_timeout_s)
     http: HttpThread | HttpProcess
     if http_mode() == "process":  # the HTTP server in a forked child (``frontend.py``)
+        metrics.writes_elsewhere()
         http = HttpProcess(
-            lambda inbox, st: create_app(model, inbox, st, inbox, api_key=config.api_key),
+            lambda inbox, st: create_app(
+                model, inbox, st, inbox, api_key=config.api_key, stream=streams
+            ),
             sock,
             state,
             metrics,
@@ -241,7 +252,8 @@ def _lead(
         http.start()
     else:
         inbox = Inbox(config.max_queue)
-        http = HttpThread(create_app(model, inbox, state, metrics, api_key=config.api_key), sock)
+        app = create_app(model, inbox, state, metrics, api_key=config.api_key, stream=streams)
+        http = HttpThread(app, sock)
         http.start()
         if http.thread.native_id is not None:  # set once the thread has started
             metrics.threads.track("http", http.thread.native_id)
