@@ -25,6 +25,10 @@ When a step cannot get the blocks it needs (a sequence crosses into a new block 
 free), the newest running sequence is preempted: its blocks are released (its full blocks stay
 in the prefix cache) and it waits at the head of the queue, to be prefilled again from its
 prompt and the tokens it has produced; its sampling state is kept, so it continues exactly.
+Blocks are counted as the plan leaves the pool (``_Ledger``): the references its cancels and
+preemptions drop and its prefix-cache hits take, so a block a victim frees and a resumed
+sequence's hit takes back (equal choices share their blocks) is counted once. A sequence that
+could never fit the whole pool is refused when added (``GenerationCore.check``).
 
 The plan is a function of the core's state and the queue; only rank 0 has the queue, so rank 0
 plans and every rank applies the plan (``serving/control.py`` carries it). ``generate`` runs
@@ -34,11 +38,11 @@ the same scheduler on every rank with the same requests: the plans agree without
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from typing import TYPE_CHECKING
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.kv_blocks import blocks_for, prefix_keys
+from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for, prefix_keys
 from torch_tensorrt_dist.generation.plan import StepPlan
 
 if TYPE_CHECKING:
@@ -79,6 +83,36 @@ def attention_span(dim: int, n_heads: int, n_kv_heads: int, head_dim: int, ffn: 
     q, kv = n_heads * head_dim, n_kv_heads * head_dim
     linear = dim * (q + 2 * kv) + q * dim + 3 * dim * ffn
     return linear / (2 * q)
+
+
+class _Ledger:
+    """The pool as a plan leaves it: blocks available, with the references the plan drops
+    (cancels, preemptions) and takes (prefix-cache hits) counted, so that a block a victim
+    frees and an admission's hit takes back is counted once (counting it free and the hit
+    free too ran a step out of blocks: ``NoBlocks`` on every rank)."""
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool, self.avail = pool, pool.available
+        self._delta: Counter[int] = Counter()
+
+    def _refs(self, block: int) -> int:
+        return self.pool.references(block) + self._delta[block]
+
+    def release(self, blocks: list[int]) -> None:
+        for block in blocks:
+            self._delta[block] -= 1
+            self.avail += self._refs(block) == 0  # free, or cached: allocatable either way
+
+    def hit_cost(self, keys: list[bytes]) -> int:
+        """Blocks a prefix-cache hit on ``keys`` takes out of the available ones."""
+        return sum(self._refs(b) == 0 for b in self.pool.cached_blocks(keys))
+
+    def take(self, keys: list[bytes], fresh: int) -> None:
+        """A hit on ``keys`` and ``fresh`` new blocks."""
+        for block in self.pool.cached_blocks(keys):
+            self.avail -= self._refs(block) == 0
+            self._delta[block] += 1
+        self.avail -= fresh
 
 
 class Scheduler:
@@ -135,9 +169,9 @@ class Scheduler:
         plan = StepPlan(cancels=self._cancels)
         self._cancels = []
         gone = set(plan.cancels)
-        avail = core.pool.available + sum(
-            core.pool.exclusive(core.sequences[rid].blocks) for rid in gone
-        )
+        ledger = _Ledger(core.pool)
+        for rid in gone:
+            ledger.release(core.sequences[rid].blocks)
         running = [s for s in core.running if s.rid not in gone]
 
         # 1. every running sequence gets the blocks for this step's tokens, oldest first; when
@@ -151,15 +185,15 @@ class Scheduler:
                 i += 1
                 continue
             need = blocks_for(seq.computed + n, bs) - len(seq.blocks)
-            while need > avail:
+            while need > ledger.avail:
                 victim = running.pop()
                 plan.preempts.append(victim.rid)
                 self.preemptions += 1
-                avail += core.pool.exclusive(victim.blocks)
+                ledger.release(victim.blocks)
                 if victim is seq:
                     break
             else:
-                avail -= need
+                ledger.take([], need)
                 scheduled.append((seq, n))
                 if not seq.decoding:
                     budget -= chunk_cost(n, seq.computed, self.span)
@@ -178,8 +212,9 @@ class Scheduler:
                 break
             if req is not None and req.follows is not None and self._prompt_pending(req, joined):
                 continue  # its prompt's blocks are not in the prefix cache yet
-            hit, n, cost = self._first_chunk(tokens, budget)
-            if n == 0 or cost > avail:
+            keys, n, fresh = self._first_chunk(tokens, budget)
+            hit = len(keys)
+            if n == 0 or fresh + ledger.hit_cost(keys) > ledger.avail:
                 break
             if req is None:
                 plan.resumes.append(rid)
@@ -190,7 +225,8 @@ class Scheduler:
             if hit:
                 plan.cached[rid] = hit
             plan.chunks.append((rid, n))
-            rows, avail = rows + 1, avail - cost
+            rows += 1
+            ledger.take(keys, fresh)
             budget -= chunk_cost(n, hit * self.core.block_size, self.span)
         return plan
 
@@ -212,8 +248,8 @@ class Scheduler:
         seq = self.core.sequences.get(rid)  # type: ignore[arg-type]
         return seq is not None and not seq.out
 
-    def _first_chunk(self, tokens: list[int], budget: float) -> tuple[int, int, int]:
-        """(cached prefix blocks, tokens of the first chunk, blocks it takes from the pool)
+    def _first_chunk(self, tokens: list[int], budget: float) -> tuple[list[bytes], int, int]:
+        """(keys of the cached prefix, tokens of the first chunk, new blocks it allocates)
         of admitting ``tokens`` now. The last token is always computed (its logits pick the
         next token), so it is never part of the cached prefix."""
         pool, bs = self.core.pool, self.core.block_size
@@ -221,5 +257,4 @@ class Scheduler:
         keys = prefix_keys(tokens[:usable], bs, salt=self.core.salt)
         hit = pool.cached_prefix(keys)
         n = min(self._fit(budget, hit * bs), len(tokens) - hit * bs)
-        cost = blocks_for(hit * bs + n, bs) - hit + pool.reclaimable(keys[:hit])
-        return hit, n, cost
+        return keys[:hit], n, blocks_for(hit * bs + n, bs) - hit
