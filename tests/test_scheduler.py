@@ -218,6 +218,41 @@ def test_a_sequence_larger_than_the_whole_cache_is_refused_when_added() -> None:
         sched.add(Request(1, (1, 2, 3, 4, 5), 253))
 
 
+def test_a_request_of_many_sequences_cannot_hold_every_row_while_another_waits() -> None:
+    """8 prompts x n = 4 as one client's request (32 sequences of 30 tokens) on 4 rows: alone,
+    it takes every row and nothing is preempted; a plain request arriving later gets a row
+    at its first step (one of the big request's sequences is preempted and resumes from the
+    prefix cache); every sequence still ends with its full length."""
+    core = _core(blocks=256, block_size=4, max_len=128)
+    sched = Scheduler(core, max_rows=4, max_prefill_tokens=64)
+    for p in range(8):
+        prompt = tuple(range(p, p + 6))
+        for j in range(4):
+            leader = 100 + 4 * p
+            follows = None if j == 0 else leader
+            sched.add(Request(leader + j, prompt, 30, follows=follows, group=100))
+    made: dict[int, int] = {}
+
+    def step() -> object:
+        plan = sched.plan()
+        for e in core.step(plan):
+            made[e.rid] = made.get(e.rid, 0) + len(e.tokens)
+        return plan
+
+    for _ in range(10):
+        step()
+    assert len(core.running) == 4 and sched.preemptions == 0  # alone: every row, no preemption
+    sched.add(Request(7, (9, 9, 9), 30))
+    plan = step()
+    assert [r.rid for r in plan.joins] == [7] and len(plan.preempts) == 1  # type: ignore[attr-defined]
+    for _ in range(2_000):
+        if sched.idle():
+            break
+        step()
+    assert made == {rid: 30 for rid in [7, *range(100, 132)]}
+    assert sched.preemptions == 1  # the plain request held one row: no further preemption
+
+
 def test_cancels_of_waiting_running_and_preempted_requests() -> None:
     core = _core(blocks=9, block_size=4)
     sched = Scheduler(core, max_rows=2, max_prefill_tokens=64)

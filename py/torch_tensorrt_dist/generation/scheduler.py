@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torch_tensorrt_dist.errors import ConfigError
@@ -46,10 +47,10 @@ from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for, pref
 from torch_tensorrt_dist.generation.plan import StepPlan
 
 if TYPE_CHECKING:
-    from torch_tensorrt_dist.generation.core import GenerationCore
+    from torch_tensorrt_dist.generation.core import GenerationCore, Sequence
     from torch_tensorrt_dist.generation.plan import Request
 
-__all__ = ["Scheduler", "StepPlan", "attention_span", "chunk_cost", "chunk_tokens"]
+__all__ = ["Scheduler", "StepPlan", "attention_span", "chunk_cost", "chunk_tokens", "group_of"]
 
 
 def chunk_cost(n: int, past: int, span: float | None) -> float:
@@ -83,6 +84,24 @@ def attention_span(dim: int, n_heads: int, n_kv_heads: int, head_dim: int, ffn: 
     q, kv = n_heads * head_dim, n_kv_heads * head_dim
     linear = dim * (q + 2 * kv) + q * dim + 3 * dim * ffn
     return linear / (2 * q)
+
+
+def group_of(req: Request) -> int:
+    """The request a sequence belongs to, for sharing rows: ``Request.group``, else the
+    request it follows (another choice of one prompt), else its own id."""
+    if req.group is not None:
+        return req.group
+    return req.follows if req.follows is not None else req.rid
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """A sequence waiting for a row: preempted (``req`` None) or new."""
+
+    rid: int
+    tokens: list[int]
+    req: Request | None
+    group: int
 
 
 class _Ledger:
@@ -173,6 +192,15 @@ class Scheduler:
         for rid in gone:
             ledger.release(core.sequences[rid].blocks)
         running = [s for s in core.running if s.rid not in gone]
+        queue = [
+            _Waiting(s.rid, s.tokens, None, group_of(s.req))
+            for s in core.preempted.values()
+            if s.rid not in gone
+        ]
+        queue += [_Waiting(r.rid, list(r.prompt), r, group_of(r)) for r in self.waiting]
+        held = Counter(group_of(s.req) for s in running)
+        waiting_rids = {r.rid for r in self.waiting}
+        self._share_rows(plan, running, queue, held, waiting_rids, ledger)
 
         # 1. every running sequence gets the blocks for this step's tokens, oldest first; when
         #    blocks run out, the newest running sequence is preempted (maybe the one asking)
@@ -190,6 +218,7 @@ class Scheduler:
                 plan.preempts.append(victim.rid)
                 self.preemptions += 1
                 ledger.release(victim.blocks)
+                held[group_of(victim.req)] -= 1
                 if victim is seq:
                     break
             else:
@@ -200,35 +229,81 @@ class Scheduler:
                 i += 1
         plan.chunks = [(seq.rid, n) for seq, n in scheduled if not seq.decoding]
 
-        # 2. admit waiting requests: preempted ones first (in their order), then new ones
+        # 2. admit waiting sequences: of the request holding the fewest rows first, then
+        #    preempted ones first, then in arrival order
         rows = len(running)
-        queue: list[tuple[int, list[int], Request | None]] = [
-            (s.rid, s.tokens, None) for s in core.preempted.values() if s.rid not in gone
-        ]
-        queue += [(r.rid, list(r.prompt), r) for r in self.waiting]
         joined: set[int] = set()
-        for rid, tokens, req in queue:
-            if rows >= self.max_rows or budget <= 0:
+        while rows < self.max_rows and budget > 0:
+            pick = self._next(queue, held, waiting_rids, joined)
+            if pick is None:
                 break
-            if req is not None and req.follows is not None and self._prompt_pending(req, joined):
-                continue  # its prompt's blocks are not in the prefix cache yet
-            keys, n, fresh = self._first_chunk(tokens, budget)
+            keys, n, fresh = self._first_chunk(pick.tokens, budget)
             hit = len(keys)
             if n == 0 or fresh + ledger.hit_cost(keys) > ledger.avail:
                 break
-            if req is None:
-                plan.resumes.append(rid)
+            queue.remove(pick)
+            if pick.req is None:
+                plan.resumes.append(pick.rid)
             else:
-                self.waiting.remove(req)
-                plan.joins.append(req)
-                joined.add(rid)
+                self.waiting.remove(pick.req)
+                waiting_rids.discard(pick.rid)
+                plan.joins.append(pick.req)
+                joined.add(pick.rid)
             if hit:
-                plan.cached[rid] = hit
-            plan.chunks.append((rid, n))
+                plan.cached[pick.rid] = hit
+            plan.chunks.append((pick.rid, n))
             rows += 1
+            held[pick.group] += 1
             ledger.take(keys, fresh)
             budget -= chunk_cost(n, hit * self.core.block_size, self.span)
         return plan
+
+    def _next(
+        self, queue: list[_Waiting], held: Counter[int], waiting: set[int], joined: set[int]
+    ) -> _Waiting | None:
+        """The waiting sequence to admit next: the first of those whose request holds the
+        fewest rows (a sequence whose prompt another computes first is passed over)."""
+        best: _Waiting | None = None
+        for w in queue:
+            if best is not None and held[w.group] >= held[best.group]:
+                continue
+            if self._held_back(w, joined, waiting):
+                continue  # its prompt's blocks are not in the prefix cache yet
+            best = w
+            if held[w.group] == 0:
+                break
+        return best
+
+    def _share_rows(
+        self,
+        plan: StepPlan,
+        running: list[Sequence],
+        queue: list[_Waiting],
+        held: Counter[int],
+        waiting: set[int],
+        ledger: _Ledger,
+    ) -> None:
+        """With every row taken, a request that holds none and could start gets a row of the
+        request holding the most (its newest sequence is preempted; it resumes from the
+        prefix cache), one row per such request: so one request of many sequences cannot
+        hold every row while others wait. A request of one sequence is never preempted so."""
+        free = self.max_rows - len(running)
+        starving: list[int] = []
+        for w in queue:
+            if held[w.group] or w.group in starving:
+                continue
+            if not self._held_back(w, set(), waiting):
+                starving.append(w.group)
+        for _ in starving[max(free, 0) :]:
+            big, most = max(held.items(), key=lambda kv: kv[1], default=(None, 0))
+            if big is None or most < 2:
+                return
+            victim = next(s for s in reversed(running) if group_of(s.req) == big)
+            running.remove(victim)
+            plan.preempts.append(victim.rid)
+            self.preemptions += 1
+            ledger.release(victim.blocks)
+            held[big] -= 1
 
     def _fit(self, budget: float, past: int) -> int:
         """A chunk's tokens after ``past`` computed ones within ``budget`` (at most
@@ -237,13 +312,21 @@ class Scheduler:
         n = min(chunk_tokens(budget, past, self.span), self.max_prefill_tokens)
         return max(n, 1) if budget >= self.budget else n
 
-    def _prompt_pending(self, req: Request, joined: set[int]) -> bool:
+    def _held_back(self, w: _Waiting, joined: set[int], waiting: set[int]) -> bool:
+        """Whether ``w`` is another choice of a prompt not computed yet."""
+        return (
+            w.req is not None
+            and w.req.follows is not None
+            and self._prompt_pending(w.req, joined, waiting)
+        )
+
+    def _prompt_pending(self, req: Request, joined: set[int], waiting: set[int]) -> bool:
         """Whether the request ``req`` follows has not computed its prompt yet (waiting,
         joining in this plan, or prefilling); once it has, or has gone, ``req`` may join."""
         if not self.core.pool.prefix_caching:
             return False  # nothing to share: no reason to wait
         rid = req.follows
-        if rid in joined or any(r.rid == rid for r in self.waiting):
+        if rid in joined or rid in waiting:
             return True
         seq = self.core.sequences.get(rid)  # type: ignore[arg-type]
         return seq is not None and not seq.out

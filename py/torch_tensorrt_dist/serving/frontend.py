@@ -183,9 +183,13 @@ class ChildInbox:
 
     # the Inbox's side
     def submit(self, *subs: Submission) -> None:
-        if self.waiting + len(subs) > self.max_waiting:
-            raise QueueFull(f"{self.waiting} requests are waiting (--max-queue {self.max_waiting})")
-        self.waiting += len(subs)
+        n = sum(sub.n for sub in subs)  # the queue counts sequences (prompts x n)
+        if self.waiting + n > self.max_waiting:
+            raise QueueFull(
+                f"{self.waiting} sequences are waiting, this request adds {n} "
+                f"(--max-queue {self.max_waiting})"
+            )
+        self.waiting += n
         sid = next(self._sids)
         self._sinks[sid] = subs[0].sink
         self._sink_of.update((sub.rid, sid) for sub in subs)
