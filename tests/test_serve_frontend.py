@@ -364,10 +364,25 @@ def test_a_killed_rank_0_leaves_its_streams_a_503_and_no_http_process() -> None:
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
 def test_a_killed_http_process_ends_the_server_naming_it() -> None:
+    """The limit: a stream's connection belongs to the HTTP process, so its SIGKILL closes it
+    bare (nothing can send an error event): the client sees a body cut before its end (an
+    incomplete chunked read), never a clean end; rank 0 exits 1 naming the process."""
     srv = start_server(_ARGS)
     try:
         [child] = _children(srv.health()["pids"][0])
-        os.kill(child, signal.SIGKILL)
+        body = {**_BODY, "max_tokens": 200, "stream": True}
+        events = []
+        url = f"{srv.url}/v1/completions"
+        with (
+            pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read"),
+            httpx.stream("POST", url, json=body, timeout=60) as r,
+        ):
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 1:
+                        os.kill(child, signal.SIGKILL)
+        assert "[DONE]" not in events
         assert srv.proc.wait(30) == 1
         assert f"the HTTP process (pid {child}) ended" in srv.output()
     finally:

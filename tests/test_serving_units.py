@@ -377,3 +377,39 @@ def test_settle_heap_freezes_what_exists_and_still_collects_new_garbage():
         assert ref() is None
     finally:
         gc.unfreeze()
+
+
+def test_a_stream_whose_events_raise_ends_with_an_error_event_and_done() -> None:
+    """Its headers have gone: the client gets a 500 error event, then [DONE]."""
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    from torch_tensorrt_dist.serving.api import _Handler
+
+    class _Answer:
+        status = "200"
+
+        async def events(self, queue: object) -> Any:
+            yield "data: {}\n\n"
+            raise KeyError("a bug")
+
+    counted: list[str] = []
+    handler = SimpleNamespace(
+        _leave=lambda answer: None,
+        metrics=SimpleNamespace(
+            requests=SimpleNamespace(
+                labels=lambda s: SimpleNamespace(inc=lambda: counted.append(s))
+            )
+        ),
+    )
+
+    async def body() -> list[str]:
+        sink = SimpleNamespace(queue=None)
+        return [e async for e in _Handler.stream(handler, _Answer(), sink)]  # type: ignore[arg-type]
+
+    events = asyncio.run(body())
+    assert events[0] == "data: {}\n\n" and events[-1] == "data: [DONE]\n\n"
+    error = json.loads(events[1].removeprefix("data: "))["error"]
+    assert error["code"] is None or error["type"]
+    assert error["message"] == "internal error: KeyError: 'a bug'" and counted == ["500"]

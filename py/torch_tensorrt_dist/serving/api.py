@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from torch_tensorrt_dist.serving.answer import Answer
+from torch_tensorrt_dist.serving import protocol
+from torch_tensorrt_dist.serving.answer import Answer, sse
 from torch_tensorrt_dist.serving.bridge import (
     Failed,
     Inbox,
@@ -51,6 +53,8 @@ if TYPE_CHECKING:
     from torch_tensorrt_dist.serving.frontend import ChildInbox
 
 __all__ = ["CLIENT_GONE", "ServedModel", "create_app"]
+
+logger = logging.getLogger(__name__)
 
 
 #: the status of a request whose client went away (nginx's "client closed request")
@@ -177,9 +181,18 @@ class _Handler:
         return JSONResponse(body)
 
     async def stream(self, answer: Answer, sink: Sink) -> AsyncIterator[str]:
+        """The stream's events, then ``[DONE]``: also after an error event, whether the step
+        loop failed the request (``Failed``) or producing an event raised (a bug: its headers
+        have gone, so the error is an event, not a 500 response)."""
         try:
-            async for event in answer.events(sink.queue):
-                yield event
+            try:
+                async for event in answer.events(sink.queue):
+                    yield event
+            except Exception as exc:
+                logger.exception("a stream failed")
+                answer.status = "500"
+                message = f"internal error: {type(exc).__name__}: {exc}"
+                yield sse(protocol.error_body(500, message))
             yield "data: [DONE]\n\n"
         finally:  # also when the client went away (the stream is cancelled)
             self._leave(answer)

@@ -315,6 +315,16 @@ class HttpProcess:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    def alive(self) -> bool:
+        """Whether the child still runs (it can still answer what is open)."""
+        if not self.pid:
+            return False
+        try:
+            done, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return done == 0
+
     def start(self) -> None:
         """Fork the child (it serves on ``sock``); read its messages in a thread of rank 0."""
         if not hasattr(os, "fork"):

@@ -218,8 +218,8 @@ def _lead(
         cannot go on; ``/health`` says why (where the child still answers), exit 1."""
         logger.error("the server stops: %s", reason)
         state.set("failed", reason)
-        if inbox.fail_live(503, f"the server failed: {reason}"):
-            time.sleep(1.0)  # let HTTP send the 503s (where the child is still up)
+        if inbox.fail_live(503, f"the server failed: {reason}") and http.alive():
+            time.sleep(1.0)  # let HTTP send the 503s
         end_now(1, RuntimeError(reason))
 
     # the HTTP server in a forked child (``frontend.py``)
