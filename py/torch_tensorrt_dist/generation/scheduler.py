@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,7 +48,8 @@ from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for, pref
 from torch_tensorrt_dist.generation.plan import StepPlan
 
 if TYPE_CHECKING:
-    from torch_tensorrt_dist.generation.core import GenerationCore, Sequence
+    from torch_tensorrt_dist.generation.core import GenerationCore
+    from torch_tensorrt_dist.generation.core import Sequence as CoreSequence
     from torch_tensorrt_dist.generation.plan import Request
 
 __all__ = ["Scheduler", "StepPlan", "attention_span", "chunk_cost", "chunk_tokens", "group_of"]
@@ -99,7 +101,7 @@ class _Waiting:
     """A sequence waiting for a row: preempted (``req`` None) or new."""
 
     rid: int
-    tokens: list[int]
+    tokens: Sequence[int]
     req: Request | None
     group: int
 
@@ -197,7 +199,7 @@ class Scheduler:
             for s in core.preempted.values()
             if s.rid not in gone
         ]
-        queue += [_Waiting(r.rid, list(r.prompt), r, group_of(r)) for r in self.waiting]
+        queue += [_Waiting(r.rid, r.prompt, r, group_of(r)) for r in self.waiting]
         held = Counter(group_of(s.req) for s in running)
         waiting_rids = {r.rid for r in self.waiting}
         self._share_rows(plan, running, queue, held, waiting_rids, ledger)
@@ -277,7 +279,7 @@ class Scheduler:
     def _share_rows(
         self,
         plan: StepPlan,
-        running: list[Sequence],
+        running: list[CoreSequence],
         queue: list[_Waiting],
         held: Counter[int],
         waiting: set[int],
@@ -288,13 +290,15 @@ class Scheduler:
         prefix cache), one row per such request: so one request of many sequences cannot
         hold every row while others wait. A request of one sequence is never preempted so."""
         free = self.max_rows - len(running)
-        starving: list[int] = []
+        if free >= len(queue) or max(held.values(), default=0) < 2:
+            return  # a row for each, or nobody to take one from
+        starving: dict[int, None] = {}
         for w in queue:
             if held[w.group] or w.group in starving:
                 continue
             if not self._held_back(w, set(), waiting):
-                starving.append(w.group)
-        for _ in starving[max(free, 0) :]:
+                starving[w.group] = None
+        for _ in list(starving)[max(free, 0) :]:
             big, most = max(held.items(), key=lambda kv: kv[1], default=(None, 0))
             if big is None or most < 2:
                 return
@@ -331,7 +335,7 @@ class Scheduler:
         seq = self.core.sequences.get(rid)  # type: ignore[arg-type]
         return seq is not None and not seq.out
 
-    def _first_chunk(self, tokens: list[int], budget: float) -> tuple[list[bytes], int, int]:
+    def _first_chunk(self, tokens: Sequence[int], budget: float) -> tuple[list[bytes], int, int]:
         """(keys of the cached prefix, tokens of the first chunk, new blocks it allocates)
         of admitting ``tokens`` now. The last token is always computed (its logits pick the
         next token), so it is never part of the cached prefix."""
