@@ -506,8 +506,9 @@ def _serve(
 
 
 def _messages(fd: int, frames: FrameBuffer) -> Iterator[tuple[Any, ...]]:
-    """The messages whole in the pipe now (its fd non-blocking); EOFError when it has closed."""
-    while True:
+    """The messages whole in the pipe now (its fd non-blocking), from at most 16 MiB read (the
+    event loop calls again while more is there); EOFError when it has closed."""
+    for _ in range(16):
         try:
             data = os.read(fd, 1 << 20)
         except BlockingIOError:
