@@ -23,6 +23,8 @@ from collections.abc import Iterator
 __all__ = ["MAX_FRAME", "FrameBuffer", "FrameError", "read_frame", "write_frame"]
 
 HEADER = struct.Struct("!Q")
+#: frames shorter than this go out in one write (header and payload copied together)
+SMALL = 1 << 16
 #: the largest frame a reader accepts; a longer length is a stream out of step (corrupt)
 MAX_FRAME = 1 << 32
 
@@ -41,7 +43,10 @@ def _wait(fd: int, event: int) -> None:
 def write_frame(fd: int, payload: bytes) -> None:
     """Write ``payload`` as one frame; partial writes are resumed (a non-blocking fd waits
     until writable). OSError (``BrokenPipeError``) when the reader has gone."""
-    for part in (HEADER.pack(len(payload)), payload):
+    head = HEADER.pack(len(payload))
+    # a small frame in one write (one system call); a large one without copying it
+    parts = (head + payload,) if len(payload) < SMALL else (head, payload)
+    for part in parts:
         view = memoryview(part)
         while view:
             try:
