@@ -34,12 +34,13 @@ def test_committed_blocks_are_cached_shared_and_evicted_least_recent_first() -> 
     a = pool.allocate(3)
     for block, key in zip(a, keys, strict=True):
         pool.commit(block, key)
-    assert pool.cached_prefix(keys) == 3 and pool.reclaimable(keys) == 0
+    assert pool.cached_prefix(keys) == 3 and pool.cached_blocks(keys) == a
+    assert [pool.references(b) for b in a] == [1, 1, 1]
     shared = pool.lookup(keys[:2])  # a second owner of the first two blocks
     assert shared == a[:2] and pool.stats().used == 3
     pool.release(a)  # the first owner leaves: the third block is cached, unreferenced
     assert pool.stats() == pool.stats().__class__(blocks=5, used=2, cached=1, free=2)
-    assert pool.reclaimable(keys) == 1
+    assert [pool.references(b) for b in pool.cached_blocks(keys)] == [1, 1, 0]
     pool.release(shared)  # now all three are cached (released tail first: block a[1] last)
     assert pool.stats().cached == 3 and pool.available == 5
     fresh = pool.allocate(3)  # 2 free ones, then the least recently released cached block

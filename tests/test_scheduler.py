@@ -4,6 +4,8 @@ cancels in every state, and steady steps that need no message to the other ranks
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import Tensor
@@ -11,6 +13,7 @@ from torch import Tensor
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.core import GenerationCore, Request
 from torch_tensorrt_dist.generation.kv_blocks import BlockPool
+from torch_tensorrt_dist.generation.sampling import SamplingConfig
 from torch_tensorrt_dist.generation.scheduler import (
     Scheduler,
     attention_span,
@@ -168,6 +171,86 @@ def test_running_out_of_blocks_preempts_the_newest_and_it_resumes_first() -> Non
     resumed = [r for entry in log for r in entry["plan"].resumes]  # type: ignore[union-attr]
     assert resumed == [1] * len(preempted)
     assert sched.idle() and core.pool.stats().used == 0
+
+
+@pytest.mark.parametrize(("rows", "temperature"), [(8, 0.0), (3, 1.0)])
+def test_n_choices_beside_single_requests_in_16_blocks_all_finish(
+    rows: int, temperature: float
+) -> None:
+    """The reproduction of a server that ran out of blocks mid-step: one request of n = 8
+    (choices after the first follow it, sharing its prompt's blocks) beside four single
+    requests, 250 tokens each, in a KV cache of 16 blocks of 16 tokens (one sequence at a
+    time, by preemption). Greedy choices are equal, so they share their committed blocks: a
+    victim's blocks that a resumed choice's prefix hit took back were counted free twice
+    (``NoBlocks`` on every rank; the server exited)."""
+    core = _core(blocks=17, block_size=16, max_len=512)
+    sched = Scheduler(core, max_rows=rows, max_prefill_tokens=64)
+    hot = SamplingConfig(temperature=temperature)
+    for j in range(8):  # choice j samples with seed j: their texts (and blocks) differ
+        cfg = replace(hot, seed=j)
+        sched.add(Request(100 + j, (1, 2, 3, 4, 5), 250, cfg, follows=None if j == 0 else 100))
+    for k in range(4):
+        sched.add(Request(k, tuple(range(10 + k, 16 + k)), 250, replace(hot, seed=50 + k)))
+    made: dict[int, list[int]] = {}
+    for _ in range(5_000):
+        if sched.idle():
+            break
+        for e in core.step(sched.plan()):
+            made.setdefault(e.rid, []).extend(e.tokens)
+    assert sched.idle() and sched.preemptions > 0
+    assert {rid: len(t) for rid, t in made.items()} == {
+        rid: 250 for rid in [*range(100, 108), *range(4)]
+    }
+    assert len({tuple(made[100 + j]) for j in range(8)}) == (8 if temperature else 1)
+    assert core.pool.stats().used == 0
+
+
+def test_a_sequence_larger_than_the_whole_cache_is_refused_when_added() -> None:
+    sched = Scheduler(
+        _core(blocks=17, block_size=16, max_len=512), max_rows=2, max_prefill_tokens=64
+    )
+    sched.add(Request(0, (1, 2, 3, 4, 5), 252))  # 256 tokens computed at most: 16 blocks
+    with pytest.raises(
+        ConfigError,
+        match=r"needs 17 KV blocks of 16 tokens, and the KV cache "
+        r"holds 16 \(256 tokens; --kv-cache-memory\): use max_new_tokens <= 252",
+    ):
+        sched.add(Request(1, (1, 2, 3, 4, 5), 253))
+
+
+def test_a_request_of_many_sequences_cannot_hold_every_row_while_another_waits() -> None:
+    """8 prompts x n = 4 as one client's request (32 sequences of 30 tokens) on 4 rows: alone,
+    it takes every row and nothing is preempted; a plain request arriving later gets a row
+    at its first step (one of the big request's sequences is preempted and resumes from the
+    prefix cache); every sequence still ends with its full length."""
+    core = _core(blocks=256, block_size=4, max_len=128)
+    sched = Scheduler(core, max_rows=4, max_prefill_tokens=64)
+    for p in range(8):
+        prompt = tuple(range(p, p + 6))
+        for j in range(4):
+            leader = 100 + 4 * p
+            follows = None if j == 0 else leader
+            sched.add(Request(leader + j, prompt, 30, follows=follows, group=100))
+    made: dict[int, int] = {}
+
+    def step() -> object:
+        plan = sched.plan()
+        for e in core.step(plan):
+            made[e.rid] = made.get(e.rid, 0) + len(e.tokens)
+        return plan
+
+    for _ in range(10):
+        step()
+    assert len(core.running) == 4 and sched.preemptions == 0  # alone: every row, no preemption
+    sched.add(Request(7, (9, 9, 9), 30))
+    plan = step()
+    assert [r.rid for r in plan.joins] == [7] and len(plan.preempts) == 1  # type: ignore[attr-defined]
+    for _ in range(2_000):
+        if sched.idle():
+            break
+        step()
+    assert made == {rid: 30 for rid in [7, *range(100, 132)]}
+    assert sched.preemptions == 1  # the plain request held one row: no further preemption
 
 
 def test_cancels_of_waiting_running_and_preempted_requests() -> None:

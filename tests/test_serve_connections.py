@@ -1,7 +1,7 @@
-"""Connection hygiene on a real uvicorn (the server's HTTP thread, in this process, with a
-short header deadline and a small cap): slow and idle clients are cut off, connections beyond
-the cap get a 503 at once, a request uvicorn cannot parse gets OpenAI's 400, and the server
-answers normally afterwards."""
+"""Connection hygiene on a real uvicorn (the server's configuration, in a thread of this
+process, with a short header deadline and a small cap): slow and idle clients are cut off,
+connections beyond the cap get a 503 at once, a request uvicorn cannot parse gets OpenAI's 400,
+and the server answers normally afterwards."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from torch_tensorrt_dist.serving.connections import ConnectionLimits
-from torch_tensorrt_dist.serving.http import HttpThread, bind_socket
+from torch_tensorrt_dist.serving.http import bind_socket
+
+from ._http_thread import HttpThread
 
 CAP = 8
 HEADER_S = 0.5

@@ -205,13 +205,18 @@ def test_inbox_bound_and_take() -> None:
     subs = [Submission((1,), 2, SamplingConfig(), None, (), None) for _ in range(3)]  # type: ignore[arg-type]
     inbox.submit(subs[0])
     inbox.submit(subs[1])
-    with pytest.raises(QueueFull, match="2 requests are waiting"):
+    with pytest.raises(QueueFull, match="2 sequences are waiting, this request adds 1"):
         inbox.submit(subs[2])
     inbox.cancel(subs[0].rid)
     assert inbox.take(0.0) == [subs[0], subs[1], Cancel(subs[0].rid)]
     inbox.left(1)
     inbox.submit(subs[2])
     assert inbox.waiting == 2 and inbox.take(0.01) == [subs[2]] and inbox.take(0.01) == []
+    inbox.left(2)
+    two = Submission((1,), 2, SamplingConfig(), None, (), None, n=2)  # type: ignore[arg-type]
+    inbox.submit(two)  # the bound counts sequences: n = 2 fills it
+    with pytest.raises(QueueFull, match="2 sequences are waiting, this request adds 1"):
+        inbox.submit(subs[0])
 
 
 def test_short_requests_without_a_grammar_are_prepared_on_the_event_loop() -> None:
@@ -236,3 +241,22 @@ def test_short_requests_without_a_grammar_are_prepared_on_the_event_loop() -> No
     # a grammar compiles in the worker whatever the prompt's size
     assert not inline(parse({"prompt": "x", "guided_regex": "[ab]+"}))
     assert not inline(parse({"messages": msgs, "response_format": {"type": "json_object"}}, True))
+
+
+def test_a_request_of_more_sequences_than_the_queue_holds_is_a_400() -> None:
+    from types import SimpleNamespace
+
+    from torch_tensorrt_dist.serving.prepare import check_counts
+    from torch_tensorrt_dist.serving.protocol import RequestError
+
+    model = SimpleNamespace(rows=8, max_queue=64)
+    many = SimpleNamespace(sequences=8, best_of=None, chat=False, prompts=[[1]] * 64)
+    with pytest.raises(RequestError) as err:
+        check_counts(many, model)  # type: ignore[arg-type]
+    assert (err.value.status, err.value.param) == (400, "prompt")
+    assert "64 prompts x n=8 = 512 sequences; this server queues at most 64" in str(err.value)
+    check_counts(SimpleNamespace(**{**vars(many), "prompts": [[1]] * 8}), model)  # type: ignore[arg-type]
+    chat = SimpleNamespace(sequences=8, best_of=8, chat=True, prompts=None)
+    with pytest.raises(RequestError) as err:
+        check_counts(chat, SimpleNamespace(rows=8, max_queue=4))  # type: ignore[arg-type]
+    assert err.value.param == "best_of" and "best_of = 8 sequences" in str(err.value)

@@ -91,6 +91,30 @@ def test_leader_runs_more_requests_than_rows_and_each_gets_its_alone_text(gen: G
     assert not leader.core.sequences and leader.core.pool.stats().used == 0
 
 
+def test_the_prompts_of_one_request_share_a_group_and_the_queue_counts_sequences(
+    gen: Generator,
+) -> None:
+    """Two prompts x n = 2 (one HTTP request: one sink) and a plain request: the queue holds
+    5 sequences, the first request's 4 share one group, the 2 rows go one to each request, and
+    each sequence that joins leaves the queue."""
+    leader, inbox, _ = _leader(gen, drain_when_idle=False)
+    sink, plain_sink = _Sink(), _Sink()
+    pair = [
+        Submission(p, 4, SamplingConfig(), None, (), sink, n=2)  # type: ignore[arg-type]
+        for p in ((1, 2), (3, 4))
+    ]
+    plain = Submission((5,), 4, SamplingConfig(), None, (), plain_sink)  # type: ignore[arg-type]
+    inbox.submit(*pair)
+    inbox.submit(plain)
+    assert inbox.waiting == 5
+    plan = leader._plan()  # takes the three submissions; 2 rows: one sequence of each request
+    group = {r.rid: r.group for r in [*plan.joins, *leader.scheduler.waiting]}
+    assert {group[rid] for sub in pair for rid in sub.rids} == {pair[0].rid}
+    assert group[plain.rid] == plain.rid
+    assert [r.rid for r in plan.joins] == [pair[0].rid, plain.rid]  # round robin
+    assert inbox.waiting == 3
+
+
 def test_a_step_is_published_between_the_next_steps_inputs_and_its_graph(
     gen: Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -354,3 +378,39 @@ def test_settle_heap_freezes_what_exists_and_still_collects_new_garbage():
         assert ref() is None
     finally:
         gc.unfreeze()
+
+
+def test_a_stream_whose_events_raise_ends_with_an_error_event_and_done() -> None:
+    """Its headers have gone: the client gets a 500 error event, then [DONE]."""
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    from torch_tensorrt_dist.serving.api import _Handler
+
+    class _Answer:
+        status = "200"
+
+        async def events(self, queue: object) -> Any:
+            yield "data: {}\n\n"
+            raise KeyError("a bug")
+
+    counted: list[str] = []
+    handler = SimpleNamespace(
+        _leave=lambda answer: None,
+        metrics=SimpleNamespace(
+            requests=SimpleNamespace(
+                labels=lambda s: SimpleNamespace(inc=lambda: counted.append(s))
+            )
+        ),
+    )
+
+    async def body() -> list[str]:
+        sink = SimpleNamespace(queue=None)
+        return [e async for e in _Handler.stream(handler, _Answer(), sink)]  # type: ignore[arg-type]
+
+    events = asyncio.run(body())
+    assert events[0] == "data: {}\n\n" and events[-1] == "data: [DONE]\n\n"
+    error = json.loads(events[1].removeprefix("data: "))["error"]
+    assert error["code"] is None or error["type"]
+    assert error["message"] == "internal error: KeyError: 'a bug'" and counted == ["500"]

@@ -30,7 +30,7 @@ VLLM_TTFT_P50_S = 0.124
 
 @dataclass(frozen=True)
 class ThreadCPU:
-    """CPU seconds rank 0's step thread and its HTTP server (process, or thread) used over one
+    """CPU seconds rank 0's step thread and its HTTP process used over one
     timed round."""
 
     step_s: float

@@ -48,7 +48,13 @@ from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError
 from torch_tensorrt_dist.generation.grammar import Grammars, MaskFiller
-from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for, next_key, prefix_keys
+from torch_tensorrt_dist.generation.kv_blocks import (
+    BlockPool,
+    blocks_for,
+    check_fits,
+    next_key,
+    prefix_keys,
+)
 from torch_tensorrt_dist.generation.logits_process import TokenLogprobs
 from torch_tensorrt_dist.generation.plan import Request, StepPlan
 from torch_tensorrt_dist.generation.sampler import (
@@ -200,6 +206,7 @@ class GenerationCore:
                 f"{n + req.max_new_tokens} exceeds the longest sequence served, "
                 f"{self.max_seq_len} tokens; use max_new_tokens <= {max(self.max_seq_len - n, 0)}"
             )
+        check_fits(n, req.max_new_tokens, self.block_size, self.pool.num_blocks)
         if req.stop and self.tokenizer is None:
             raise ConfigError("stop strings need the model's tokenizer; none was given")
 

@@ -23,9 +23,17 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from torch_tensorrt_dist.errors import TensorRTDistError
+from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError
 
-__all__ = ["BlockPool", "NoBlocks", "PoolStats", "blocks_for", "next_key", "prefix_keys"]
+__all__ = [
+    "BlockPool",
+    "NoBlocks",
+    "PoolStats",
+    "blocks_for",
+    "check_fits",
+    "next_key",
+    "prefix_keys",
+]
 
 
 class NoBlocks(TensorRTDistError):
@@ -35,6 +43,21 @@ class NoBlocks(TensorRTDistError):
 def blocks_for(tokens: int, block_size: int) -> int:
     """Blocks that hold ``tokens`` tokens."""
     return -(-tokens // block_size)
+
+
+def check_fits(tokens: int, max_new_tokens: int, block_size: int, num_blocks: int) -> None:
+    """ConfigError where one sequence of a ``tokens``-token prompt and ``max_new_tokens`` new
+    ones needs more KV blocks than the whole pool has (``num_blocks`` less the null block): it
+    could never finish, whatever else runs. Its last token's K/V is never computed."""
+    need, have = blocks_for(tokens + max_new_tokens - 1, block_size), num_blocks - 1
+    if need > have:
+        fits = max(have * block_size - tokens + 1, 0)
+        raise ConfigError(
+            f"prompt ({tokens} tokens) + max_new_tokens ({max_new_tokens}) needs {need} KV "
+            f"blocks of {block_size} tokens, and the KV cache holds {have} "
+            f"({have * block_size} tokens; --kv-cache-memory): use max_new_tokens <= {fits}, "
+            "or serve with a larger --kv-cache-memory"
+        )
 
 
 def next_key(prev: bytes | None, block: Sequence[int], *, salt: bytes = b"") -> bytes:
@@ -156,10 +179,13 @@ class BlockPool:
         self.hits += len(out)
         return out
 
-    def exclusive(self, blocks: Sequence[int]) -> int:
-        """How many of ``blocks`` only one reference holds (releasing them makes them
-        available)."""
-        return sum(self._refs[b] == 1 for b in blocks)
+    def references(self, block: int) -> int:
+        """How many sequences hold ``block``."""
+        return self._refs[block]
+
+    def cached_blocks(self, keys: Sequence[bytes]) -> list[int]:
+        """The blocks :meth:`lookup` would find for ``keys`` now (no reference taken)."""
+        return [self._block_of[k] for k in keys[: self.cached_prefix(keys)]]
 
     def cached_prefix(self, keys: Sequence[bytes]) -> int:
         """How many leading ``keys`` :meth:`lookup` would find now (no reference taken)."""
@@ -171,9 +197,3 @@ class BlockPool:
                 break
             n += 1
         return n
-
-    def reclaimable(self, keys: Sequence[bytes]) -> int:
-        """Of the blocks :meth:`lookup` would find for ``keys``, how many are unreferenced now
-        (taking them lowers :attr:`available`)."""
-        n = self.cached_prefix(keys)
-        return sum(self._refs[self._block_of[k]] == 0 for k in keys[:n])

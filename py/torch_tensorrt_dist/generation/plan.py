@@ -32,6 +32,9 @@ class Request:
     """Another choice of the same prompt (``n`` > 1): the scheduler admits this one once
     that request's prompt is computed, so that it takes the prompt's blocks from the prefix
     cache instead of computing them again."""
+    group: int | None = None
+    """The request of a client it belongs to, for sharing rows between clients (the
+    scheduler's ``group_of``: by default the request it follows, else its own)."""
 
 
 @dataclass

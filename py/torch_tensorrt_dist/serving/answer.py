@@ -1,5 +1,5 @@
 """A request's answer from the pieces of its sequences: one JSON body, or server-sent events
-(rank 0's HTTP thread; no tensors).
+(rank 0's HTTP process; no tensors).
 
     answer = Answer(req, subs, ready, head, token_text)
     body = await answer.collect(queue)        # a finished request's body; RequestError on Failed

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +33,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from torch_tensorrt_dist.serving.answer import Answer
+from torch_tensorrt_dist.serving import protocol
+from torch_tensorrt_dist.serving.answer import Answer, sse
 from torch_tensorrt_dist.serving.bridge import (
     Failed,
     Inbox,
@@ -55,6 +57,8 @@ if TYPE_CHECKING:
     from torch_tensorrt_dist.serving.frontend import ChildInbox
 
 __all__ = ["CLIENT_GONE", "ServedModel", "create_app"]
+
+logger = logging.getLogger(__name__)
 
 
 #: the status of a request whose client went away (nginx's "client closed request")
@@ -213,10 +217,19 @@ class _Handler:
         return JSONResponse(body)
 
     async def stream(self, answer: Answer, sink: Sink) -> AsyncIterator[tuple[str, float]]:
-        """The stream's events, each with its text's step time (``Piece.made``; 0: none)."""
+        """The stream's events, each with its text's step time (``Piece.made``; 0: none), then
+        ``[DONE]``: also after an error event, whether the step loop failed the request
+        (``Failed``) or producing an event raised (a bug: its headers have gone, so the error
+        is an event, not a 500 response)."""
         try:
-            async for event in answer.events(sink.queue):
-                yield event, answer.made
+            try:
+                async for event in answer.events(sink.queue):
+                    yield event, answer.made
+            except Exception as exc:
+                logger.exception("a stream failed")
+                answer.status = "500"
+                message = f"internal error: {type(exc).__name__}: {exc}"
+                yield sse(protocol.error_body(500, message)), 0.0
             yield "data: [DONE]\n\n", 0.0
         finally:  # also when the client went away (the stream is cancelled)
             self._leave(answer)

@@ -270,17 +270,20 @@ class Inbox:
 
     @property
     def waiting(self) -> int:
-        """Requests submitted that have not joined a slot (nor left) yet."""
+        """Sequences submitted that have not joined a row (nor left) yet."""
         return self._waiting
 
     def submit(self, *subs: Submission) -> None:
-        """Queue ``subs`` (the prompts of one HTTP request) together, or none of them."""
+        """Queue ``subs`` (the prompts of one HTTP request) together, or none of them; the
+        bound counts sequences (prompts x ``n``)."""
+        n = sum(sub.n for sub in subs)
         with self._lock:
-            if self._waiting + len(subs) > self.max_waiting:
+            if self._waiting + n > self.max_waiting:
                 raise QueueFull(
-                    f"{self._waiting} requests are waiting (--max-queue {self.max_waiting})"
+                    f"{self._waiting} sequences are waiting, this request adds {n} "
+                    f"(--max-queue {self.max_waiting})"
                 )
-            self._waiting += len(subs)
+            self._waiting += n
             for sub in subs:
                 self._live[sub.rid] = sub.sink
         for sub in subs:
@@ -304,7 +307,7 @@ class Inbox:
         self._q.put(Cancel(rid))
 
     def left(self, n: int = 1) -> None:
-        """``n`` waiting requests joined a slot or were dropped."""
+        """``n`` waiting sequences joined a row or were dropped."""
         with self._lock:
             self._waiting -= n
 

@@ -1,5 +1,5 @@
 """The sequences of one HTTP request as their pieces arrive, the choices returned, and their
-logprobs in OpenAI's two shapes (pure; rank 0's HTTP thread).
+logprobs in OpenAI's two shapes (pure; rank 0's HTTP process).
 
     seqs = Sequences(prompts=2, n=1, per_prompt=3)     # best_of 3: the best 1 of 3 per prompt
     seqs.add(piece)                                    # Piece.index: prompt * per_prompt + j

@@ -9,17 +9,22 @@
 Why: in one process the HTTP thread shared the interpreter lock (GIL) with the step loop,
 which waited for it about 10 % of the time; split, output tokens/s over the HTTP thread's, 8
 alternated pairs (2026-12-06): 1.07x at one client, 1.06x at eight (docs/performance.md).
-vLLM's V1 splits the same way. ``TORCH_TENSORRT_DIST_HTTP=thread`` keeps the HTTP thread.
+vLLM's V1 splits the same way. There is no other mode: where ``os.fork`` is missing,
+:meth:`HttpProcess.start` raises ConfigError.
 
 The child is forked once the model is loaded, before the warm-up: it inherits the tokenizer,
-chat template, grammar engine and request checks, and never runs a tensor operation. One pipe,
-pickled messages: child -> rank 0 submissions (their sink a :class:`SinkRef`), cancels,
-answered requests, HTTP metric counts, ``/metrics`` scrapes; rank 0 -> child each step's pieces
-in one message (``bridge.deliver`` groups sinks by ``loop``: the :class:`Channel`), admissions
-(the child counts the wait queue: 429 at once), state (``/health``), scraped metrics, stop.
-When rank 0 is killed, the child's pipe closes: every open request gets a 503, the child exits;
-when the child ends unasked, rank 0 exits 1 naming it. The child ignores SIGINT and SIGTERM (a
-Ctrl-C reaches the whole process group): rank 0 drains, then tells it to stop.
+chat template, grammar engine and request checks, and never runs a tensor operation. One socket
+pair, pickled messages in length-prefixed frames (``frames.py``: each arrives whole, whatever
+its size), each end's writes from one writer thread: child -> rank 0 submissions (their sink a
+:class:`SinkRef`), cancels, answered requests, HTTP metric counts, ``/metrics`` scrapes; rank 0
+-> child each step's pieces in one message (``bridge.deliver`` groups sinks by ``loop``: the
+:class:`Channel`), admissions (the child counts the wait queue: 429 at once), state
+(``/health``), scraped metrics, stop. When rank 0 is killed, the child's pipe closes: every open
+request gets a 503, the child exits; when the child ends unasked, rank 0 exits 1 naming it. A
+reader that cannot decode what it reads fails the server: ``/health`` answers 503 with the
+reason, open requests a 503, and the server exits 1 (never "ready" while requests hang). The
+child ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group): rank 0 drains, then
+tells it to stop.
 """
 
 from __future__ import annotations
@@ -35,9 +40,8 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from multiprocessing.connection import Connection, Pipe
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, cast
 
@@ -51,32 +55,20 @@ from torch_tensorrt_dist.serving.bridge import (
     Sink,
     Submission,
 )
+from torch_tensorrt_dist.serving.frames import FrameBuffer, read_frame, write_frame
 from torch_tensorrt_dist.serving.metrics import ClientMetrics
 from torch_tensorrt_dist.serving.protocol import RequestError
 
-__all__ = ["HTTP_MODE_ENV", "HttpProcess", "http_mode"]
+__all__ = ["HttpProcess"]
 
 logger = logging.getLogger(__name__)
 
-HTTP_MODE_ENV = "TORCH_TENSORRT_DIST_HTTP"
 #: seconds the child may take to end its connections once told to stop
 STOP_TIMEOUT_S = 5.0
 #: seconds ``/metrics`` waits for rank 0's reader thread
 SCRAPE_TIMEOUT_S = 10.0
 #: what the child answers when rank 0 has gone
 GONE = "the server failed: its step loop ended"
-
-
-def http_mode(env: Mapping[str, str] | None = None) -> str:
-    """``"process"`` (the default where ``os.fork`` exists) or ``"thread"``
-    (``$TORCH_TENSORRT_DIST_HTTP=thread``: the HTTP server in a thread of rank 0)."""
-    values: Mapping[str, str] = os.environ if env is None else env
-    wanted = values.get(HTTP_MODE_ENV, "").strip().lower()
-    if wanted not in ("", "process", "thread"):
-        raise ConfigError(f"${HTTP_MODE_ENV}={wanted!r}: use process or thread")
-    if wanted == "thread" or not hasattr(os, "fork"):
-        return "thread"
-    return "process"
 
 
 @dataclass(frozen=True)
@@ -87,15 +79,17 @@ class SinkRef:
 
 
 class Channel:
-    """Rank 0's end of the pipe; also the ``loop`` of every :class:`RemoteSink`, so that
-    ``deliver`` sends a step's pieces in one message.
+    """One end's writer (rank 0's or the child's); on rank 0 also the ``loop`` of every
+    :class:`RemoteSink`, so that ``deliver`` sends a step's pieces in one message.
 
     :meth:`send` only queues (it never blocks; a signal handler may call it while the thread it
-    interrupted is inside it); one writer thread writes, so no thread waits for a slow child.
-    ``("state",)`` is written as the state at the time of the write (the latest wins)."""
+    interrupted is inside it); one writer thread writes whole frames, so no thread waits for a
+    slow reader. ``("state",)`` is written as the state at the time of the write (the latest
+    wins). :attr:`closed` once a write failed (the other end has gone)."""
 
-    def __init__(self, conn: Connection, state: ServerState | None = None) -> None:
+    def __init__(self, conn: socket.socket, state: ServerState | None = None) -> None:
         self.conn, self.state = conn, state
+        self.closed = False
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()  # pickled, ("state",), None
         self._writer = threading.Thread(target=self._write, name="http-pipe-writer", daemon=True)
         self._writer.start()
@@ -120,10 +114,13 @@ class Channel:
                 if st is None:
                     continue
                 item = ForkingPickler.dumps(("state", st.state, st.reason, list(st.pids)))
+            if self.closed:
+                continue
             try:
-                self.conn.send_bytes(item)
-            except (OSError, ValueError):  # the child has ended: nobody is listening any more
-                logger.debug("dropped a message: the HTTP process has ended")
+                write_frame(self.conn.fileno(), item)
+            except (OSError, ValueError):  # the other end has gone: nobody is listening
+                self.closed = True
+                logger.debug("dropped a message: the other end of the pipe has gone")
 
 
 class RemoteSink:
@@ -166,8 +163,8 @@ class _Counter:
 class ChildInbox:
     """The child's inbox, metrics and sinks: what the HTTP app uses in place of rank 0's."""
 
-    def __init__(self, conn: Connection, max_waiting: int) -> None:
-        self.conn, self.max_waiting = conn, max_waiting
+    def __init__(self, channel: Channel, max_waiting: int) -> None:
+        self.channel, self.max_waiting = channel, max_waiting
         self.waiting = 0
         self._sinks: dict[int, Sink] = {}
         self._sink_of: dict[int, int] = {}  # rid -> sid, until answered
@@ -180,19 +177,22 @@ class ChildInbox:
         self.write_delay = self.client.write_delay
 
     def _send(self, message: tuple[Any, ...]) -> bool:
-        """Send to rank 0; False where it has gone (its end of the pipe closed: the reader
-        fails what is open)."""
-        try:
-            self.conn.send(message)
-        except (OSError, ValueError):
+        """Queue for rank 0; False where it has gone (its end of the pipe closed: the reader
+        failed what was open)."""
+        if self.channel.closed:
             return False
+        self.channel.send(message)
         return True
 
     # the Inbox's side
     def submit(self, *subs: Submission) -> None:
-        if self.waiting + len(subs) > self.max_waiting:
-            raise QueueFull(f"{self.waiting} requests are waiting (--max-queue {self.max_waiting})")
-        self.waiting += len(subs)
+        n = sum(sub.n for sub in subs)  # the queue counts sequences (prompts x n)
+        if self.waiting + n > self.max_waiting:
+            raise QueueFull(
+                f"{self.waiting} sequences are waiting, this request adds {n} "
+                f"(--max-queue {self.max_waiting})"
+            )
+        self.waiting += n
         sid = next(self._sids)
         self._sinks[sid] = subs[0].sink
         self._sink_of.update((sub.rid, sid) for sub in subs)
@@ -248,9 +248,33 @@ class ChildInbox:
             return False
         return True
 
+    def pump(self, fd: int, frames: FrameBuffer, state: ServerState) -> str:
+        """Apply every message whole in the pipe now (``fd`` non-blocking): ``"open"``,
+        ``"stop"`` (rank 0 said so), ``"gone"`` (rank 0 has ended: what is open gets a 503),
+        or ``"failed"`` (a frame that does not decode: ``/health`` turns 503 with the reason,
+        what is open gets a 503, rank 0 is told and ends the server)."""
+        verdict = "open"
+        try:
+            for message in _messages(fd, frames):
+                if not self.received(message, state):
+                    verdict = "stop"
+        except EOFError:
+            self.channel.closed = True
+            state.state, state.reason = "failed", "the step loop ended"
+            self.fail_open(503, GONE)
+            return "gone"
+        except Exception as exc:
+            logger.exception("the HTTP process cannot read rank 0's pipe")
+            reason = f"the HTTP process cannot read rank 0's pipe: {_one_line(exc)}"
+            state.state, state.reason = "failed", reason
+            self.fail_open(503, f"the server failed: {reason}")
+            self.channel.send(("failed", reason))  # rank 0 exits 1 naming it
+            return "failed"
+        return verdict
+
     def fail_open(self, status: int, message: str) -> None:
         """Answer every open request (and waiting scrape) with ``status``: rank 0 has gone,
-        or stopped without answering them."""
+        or stopped without answering them, or the pipe failed."""
         for sink in self._sinks.values():
             sink.queue.put_nowait(Failed(status, message))
         self._sinks.clear()
@@ -273,7 +297,8 @@ class HttpProcess:
         max_waiting: int,
         on_lost: Callable[[str], None] | None = None,
     ) -> None:
-        """``on_lost(reason)``: called (from a thread) when the child ends unasked."""
+        """``on_lost(reason)``: called (from a thread) when the child ends unasked, or the
+        pipe fails (a frame that does not decode, on either end): the server cannot go on."""
         from torch_tensorrt_dist.serving.http import event_loop
 
         self.sock, self.build_app = sock, build_app
@@ -281,7 +306,7 @@ class HttpProcess:
         self.max_waiting = max_waiting
         self.host, self.port = sock.getsockname()[:2]
         self.loop = event_loop()
-        ours, self._theirs = Pipe(duplex=True)
+        ours, self._theirs = socket.socketpair()
         self.inbox = ForwardingInbox(Channel(ours, state))
         self.pid = 0
         self.on_lost = on_lost
@@ -293,8 +318,23 @@ class HttpProcess:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    def alive(self) -> bool:
+        """Whether the child still runs (it can still answer what is open)."""
+        if not self.pid:
+            return False
+        try:
+            done, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return done == 0
+
     def start(self) -> None:
         """Fork the child (it serves on ``sock``); read its messages in a thread of rank 0."""
+        if not hasattr(os, "fork"):
+            raise ConfigError(
+                "torchtrt-dist serve runs its HTTP server in a forked process, and this "
+                "platform has no os.fork: serve from Linux (or WSL)"
+            )
         # the tokenizer's thread pool does not survive a fork: the child encodes alone
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         ours = self.inbox.channel.conn
@@ -311,18 +351,31 @@ class HttpProcess:
         self._reader.start()
 
     def _read(self) -> None:
-        conn = self.inbox.channel.conn
+        fd = self.inbox.channel.conn.fileno()
         while True:
             try:
-                message = conn.recv()
+                message = ForkingPickler.loads(read_frame(fd))
             except (EOFError, OSError):
-                if not self._stopping and self.on_lost is not None:
-                    self.on_lost(f"the HTTP process (pid {self.pid}) ended")
+                self._lost(f"the HTTP process (pid {self.pid}) ended")
+                return
+            except Exception as exc:  # a frame that does not decode: the stream is lost
+                logger.exception("rank 0 cannot read the HTTP process's pipe")
+                self._lost(f"rank 0 cannot read the HTTP process's pipe: {_one_line(exc)}")
+                return
+            if message[0] == "failed":  # the child cannot read rank 0's messages
+                self._lost(f"the HTTP process failed: {message[1]}")
                 return
             try:
                 self._handle(message)
-            except Exception:  # a bug: logged; the reader (and the child's sends) go on
+            except Exception as exc:  # a bug: logged; the reader (and the child's sends) go on
                 logger.exception("rank 0 failed to handle the HTTP process's %s", message[0])
+                if message[0] == "submit":  # its client must not wait for ever
+                    failed = Failed(500, f"the server failed to take the request: {exc}")
+                    RemoteSink(message[1][0].sink.sid, self.inbox.channel).put(failed)
+
+    def _lost(self, reason: str) -> None:
+        if not self._stopping and self.on_lost is not None:
+            self.on_lost(reason)
 
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind, channel = message[0], self.inbox.channel
@@ -368,7 +421,7 @@ class HttpProcess:
 def _child(
     build_app: Callable[[ChildInbox, ServerState], Any],
     sock: socket.socket,
-    conn: Connection,
+    conn: socket.socket,
     max_waiting: int,
     loop_name: str,
 ) -> None:
@@ -382,7 +435,7 @@ def _child(
         _close_fds_but(sock.fileno(), conn.fileno())
         gc.freeze()  # rank 0's heap: never scanned here (its pages stay shared)
         _serve(
-            build_app(inbox := ChildInbox(conn, max_waiting), state := ServerState()),
+            build_app(inbox := ChildInbox(Channel(conn), max_waiting), state := ServerState()),
             inbox,
             state,
             sock,
@@ -411,7 +464,7 @@ def _serve(
     inbox: ChildInbox,
     state: ServerState,
     sock: socket.socket,
-    conn: Connection,
+    conn: socket.socket,
     loop_name: str,
 ) -> None:
     """uvicorn on ``sock``, with rank 0's messages read by the event loop itself."""
@@ -436,18 +489,40 @@ def _serve(
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
 
-    def on_message() -> None:
-        while conn.poll():
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):  # rank 0 has ended
-                loop.remove_reader(conn.fileno())
-                state.state, state.reason = "failed", "the step loop ended"
-                inbox.fail_open(503, GONE)
-                server.should_exit = True
-                return
-            if not inbox.received(message, state):
-                server.should_exit = True
+    fd, frames = conn.fileno(), FrameBuffer()
+    os.set_blocking(fd, False)  # the event loop reads what has come; the writer resumes
 
-    loop.add_reader(conn.fileno(), on_message)
+    def on_message() -> None:
+        match inbox.pump(fd, frames, state):
+            case "stop":
+                server.should_exit = True
+            case "gone":
+                loop.remove_reader(fd)
+                server.should_exit = True
+            case "failed":  # /health says why until rank 0 (told) ends the server
+                loop.remove_reader(fd)
+            case "open":
+                pass
+
+    loop.add_reader(fd, on_message)
     loop.run_until_complete(server.serve(sockets=[sock]))
+
+
+def _messages(fd: int, frames: FrameBuffer) -> Iterator[tuple[Any, ...]]:
+    """The messages whole in the pipe now (its fd non-blocking), from at most 16 MiB read (the
+    event loop calls again while more is there); EOFError when it has closed."""
+    for _ in range(16):
+        try:
+            data = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            raise EOFError("the pipe failed") from None
+        if not data:
+            raise EOFError("rank 0 closed the pipe")
+        for payload in frames.feed(data):
+            yield ForkingPickler.loads(payload)
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]

@@ -1,13 +1,10 @@
-"""uvicorn in a thread of rank 0, on a socket bound before the model loads.
+"""uvicorn's set-up for rank 0's HTTP process (``frontend.py``), on a socket bound before the
+model loads.
 
     sock = bind_socket("127.0.0.1", 0)      # before loading: a busy port fails first
-    http = HttpThread(app, sock)            # guarded connections (``connections.py``)
-    http.start()                            # serves from its own asyncio loop
-    http.url                                # http://127.0.0.1:PORT (the real port)
-    http.stop()
+    config = uvicorn_config(app, event_loop())   # guarded connections (``connections.py``)
 
-The step loop keeps the main thread (and its signal handlers); uvicorn installs no signal
-handler outside the main thread. uvicorn runs its h11 protocol with a connection cap and a
+uvicorn runs its h11 protocol with a connection cap and a
 header deadline (``connections.py``), whether or not httptools is installed, on uvloop's event
 loop where uvloop is installed (the ``serve`` extra's; :func:`event_loop`).
 """
@@ -17,8 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,7 +25,7 @@ from torch_tensorrt_dist.serving.connections import (
     quiet_logs,
 )
 
-__all__ = ["HTTP_LOOP_ENV", "HttpThread", "bind_socket", "event_loop", "uvicorn_config"]
+__all__ = ["HTTP_LOOP_ENV", "bind_socket", "event_loop", "uvicorn_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +86,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def uvicorn_config(app: Any, loop: str, limits: ConnectionLimits | None = None) -> Any:
-    """uvicorn's configuration of our server (a thread of rank 0, or its HTTP process): the
+    """uvicorn's configuration of our server (rank 0's HTTP process): the
     guarded h11 protocol, event loop ``loop``, no lifespan, no access log."""
     import uvicorn
 
@@ -106,39 +101,3 @@ def uvicorn_config(app: Any, loop: str, limits: ConnectionLimits | None = None) 
         timeout_graceful_shutdown=2,
         timeout_keep_alive=KEEP_ALIVE_S,
     )
-
-
-class HttpThread:
-    """An ASGI app served by uvicorn from a daemon thread, on ``sock`` (bound already)."""
-
-    def __init__(self, app: Any, sock: socket.socket, limits: ConnectionLimits | None = None):
-        import uvicorn
-
-        self.sock = sock
-        self.host, self.port = sock.getsockname()[:2]
-        self.limits = limits or ConnectionLimits(max_connections=connection_cap())
-        self.loop = event_loop()
-        self.server = uvicorn.Server(uvicorn_config(app, self.loop, self.limits))
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, name="http", daemon=True
-        )
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    def start(self, timeout_s: float = 30.0) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise ConfigError(f"the HTTP server on {self.url} did not start")
-            time.sleep(0.01)
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout_s)
-        if self.thread.is_alive():
-            logger.warning("the HTTP thread did not stop within %.0f s", timeout_s)
-        self.sock.close()

@@ -177,8 +177,7 @@ class Leader:
         output is valid and is published first: a request it finished gets its whole answer,
         a running one its piece before the failure."""
         queued = [i for i in self.inbox.take(0.0) if isinstance(i, Submission)]
-        first = sum(r.follows is None for r in self.scheduler.waiting)  # a submission's first
-        self.inbox.left(len(queued) + first)
+        self.inbox.left(sum(sub.n for sub in queued) + len(self.scheduler.waiting))
         self.scheduler.waiting.clear()
         failed = [*queued, *self.requests.values()]
         try:
@@ -198,18 +197,20 @@ class Leader:
         for rid in self._dropped:  # failed alone: every rank lets it go (if it still runs)
             sched.cancel(rid)
         self._dropped = []
+        group, sink = 0, None  # the prompts of one HTTP request: one group (sharing rows)
         for item in self.inbox.take(0.0 if not sched.idle() else self.idle_tick_s):
             if isinstance(item, Submission):
-                self._submit(item)
+                group, sink = (group, sink) if item.sink is sink else (item.rid, item.sink)
+                self._submit(item, group)
             elif isinstance(item, Cancel):
                 self._cancel(item.rid)
         if self.state.state == "draining":
             return self._drain()
         plan = sched.plan()
-        self.inbox.left(sum(r.follows is None for r in plan.joins))  # a submission's first
+        self.inbox.left(len(plan.joins))  # the wait queue counts sequences
         return plan
 
-    def _submit(self, sub: Submission) -> None:
+    def _submit(self, sub: Submission, group: int) -> None:
         seed = sub.seed if sub.seed is not None else self._seeds.randrange(2**31)
         reqs = [
             Request(
@@ -221,6 +222,7 @@ class Leader:
                 sub.stop,
                 grammar=sub.grammar,
                 follows=sub.rid if j else None,
+                group=group,
             )
             for j, rid in enumerate(sub.rids)
         ]
@@ -228,7 +230,7 @@ class Leader:
             for req in reqs:  # every choice alike: all pass, or the first fails
                 self.scheduler.core.check(req)
         except ConfigError as exc:  # the HTTP layer checks first; this is the last word
-            self.inbox.left()
+            self.inbox.left(sub.n)
             sub.sink.put(Failed(400, str(exc)))
             return
         for req in reqs:
@@ -239,13 +241,14 @@ class Leader:
     def _forget(self, sub: Submission) -> None:
         """Stop tracking a submission: cancel its sequences that still run or wait (on every
         rank, at the next step)."""
-        waiting = any(r.rid == sub.rid for r in self.scheduler.waiting)
+        rids = set(sub.rids)
+        waiting = sum(r.rid in rids for r in self.scheduler.waiting)
         for rid in sub.rids:
             if self.choices.pop(rid, None) is not None:
                 self.scheduler.cancel(rid)
             self._last_token.pop(rid, None)
         if self.requests.pop(sub.rid, None) is not None and waiting:
-            self.inbox.left()  # its first sequence had not joined
+            self.inbox.left(waiting)  # its sequences that had not joined
 
     def _cancel(self, rid: int) -> None:
         sub = self.requests.get(rid)

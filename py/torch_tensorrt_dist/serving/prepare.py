@@ -70,7 +70,7 @@ class ServedModel:
     rows: int = 1
     """Rows a step runs (``--max-batch-size``): the most sequences of one prompt (``n``)."""
     max_queue: int = 64
-    """Requests that may wait (``--max-queue``): the most prompts of one request."""
+    """Sequences that may wait (``--max-queue``): the most of one request (prompts x n)."""
     grammars: Grammars | None = None
     """The grammar engine of structured output (None: not available, ``grammar_error``)."""
     grammar_error: str = "the grammar engine was not built"
@@ -83,7 +83,7 @@ class ServedModel:
 
 
 def check_counts(req: Params, model: ServedModel) -> None:
-    """``n`` / ``best_of`` within the rows a step runs, the prompts within the queue."""
+    """``n`` / ``best_of`` within the rows a step runs, the sequences within the queue."""
     if req.sequences > model.rows:
         name = "best_of" if req.best_of is not None else "n"
         raise RequestError(
@@ -92,12 +92,15 @@ def check_counts(req: Params, model: ServedModel) -> None:
             f"this server runs at most {model.rows} (--max-batch-size {model.rows})",
             param=name,
         )
-    if not req.chat and len(req.prompts) > model.max_queue:  # type: ignore[union-attr]
+    prompts = 1 if req.chat else len(req.prompts)  # type: ignore[union-attr]
+    if prompts * req.sequences > model.max_queue:
+        name = "best_of" if req.best_of is not None else "n"
+        what = f"{prompts} prompts x {name}={req.sequences}" if prompts > 1 else f"{name}"
         raise RequestError(
             400,
-            f"prompt holds {len(req.prompts)} prompts; this server queues at most "  # type: ignore[union-attr]
-            f"{model.max_queue} (--max-queue {model.max_queue})",
-            param="prompt",
+            f"this request asks for {what} = {prompts * req.sequences} sequences; this "
+            f"server queues at most {model.max_queue} (--max-queue {model.max_queue})",
+            param="prompt" if prompts > 1 else name,
         )
 
 

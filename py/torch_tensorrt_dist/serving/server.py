@@ -4,14 +4,14 @@
                       control=dist.new_group(backend="gloo"))       # every rank
 
 Rank 0 serves on a socket bound before the model loads (``http.bind_socket``, passed as
-``sock``) and starts HTTP first: a forked process of its own (``frontend.py``), or a thread
-with ``TORCH_TENSORRT_DIST_HTTP=thread`` (``/health`` answers 503 while the graphs compile),
-then every rank compiles every prefill bucket and the decode graph, measures the control
-channel's latency, and enters the step loop. SIGTERM (or SIGINT) on rank 0 starts a drain: new
-requests get 503, running ones finish (at most ``drain_timeout_s``), then rank 0 tells every
-rank to stop and each exits 0. Other ranks note those signals: they leave the loop when rank 0
-says so, or when a collective fails because a peer died. When a step fails on rank 0 (a rank
-died), every request in flight gets a 503 and the rank exits non-zero.
+``sock``) and starts HTTP first, in a forked process of its own (``frontend.py``; ``/health``
+answers 503 while the graphs compile), then every rank compiles every prefill bucket and the
+decode graph, measures the control channel's latency, and enters the step loop. SIGTERM (or
+SIGINT) on rank 0 starts a drain: new requests get 503, running ones finish (at most
+``drain_timeout_s``), then rank 0 tells every rank to stop and each exits 0. Other ranks note
+those signals: they leave the loop when rank 0 says so, or when a collective fails because a
+peer died. When a step fails on rank 0 (a rank died), every request in flight gets a 503 and the
+rank exits non-zero.
 
 Liveness (``watchdog.py``): every rank other than 0 writes a heartbeat into the c10d store; rank
 0's watchdog turns ``/health`` to 503, fails what is in flight and ends the server, naming the
@@ -68,9 +68,9 @@ __all__ = ["DEFAULT_STEP_TIMEOUT_S", "ServeConfig", "ServeResult", "serve_rank",
 
 logger = logging.getLogger(__name__)
 
-#: Rank 0's thread switch interval while serving (Python's default is 5 ms; measured with the
-#: HTTP server in a thread of rank 0, as ``TORCH_TENSORRT_DIST_HTTP=thread`` still runs it;
-#: else the pipe's reader thread shares the lock). The step loop
+#: Rank 0's thread switch interval while serving (Python's default is 5 ms; measured when the
+#: HTTP server ran in a thread of rank 0; the pipe's reader and writer threads share the lock
+#: now). The step loop
 #: releases the interpreter lock (GIL) inside every kernel (``backend/kernel_gil.py``), matmul
 #: and collective, and the HTTP thread runs then; when the loop comes back while the HTTP
 #: thread holds the lock, it waits until the HTTP thread's interval ends (every other rank
@@ -198,9 +198,9 @@ def _lead(
     grammar_error: str,
 ) -> ServeResult:
     from torch_tensorrt_dist.serving.api import ServedModel, create_app
-    from torch_tensorrt_dist.serving.bridge import Inbox, ServerState
-    from torch_tensorrt_dist.serving.frontend import HttpProcess, http_mode
-    from torch_tensorrt_dist.serving.http import HttpThread, bind_socket
+    from torch_tensorrt_dist.serving.bridge import ServerState
+    from torch_tensorrt_dist.serving.frontend import HttpProcess
+    from torch_tensorrt_dist.serving.http import bind_socket
     from torch_tensorrt_dist.serving.limits import request_limits
     from torch_tensorrt_dist.serving.stream_out import StreamLimits
 
@@ -229,34 +229,29 @@ def _lead(
     )
 
     def http_lost(reason: str) -> None:
-        """The HTTP process ended unasked (killed): nobody can reach the server; exit 1."""
+        """The HTTP process ended unasked (killed), or the pipe to it failed: the server
+        cannot go on; ``/health`` says why (where the child still answers), exit 1."""
         logger.error("the server stops: %s", reason)
         state.set("failed", reason)
+        if inbox.fail_live(503, f"the server failed: {reason}") and http.alive():
+            time.sleep(1.0)  # let HTTP send the 503s
         end_now(1, RuntimeError(reason))
 
     streams = StreamLimits(config.write_timeout_s)
-    http: HttpThread | HttpProcess
-    if http_mode() == "process":  # the HTTP server in a forked child (``frontend.py``)
-        metrics.writes_elsewhere()
-        http = HttpProcess(
-            lambda inbox, st: create_app(
-                model, inbox, st, inbox, api_key=config.api_key, stream=streams
-            ),
-            sock,
-            state,
-            metrics,
-            max_waiting=config.max_queue,
-            on_lost=http_lost,
-        )
-        inbox: Inbox = http.inbox
-        http.start()
-    else:
-        inbox = Inbox(config.max_queue)
-        app = create_app(model, inbox, state, metrics, api_key=config.api_key, stream=streams)
-        http = HttpThread(app, sock)
-        http.start()
-        if http.thread.native_id is not None:  # set once the thread has started
-            metrics.threads.track("http", http.thread.native_id)
+    metrics.writes_elsewhere()  # the client-side metrics are measured in the HTTP process
+    # the HTTP server in a forked child (``frontend.py``)
+    http = HttpProcess(
+        lambda inbox, st: create_app(
+            model, inbox, st, inbox, api_key=config.api_key, stream=streams
+        ),
+        sock,
+        state,
+        metrics,
+        max_waiting=config.max_queue,
+        on_lost=http_lost,
+    )
+    inbox = http.inbox
+    http.start()
     metrics.threads.track("step", threading.get_native_id())  # this thread runs the loop
     signals.on_signal(lambda _: state.set("draining"))
 
@@ -299,8 +294,7 @@ def _lead(
         if state.state == "warming":
             state.set("ready")
             if on_ready is not None:
-                where = "own process" if isinstance(http, HttpProcess) else "thread"
-                on_ready(http.url, warm, f"{http.loop}, {where}")  # URL, warm-up s, HTTP
+                on_ready(http.url, warm, f"{http.loop}, own process")  # URL, warm-up s, HTTP
         with _gil_switch(_switch_interval(gen.engine)):
             leader.run()
     except Exception as exc:  # a failed collective (a rank died) or a failed graph
