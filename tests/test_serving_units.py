@@ -389,7 +389,7 @@ def test_a_stream_whose_events_raise_ends_with_an_error_event_and_done() -> None
     from torch_tensorrt_dist.serving.api import _Handler
 
     class _Answer:
-        status = "200"
+        status, made = "200", 0.0
 
         async def events(self, queue: object) -> Any:
             yield "data: {}\n\n"
@@ -407,7 +407,8 @@ def test_a_stream_whose_events_raise_ends_with_an_error_event_and_done() -> None
 
     async def body() -> list[str]:
         sink = SimpleNamespace(queue=None)
-        return [e async for e in _Handler.stream(handler, _Answer(), sink)]  # type: ignore[arg-type]
+        stream = _Handler.stream(handler, _Answer(), sink)  # type: ignore[arg-type]
+        return [event async for event, _ in stream]
 
     events = asyncio.run(body())
     assert events[0] == "data: {}\n\n" and events[-1] == "data: [DONE]\n\n"
