@@ -98,8 +98,10 @@ def cpu_report(cpuinfo: str, thp: str | None) -> str:
     model = fields.get("model name") or platform.processor() or platform.machine()
     flags = set(fields.get("flags", "").split())
     isa = " ".join(f for f in ISA_FLAGS if f in flags) or "none listed"
-    mode = "absent" if thp is None else next(
-        (w.strip("[]") for w in thp.split() if w.startswith("[")), thp.strip()
+    mode = (
+        "absent"
+        if thp is None
+        else next((w.strip("[]") for w in thp.split() if w.startswith("[")), thp.strip())
     )
     capability = torch.backends.cpu.get_cpu_capability()
     return f"cpu: {model}; isa: {isa}; torch cpu capability: {capability}; thp: {mode}"
