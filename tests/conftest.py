@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import platform
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,6 +81,46 @@ SLOW_FIRST = (
 def _slow_rank(item: pytest.Item) -> int:
     name = item.path.name
     return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+
+
+#: the CPU features that decide which kernels torch and Inductor pick here
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+
+
+def cpu_report(cpuinfo: str, thp: str | None) -> str:
+    """One header line: the CPU's model, its ISA flags of :data:`ISA_FLAGS`, torch's CPU
+    capability and the transparent-huge-page mode (``cpuinfo``: /proc/cpuinfo's text, ``thp``:
+    /sys/kernel/mm/transparent_hugepage/enabled's, None where absent)."""
+    fields = dict(
+        (key.strip(), value.strip())
+        for key, _, value in (line.partition(":") for line in cpuinfo.splitlines())
+        if value
+    )
+    model = fields.get("model name") or platform.processor() or platform.machine()
+    flags = set(fields.get("flags", "").split())
+    isa = " ".join(f for f in ISA_FLAGS if f in flags) or "none listed"
+    mode = (
+        "absent"
+        if thp is None
+        else next((w.strip("[]") for w in thp.split() if w.startswith("[")), thp.strip())
+    )
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"cpu: {model}; isa: {isa}; torch cpu capability: {capability}; thp: {mode}"
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """What the results depend on: the CPU's kernels (Inductor's C++ code, ATen's ISA) and
+    whether CPU weights move into huge pages (``models/huge_pages.py``)."""
+    return cpu_report(
+        _read("/proc/cpuinfo") or "", _read("/sys/kernel/mm/transparent_hugepage/enabled")
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

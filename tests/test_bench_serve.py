@@ -360,22 +360,6 @@ def test_serve_section_small_run() -> None:
         assert isinstance(figs[name].value, float) and figs[name].value > 0, name
 
 
-def test_the_template_run_passes_its_flag_and_labels_its_figures() -> None:
-    from dataclasses import replace
-
-    sizes = replace(ServeSizes.full(), cpu_gemm="template")
-    args = our_server_args(Path("/ckpt"), sizes, 8 * 512 * 8192)
-    assert build_parser().parse_args(["serve", "--port", "0", *args]).cpu_gemm == "template"
-    assert "--cpu-gemm" not in our_server_args(Path("/ckpt"), ServeSizes.full(), 8 * 512 * 8192)
-    figs = serve_report(_measured(hf_scale=0.25), sizes)
-    assert {f.section for f in figs} == {"serve (CPU, TP 1, bench checkpoint, --cpu-gemm template)"}
-    assert "--cpu-gemm template" in figs[0].note
-    default = serve_report(_measured(hf_scale=0.25), ServeSizes.full())
-    assert [f.value for f in figs] == [f.value for f in default]  # the same arithmetic
-    for name in ("serve_aten", "serve_template", "serve_auto"):
-        assert name in SECTIONS and name in QUICK_SECTIONS
-
-
 def test_client_view_figures_by_hand() -> None:
     """Two streams sent at 0: gaps, first events and events per token computed by hand."""
     from torch_tensorrt_dist.bench.serve_clients import client_view

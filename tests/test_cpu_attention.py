@@ -188,11 +188,3 @@ def test_the_inductor_engine_decodes_through_the_op_with_the_references_tokens()
     calls = {e.key: e.count for e in prof.key_averages()}
     assert got == want
     assert calls.get(f"{cpu_attention.NAMESPACE}::decode_attention", 0) == 5 * ARGS.n_layers
-
-
-def test_the_reference_form_is_kept_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cpu_attention.ENV, "sdpa")
-    assert not cpu_attention.available()
-    assert cpu_attention.unavailable_reason() == f"{cpu_attention.ENV}=sdpa"
-    monkeypatch.delenv(cpu_attention.ENV)
-    assert cpu_attention.available() and cpu_attention.unavailable_reason() == ""

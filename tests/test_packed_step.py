@@ -94,7 +94,7 @@ def test_reduce_splits_a_packed_step_by_its_real_tokens(monkeypatch: pytest.Monk
     monkeypatch.setattr(generate, "compile_step", compile_step)
     limits = StepLimits(rows=8, tokens=16, blocks=8, block_size=4)
     step = generate.compile_paged_step(
-        lambda *a: None, "inductor", verify=None, cpu_gemm="reduce", device=CPU, limits=limits
+        lambda *a: None, "inductor", verify=None, cpu_gemm="reduce", device=CPU
     )
     chunk = ([1] * 10, 0, [1, 2, 3])
     decoding = [([1], 4, [4 + i, 0]) for i in range(3)]

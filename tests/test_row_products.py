@@ -225,18 +225,3 @@ def test_a_model_without_float32_weights_compiles_its_step_once(monkeypatch):
             Transformer(args).to(dtype), engine="inductor", max_batch_size=2, cpu_gemm="reduce"
         )
         assert seen.pop() == want, dtype
-
-
-def test_the_flag_reaches_the_run_config():
-    from torch_tensorrt_dist.cli import build_parser
-    from torch_tensorrt_dist.cli._options import run_config
-    from torch_tensorrt_dist.config.jobs import GenerateJob
-
-    def config(*argv: str) -> Any:
-        ns = build_parser().parse_args(["generate", "--prompt", "hi", *argv])
-        return run_config(ns, GenerateJob())
-
-    assert config("--engine", "inductor", "--cpu-gemm", "reduce").cpu_gemm == "reduce"
-    # as auto: ATen's with another engine, artifacts as compiled
-    assert config("--engine", "eager", "--cpu-gemm", "reduce").cpu_gemm == "reduce"
-    assert config("--artifacts", "/a", "--cpu-gemm", "reduce").cpu_gemm == "reduce"

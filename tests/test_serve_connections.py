@@ -143,18 +143,17 @@ def test_http_thread_runs_uvloop_where_installed(http: HttpThread) -> None:
     assert isinstance(loop, uvloop.Loop)
 
 
-def test_event_loop_choice() -> None:
-    from torch_tensorrt_dist.errors import ConfigError
-    from torch_tensorrt_dist.serving.http import HTTP_LOOP_ENV, event_loop
+def test_event_loop_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop's where it is installed, else asyncio's."""
+    import sys
 
-    assert event_loop({HTTP_LOOP_ENV: "asyncio"}) == "asyncio"
-    with pytest.raises(ConfigError, match="use uvloop or asyncio"):
-        event_loop({HTTP_LOOP_ENV: "trio"})
+    from torch_tensorrt_dist.serving.http import event_loop
+
     try:
         import uvloop  # noqa: F401
     except ImportError:
-        assert event_loop({}) == "asyncio"
-        with pytest.raises(ConfigError, match="not installed"):
-            event_loop({HTTP_LOOP_ENV: "uvloop"})
+        assert event_loop() == "asyncio"
     else:
-        assert event_loop({}) == event_loop({HTTP_LOOP_ENV: "uvloop"}) == "uvloop"
+        assert event_loop() == "uvloop"
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if not installed
+    assert event_loop() == "asyncio"

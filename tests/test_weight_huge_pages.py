@@ -92,17 +92,25 @@ def test_loose_tensors_move_into_one_aligned_region_with_their_values() -> None:
         "codes": torch.randint(-128, 127, (300, 7), dtype=torch.int8),
         "scales": torch.rand(300, dtype=torch.bfloat16),
     }
-    before = {k: (t.clone(), t.stride()) for k, t in weights.items()}
+    before = {k: (t.clone(), t.stride(), t.storage_offset()) for k, t in weights.items()}
     other = torch.rand(8).as_subclass(_Marked)  # a subclass (as DTensor is): not ours to move
     other_ptr = other.data_ptr()
     storages = big.nbytes + weights["codes"].nbytes + weights["scales"].nbytes  # 3, not 4
     moved = huge_page_tensors([*weights.values(), other])
     assert storages <= moved < storages + 3 * 64
-    assert len({t.untyped_storage().data_ptr() for t in weights.values()}) == 1
+    # each storage moves as a storage of its own, its tensors at their own storage offsets:
+    # code that reads a tensor from its storage's start (Inductor's C++ GEMM template packing
+    # a constant weight) reads the same bytes as before the move
+    assert len({t.untyped_storage().data_ptr() for t in weights.values()}) == 3
     for k, t in weights.items():
-        value, stride = before[k]
+        value, stride, offset = before[k]
         assert torch.equal(t, value) and t.stride() == stride and t.data_ptr() % 64 == 0, k
-    assert weights["w.t"].data_ptr() == weights["w"].data_ptr()  # still one storage's views
+        assert t.storage_offset() == offset == 0, k
+        from_start = torch.empty(0, dtype=t.dtype).set_(
+            t.untyped_storage(), 0, t.size(), t.stride()
+        )
+        assert torch.equal(from_start, value), k
+    assert weights["w.t"].untyped_storage().data_ptr() == weights["w"].untyped_storage().data_ptr()
     assert other.data_ptr() == other_ptr
     assert _huge_kib(big.data_ptr(), big.data_ptr() + big.nbytes) >= 2048
 

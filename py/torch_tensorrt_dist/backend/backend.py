@@ -184,7 +184,6 @@ def torch_tensorrt_dist_backend(
     resolve = _resolver(gm)
     recorded = bool(_recorders)
     trt_freeze = settings.engine == "tensorrt"
-    gemm_freeze = settings.cpu_gemm in ("template", "auto")  # engine inductor (settings check)
 
     def fw_compiler(aten_gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., Any]:
         # TensorRT dequantizes constant weights only, and IMoELayer takes constant experts:
@@ -195,10 +194,6 @@ def torch_tensorrt_dist_backend(
             from torch_tensorrt_dist.conversion.layers.moe_experts import frozen_expert_inputs
 
             also = frozen_expert_inputs(aten_gm)
-        elif gemm_freeze:  # the template takes constant weights only (backend/cpu_gemm.py)
-            from torch_tensorrt_dist.backend.cpu_gemm import gemm_weights
-
-            also = gemm_weights(example_inputs)
         if also is not None:  # and the quantized codes and scales marked for freezing
             also = sorted(set(also) | set(frozen_indices(example_inputs)))
         if not also:
@@ -247,8 +242,10 @@ def torch_tensorrt_dist_backend(
             reinplace_input_writes(aten_gm)  # Inductor does this itself
         reference = reference_graph(aten_gm) if _verifies(settings) else None
         if settings.cpu_gemm == "reduce":  # after the reference: verify checks the rewrite
-            from torch_tensorrt_dist.backend.cpu_gemm import gemm_weights
-            from torch_tensorrt_dist.backend.row_products import products_as_reductions
+            from torch_tensorrt_dist.backend.row_products import (
+                gemm_weights,
+                products_as_reductions,
+            )
 
             products_as_reductions(aten_gm, gemm_weights(real), len(real))
         engine = build_engine(aten_gm, inputs, settings)

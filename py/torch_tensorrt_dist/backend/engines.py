@@ -41,11 +41,6 @@ def build_engine(
 
         contiguous_flex_inputs(gm)  # a torch 2.14 bug of CPU flex attention (see the module)
         with kernels_release_gil():  # other threads run while a kernel does (see the module)
-            if settings.cpu_gemm in ("template", "auto"):  # reduce: rewritten before (backend.py)
-                from torch_tensorrt_dist.backend.cpu_gemm import compile_gemms
-
-                fallback = settings.cpu_gemm == "auto"
-                return compile_gemms(compile_fx_inner, gm, example_inputs, fallback=fallback)
             return compile_fx_inner(gm, example_inputs)
     if settings.engine == "tensorrt":
         return _tensorrt_module().compile_tensorrt(gm, example_inputs, settings)

@@ -31,24 +31,40 @@ generator keeps them row-major with ``reduce``), or to another engine.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from typing import Any
 
 import torch
 from torch import fx
 from torch._dynamo.utils import counters
 
-__all__ = ["products_as_reductions"]
+__all__ = ["gemm_weights", "products_as_reductions"]
 
 logger = logging.getLogger(__name__)
 
 aten = torch.ops.aten
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def gemm_weights(real_inputs: Sequence[Any]) -> list[int]:
+    """Positions of the graph inputs that are weights of products: 2-D floating
+    ``nn.Parameter``s on the CPU (which of them are rewritten: :func:`products_as_reductions`)."""
+    return [
+        i
+        for i, t in enumerate(real_inputs)
+        if isinstance(t, torch.nn.Parameter)
+        and t.dim() == 2
+        and t.dtype in _FLOATS
+        and t.device.type == "cpu"
+    ]
 
 
 def products_as_reductions(
     gm: fx.GraphModule, weights: Collection[int], inputs: int | None = None
 ) -> int:
     """Rewrite ``gm``'s products of an activation with a row-major float32 weight (one of the
-    graph inputs at the positions ``weights``: ``cpu_gemm.gemm_weights`` of the ``inputs``
+    graph inputs at the positions ``weights``: :func:`gemm_weights` of the ``inputs``
     inputs Dynamo gave) as reductions, in place; returns how many (also counted in Dynamo's
     ``counters["torch_tensorrt_dist"]["reduced_products"]``). Where the graph does not have
     ``inputs`` placeholders (an input that AOTAutograd flattened or added), the positions say

@@ -21,9 +21,8 @@ __all__ = [
 
 ENGINES = ("tensorrt", "inductor", "eager")
 COLLECTIVE_IMPLS = ("auto", "native", "plugin", "torch_nccl")
-#: as ``config.run.CPU_GEMMS`` (the CLI's; as with ``ENGINES``, the backend does not import
-#: the command-line layer, which imports the generation core and with it this package)
-CPU_GEMMS = ("aten", "template", "auto", "reduce")
+#: the Inductor engine's CPU products (``CompileSettings.cpu_gemm``; the generator picks one)
+CPU_GEMMS = ("aten", "reduce")
 #: overrides ``collective_impl`` when set (the settings value wins if given explicitly)
 ENV_COLLECTIVE_IMPL = "TORCH_TENSORRT_DIST_COLLECTIVE_IMPL"
 
@@ -59,15 +58,9 @@ class CompileSettings:
     #: Torch-TensorRT ``CompilationSettings`` fields (e.g. ``use_fp32_acc``, ``workspace_size``,
     #: ``cache_built_engines``); an unknown key is a ConfigError listing the valid ones
     torch_tensorrt_options: Mapping[str, Any] = field(default_factory=dict)
-    #: the Inductor engine's matrix products on CPU: ``aten`` (ATen's, MKL) or ``template``
-    #: (Inductor's C++ GEMM template over the graph's 2-D float parameters made constants and
-    #: packed at compile time: ``backend/cpu_gemm.py``; the decode step of the bench checkpoint
-    #: 1.7x faster at 1 row, 1.16x at 8; prefill about 1.4x slower, longer compiles, a packed
-    #: copy of each weight, which is what runs: a weight written in place after a graph's
-    #: first call is not seen by it); ``auto``: the template where every product of the graph
-    #: takes it, ATen's for a graph where one does not; ``reduce``: each product with a
-    #: row-major float32 weight as a vectorized reduction (``backend/row_products.py``: for
-    #: steps of few rows, bound by reading the weights)
+    #: the Inductor engine's matrix products on CPU: ``aten`` (ATen's, MKL) or ``reduce``: each
+    #: product with a row-major float32 weight as a vectorized reduction
+    #: (``backend/row_products.py``: for steps of few rows, bound by reading the weights)
     cpu_gemm: str = "aten"
 
     def __post_init__(self) -> None:

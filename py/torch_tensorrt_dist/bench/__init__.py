@@ -61,14 +61,11 @@ def _quantize() -> list[Figure]:
     return quantize_figures()
 
 
-def _serve(*, quick: bool = False, cpu_gemm: str | None = None) -> list[Figure]:
-    from dataclasses import replace
-
+def _serve(*, quick: bool = False) -> list[Figure]:
     from torch_tensorrt_dist.bench.serve import serve_figures
     from torch_tensorrt_dist.bench.serve_sizes import ServeSizes
 
-    sizes = ServeSizes.quick() if quick else ServeSizes.full()
-    return serve_figures(sizes if cpu_gemm is None else replace(sizes, cpu_gemm=cpu_gemm))
+    return serve_figures(ServeSizes.quick() if quick else ServeSizes.full())
 
 
 def _serve_control() -> list[Figure]:
@@ -106,9 +103,6 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "cold_start": _cold_start,
     "quantize": _quantize,
     "serve": _serve,
-    "serve_aten": partial(_serve, cpu_gemm="aten"),
-    "serve_template": partial(_serve, cpu_gemm="template"),
-    "serve_auto": partial(_serve, cpu_gemm="auto"),
     "serve_control": _serve_control,
     "serve_clients": _serve_clients,
     "grammar": _grammar,
@@ -117,9 +111,6 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
 #: sections with smaller counts under ``--quick`` (the same figures)
 QUICK_SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "serve": partial(_serve, quick=True),
-    "serve_aten": partial(_serve, quick=True, cpu_gemm="aten"),
-    "serve_template": partial(_serve, quick=True, cpu_gemm="template"),
-    "serve_auto": partial(_serve, quick=True, cpu_gemm="auto"),
     "serve_clients": partial(_serve_clients, quick=True),
 }
 

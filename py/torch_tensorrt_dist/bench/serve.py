@@ -58,7 +58,6 @@ from torch_tensorrt_dist.bench.serve_report import (
 from torch_tensorrt_dist.bench.serve_scenarios import join_during_streams, random_ids, shared_prefix
 from torch_tensorrt_dist.bench.serve_sizes import ServeSizes
 from torch_tensorrt_dist.bench.serve_streams import ClientRun, run_clients
-from torch_tensorrt_dist.config.run import DEFAULT_CPU_GEMM
 from torch_tensorrt_dist.errors import ConfigError
 
 __all__ = ["our_server_args", "serve_figures"]
@@ -107,7 +106,6 @@ def our_server_args(path: str | Path, sizes: ServeSizes, kv_bytes: int) -> list[
         str(kv_bytes),
         "--served-model-name",
         MODEL,
-        *(["--cpu-gemm", sizes.cpu_gemm] if sizes.cpu_gemm != DEFAULT_CPU_GEMM else []),
     ]
 
 
@@ -313,7 +311,6 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
             gen, m.graphs = server_generator(
                 path,
                 engine=s.engine,
-                cpu_gemm=s.cpu_gemm,
                 max_batch_size=s.max_batch_size,
                 cache_len=s.max_seq_len,
                 kv_cache_memory=kv_bytes,
@@ -359,7 +356,6 @@ def serve_figures(sizes: ServeSizes | None = None) -> list[Figure]:
                 rows=(s.step_rows,),
                 live=s.live,
                 engine=s.engine,
-                cpu_gemm=s.cpu_gemm,
             )
         m.step_s = {c: t for (c, _), t in steps.items()}
         paged, static = kv_bytes_per_live_token(layout, live=s.live, cache_len=max(s.caches))

@@ -11,13 +11,12 @@ run met it (None: no goal, or the figure could not be taken, with the reason in 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from torch_tensorrt_dist.bench.common import Figure
 from torch_tensorrt_dist.bench.serve_scenarios import Join
 from torch_tensorrt_dist.bench.serve_sizes import ServeSizes
 from torch_tensorrt_dist.bench.serve_streams import ClientRun, Stream, slowest_ttft_share
-from torch_tensorrt_dist.config.run import DEFAULT_CPU_GEMM
 
 __all__ = ["SECTION", "ServeMeasured", "ThreadCPU", "serve_report"]
 
@@ -103,7 +102,7 @@ def _client_figures(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
         f"{s.requests_per_client} requests per client (at least {s.min_requests}) x "
         f"{s.max_tokens} tokens, streamed"
     )
-    how = f"torchtrt-dist serve --engine {s.engine} --cpu-gemm {s.cpu_gemm}, 1 thread" + (
+    how = f"torchtrt-dist serve --engine {s.engine}, 1 thread" + (
         f", HTTP on {m.loop}" if m.loop else ""
     )
     figs = [
@@ -389,7 +388,4 @@ def serve_report(m: ServeMeasured, s: ServeSizes) -> list[Figure]:
     )
     if m.load:
         figs.append(Figure(SECTION, "machine load average (start / end of the section)", m.load))
-    if s.cpu_gemm != DEFAULT_CPU_GEMM:  # a run of its own: told apart from the default run
-        label = f"{SECTION[:-1]}, --cpu-gemm {s.cpu_gemm})"
-        figs = [replace(f, section=label) for f in figs]
     return figs

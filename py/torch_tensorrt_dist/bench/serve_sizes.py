@@ -1,7 +1,7 @@
 """``bench --section serve``: the counts and lengths of a run (``full``: the issues' sizes,
 ``quick``: a few minutes), checked against the checkpoint and the KV memory before it starts.
 
-    sizes = ServeSizes.full()            # or .quick(); replace(sizes, cpu_gemm="template")
+    sizes = ServeSizes.full()            # or .quick()
     sizes.check(positions)               # ConfigError where a request would not fit
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch_tensorrt_dist.config.run import DEFAULT_CPU_GEMM
 from torch_tensorrt_dist.errors import ConfigError
 
 __all__ = ["ServeSizes"]
@@ -45,8 +44,6 @@ class ServeSizes:
     kv_rows: int = 8
     kv_tokens: int = 512
     engine: str = "inductor"
-    cpu_gemm: str = DEFAULT_CPU_GEMM
-    """Our server's ``--cpu-gemm`` (and the in-process generator's, the decode step's)."""
     baseline: bool = True
     defaults: tuple[int, ...] = (1, 8)
     """Client counts of a second comparison, each server at its own default threads (no

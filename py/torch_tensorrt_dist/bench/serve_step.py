@@ -44,7 +44,6 @@ def decode_step_times(
     rounds: int = 5,
     steps: int = 10,
     engine: str = "inductor",
-    cpu_gemm: str = "aten",
 ) -> dict[tuple[int, int], float]:
     """Median seconds of a decode step, by (cache length, rows), every row at ``live`` tokens
     (see the module docstring). Runs with one torch thread, as a server's rank does."""
@@ -63,7 +62,6 @@ def decode_step_times(
                 engine=engine,
                 max_batch_size=max(rows),
                 cache_len=c,
-                cpu_gemm=cpu_gemm,
             )
             for c in caches
         }
@@ -100,7 +98,6 @@ def server_generator(
     max_batch_size: int,
     cache_len: int,
     kv_cache_memory: int,
-    cpu_gemm: str = "aten",
 ) -> tuple[Any, int]:
     """A ``Generator`` of the server's shape (one rank, one thread), warmed up as the server's
     is (``warmup_all``), and the number of graphs that compiled."""
@@ -119,7 +116,6 @@ def server_generator(
             max_batch_size=max_batch_size,
             cache_len=cache_len,
             kv_cache_memory=kv_cache_memory,
-            cpu_gemm=cpu_gemm,
         )
         before = counters["stats"]["unique_graphs"]
         gen.warmup_all()

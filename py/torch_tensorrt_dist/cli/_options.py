@@ -14,9 +14,7 @@ from typing import Any
 
 from torch_tensorrt_dist.config.jobs import Job
 from torch_tensorrt_dist.config.run import (
-    CPU_GEMMS,
     DEFAULT_BLOCK_SIZE,
-    DEFAULT_CPU_GEMM,
     DEFAULT_MAX_PREFILL_TOKENS,
     ENGINES,
     LAYOUTS,
@@ -48,7 +46,6 @@ _ABSENT: dict[str, Any] = {
     "ep": 1,
     "split": None,
     "verify": None,
-    "cpu_gemm": DEFAULT_CPU_GEMM,
     "max_batch_size": None,
     "max_seq_len": None,
     "kv_cache_memory": None,
@@ -133,7 +130,7 @@ def add_engine(
     default: str = "eager",
     verify: bool = True,
 ) -> None:
-    """``--engine`` (and ``--verify``, ``--cpu-gemm``)."""
+    """``--engine`` (and ``--verify``)."""
     p.add_argument(
         "--engine",
         choices=choices,
@@ -142,21 +139,8 @@ def add_engine(
         f"no torch.compile); default {default}",
     )
     if not verify:
-        absent(p, "verify", "cpu_gemm")
+        absent(p, "verify")
         return
-    p.add_argument(
-        "--cpu-gemm",
-        choices=CPU_GEMMS,
-        default=DEFAULT_CPU_GEMM,
-        help="--engine inductor's matrix products on CPU: reduce (steps of up to 16 token "
-        "rows, rows x tokens, compute each product with a weight as one pass over its rows, "
-        "the rest run "
-        "aten's on the same weights), aten (MKL, on column-major weights), template (Inductor's "
-        "C++ GEMM template over the weights packed at compile time: a packed copy of each "
-        "weight, slower prefill and compiles) or auto (the template for decode steps of up to "
-        "8 rows, aten for the rest); reduce and auto are aten with any other engine "
-        f"(docs/performance.md); default {DEFAULT_CPU_GEMM}",
-    )
     p.add_argument(
         "--verify",
         action=argparse.BooleanOptionalAction,
@@ -285,7 +269,6 @@ def run_config(ns: argparse.Namespace, job: Job) -> RunConfig:
         job,
         engine=ns.engine,
         verify=ns.verify,
-        cpu_gemm=ns.cpu_gemm,
         quantize=quant_config(ns.quantize, ns.group_size, ns.quantize_embeddings),
         cache=cache,
         threads=ns.threads,

@@ -154,9 +154,8 @@ def _job(ns: argparse.Namespace) -> ServeJob:
             f"serve needs the 'serve' extra ({exc.name} is missing): pip install -e '.[serve]'"
         ) from exc
     from torch_tensorrt_dist.runtime import is_launched
-    from torch_tensorrt_dist.serving.http import bind_socket, event_loop
+    from torch_tensorrt_dist.serving.http import bind_socket
 
-    event_loop()  # a bad $TORCH_TENSORRT_DIST_HTTP_LOOP is refused before any rank starts
     if not is_launched(os.environ):  # a busy port is refused before any rank starts
         bind_socket(job.host, job.port).close()
     return job

@@ -27,9 +27,7 @@ from torch_tensorrt_dist.validation import check_int
 
 __all__ = [
     "BLOCK_SIZES",
-    "CPU_GEMMS",
     "DEFAULT_BLOCK_SIZE",
-    "DEFAULT_CPU_GEMM",
     "DEFAULT_MAX_PREFILL_TOKENS",
     "ENGINES",
     "LAYOUTS",
@@ -43,10 +41,6 @@ __all__ = [
 
 #: what runs the model: Torch-TensorRT, Inductor, the lowered graph as is, or plain PyTorch
 ENGINES = ("tensorrt", "inductor", "eager", "none")
-#: ``--cpu-gemm``: the Inductor engine's CPU matrix products (``backend/cpu_gemm.py``)
-CPU_GEMMS = ("aten", "template", "auto", "reduce")
-#: the default ``--cpu-gemm`` (``generation/generate.py``'s ``REDUCE_ROWS`` says why)
-DEFAULT_CPU_GEMM = "reduce"
 #: how the embedding and the LM head are split over the TP ranks
 Layout = Literal["vocab_parallel", "replicated"]
 LAYOUTS: tuple[Layout, ...] = ("vocab_parallel", "replicated")
@@ -200,10 +194,6 @@ class RunConfig:
     engine: str = "eager"
     verify: bool | None = None
     """Check each compiled graph's first call against eager (None: on for tensorrt only)."""
-    cpu_gemm: str = DEFAULT_CPU_GEMM
-    """``--cpu-gemm``: the Inductor engine's matrix products (``backend/cpu_gemm.py``;
-    ``auto``: the template for decode steps of few rows, ``reduce``: those steps' products as
-    reductions, ``backend/row_products.py``; the split: ``generation/generate.py``)."""
     quantize: QuantConfig | None = None
     cache: CacheOptions = field(default_factory=CacheOptions)
     threads: int | None = None
@@ -218,17 +208,6 @@ class RunConfig:
             raise ConfigError(f"--engine {self.engine!r} is not one of {', '.join(ENGINES)}")
         if self.verify and self.engine == "none":
             raise ConfigError("--verify checks a compiled engine; --engine none compiles nothing")
-        if self.cpu_gemm not in CPU_GEMMS:
-            raise ConfigError(f"--cpu-gemm {self.cpu_gemm!r} is not one of {', '.join(CPU_GEMMS)}")
-        if self.cpu_gemm == "template" and self.engine != "inductor":
-            raise ConfigError(
-                f"--cpu-gemm template applies to --engine inductor only (--engine {self.engine})"
-            )
-        if self.cpu_gemm == "template" and self.model.artifacts:
-            raise ConfigError(
-                "--cpu-gemm template compiles a checkpoint's graphs; --artifacts runs graphs "
-                "compiled already (their GEMMs are fixed by `torchtrt-dist compile`)"
-            )
         if self.threads is not None:
             check_int(self.threads, name="--threads", low=1)
 

@@ -250,7 +250,6 @@ def build_generator(
         max_batch_size=rows,
         cache_len=cache_len,
         verify=config.verify,
-        cpu_gemm=config.cpu_gemm,
         kv_cache_memory=cache.kv_cache_memory,
         block_size=cache.block,
         max_prefill_tokens=cache.prefill_budget,

@@ -34,7 +34,6 @@ from torch_tensorrt_dist.generation.step_inputs import (
     DEFAULT_BLOCK_SIZE,
     StepLimits,
     decode_example,
-    mark_step_dims,
     past_split,
     prefill_example,
     setup_example,
@@ -72,9 +71,6 @@ logger = logging.getLogger(__name__)
 #: ``torch_tensorrt_dist`` Dynamo backend with that engine.
 ENGINES = ("tensorrt", "inductor", "eager", "none")
 DEFAULT_MAX_PREFILL_TOKENS = 512
-#: ``cpu_gemm="auto"``: the decode steps of at most this many rows run Inductor's C++ GEMM
-#: template, the rest ATen's (measured in docs/performance.md)
-TEMPLATE_ROWS = 8
 #: ``cpu_gemm="reduce"``: the steps of at most this many token rows (rows x tokens: a decode
 #: step's rows, a short prefill's tokens) compute their products as reductions over the
 #: row-major weights, the rest with ATen's GEMM on the same weights: past 16, MKL's
@@ -111,7 +107,7 @@ def compile_step(fn: F, engine: str, *, verify: bool | None = None, cpu_gemm: st
 
     ``verify``: check the first call of each graph against its eager reference (the
     backend's ``verify`` option; ``None``: on for ``tensorrt`` only). ``cpu_gemm``: the
-    backend's option of that name (``template``: Inductor only, ``backend/cpu_gemm.py``).
+    backend's option of that name (``reduce``: Inductor only, ``backend/row_products.py``).
     """
     if engine not in ENGINES:
         raise ConfigError(f"engine={engine!r} is not one of {', '.join(ENGINES)}")
@@ -141,20 +137,16 @@ def compile_paged_step(
     verify: bool | None,
     cpu_gemm: str,
     device: torch.device,
-    limits: StepLimits,
     version: Callable[[], Hashable] = lambda: 0,
 ) -> F:
     """:func:`compile_step` of a step over ``(tokens or hidden [R, S, ...], ...)``. With
-    ``cpu_gemm="auto"`` (the Inductor engine on CPU) two compiles of ``fn`` split the shapes:
-    decode steps of 2 to :data:`TEMPLATE_ROWS` rows on the C++ GEMM template (a graph it
-    cannot take: ATen's products, ``backend/cpu_gemm.py``), prefill and more rows on ATen's. A
-    lone decode row runs as two equal rows in the template's graph (one packed copy of the
-    weights, one compile). ``cpu_gemm="reduce"`` splits by token rows (rows x tokens, a packed
-    step's real tokens): up to :data:`REDUCE_ROWS` with the products as reductions
-    (``backend/row_products.py``), the rest with ATen's. Elsewhere both are ``aten``. Every
-    form but ``auto``'s runs through a :class:`StepDispatch` (``step_dispatch.py``): each shape
-    class's compiled code is called directly once confirmed, without Dynamo's guards."""
-    split = cpu_gemm in ("auto", "reduce")
+    ``cpu_gemm="reduce"`` (the Inductor engine on CPU) two compiles of ``fn`` split the shapes
+    by token rows (rows x tokens, a packed step's real tokens): up to :data:`REDUCE_ROWS` with
+    the products as reductions (``backend/row_products.py``), the rest with ATen's. Elsewhere
+    it is ``aten``. Each form runs through a :class:`StepDispatch` (``step_dispatch.py``):
+    each shape class's compiled code is called directly once confirmed, without Dynamo's
+    guards."""
+    split = cpu_gemm == "reduce"
     if not split or engine != "inductor" or device.type != "cpu":
         one = compile_step(fn, engine, verify=verify, cpu_gemm="aten" if split else cpu_gemm)
         if one is fn:  # engine none: nothing compiled
@@ -162,26 +154,13 @@ def compile_paged_step(
         return cast(F, StepDispatch(fn, lambda i: (shape_class(i), one), version=version))
     few = compile_step(fn, engine, verify=verify, cpu_gemm=cpu_gemm)
     rest = compile_step(fn, engine, verify=verify)
-    if cpu_gemm == "reduce":  # by token rows (a packed step's real ones)
 
-        def route(inputs: tuple[Tensor, ...]) -> tuple[Hashable, Callable[..., Tensor]]:
-            r, s = inputs[0].shape[:2]
-            small = (inputs[5].shape[0] if len(inputs) > 5 else r * s) <= REDUCE_ROWS
-            return (small, *shape_class(inputs)), few if small else rest
+    def route(inputs: tuple[Tensor, ...]) -> tuple[Hashable, Callable[..., Tensor]]:
+        r, s = inputs[0].shape[:2]  # by token rows (a packed step's real ones)
+        small = (inputs[5].shape[0] if len(inputs) > 5 else r * s) <= REDUCE_ROWS
+        return (small, *shape_class(inputs)), few if small else rest
 
-        return cast(F, StepDispatch(fn, route, version=version))
-
-    def step(*inputs: Tensor) -> Tensor:  # auto: the template's graph takes two rows and more
-        r, s = inputs[0].shape[:2]
-        if s != 1 or r > TEMPLATE_ROWS:
-            return rest(*inputs)
-        if r > 1:
-            return few(*inputs)
-        twice = [torch.cat([t, t]) for t in inputs]
-        mark_step_dims(limits, *twice)
-        return few(*twice)[:1]
-
-    return cast(F, step)
+    return cast(F, StepDispatch(fn, route, version=version))
 
 
 def _module_tag_guards(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -259,7 +238,7 @@ class Generator:
         (default: ``max_batch_size`` sequences of ``cache_len`` tokens); ``max_prefill_tokens``:
         prompt tokens per step; ``salt``: the model's identity in prefix-cache keys;
         ``cpu_gemm``: the Inductor engine's products with CPU weights (``compile_paged_step``:
-        ``reduce``, the default, or ``aten``, ``template``, ``auto``)."""
+        ``reduce``, the default, or ``aten``, the reference the tests compare it with)."""
         self.model, self.args, self.engine = model, model.args, engine
         #: a mixture of experts' MLP (``models/moe.py``), None for a dense model
         self.moe: MoEArgs | None = getattr(model, "moe", None)
@@ -307,7 +286,6 @@ class Generator:
             verify=verify,
             cpu_gemm=cpu_gemm,
             device=self.device,
-            limits=self.limits,
             version=lambda: model.paged_version,  # setup_paged again: other pools, other keys
         )
 

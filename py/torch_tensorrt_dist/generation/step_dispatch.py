@@ -24,14 +24,12 @@ What makes that safe is checked, not assumed:
   default dtype, ...: torch's ``GlobalStateGuard``, 0.5 us) against the confirmed call's;
 * every :data:`RECHECK`-th call of a class goes through Dynamo again, so a class whose
   guards fail later (a weight rebound with another shape) is found and dropped there (the
-  code reads the model's tensors at each call: a rebound weight of the same layout is used);
-* ``TORCH_TENSORRT_DIST_STEP_GUARDS=1`` keeps every call on Dynamo's path.
+  code reads the model's tensors at each call: a rebound weight of the same layout is used).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import types
 from collections.abc import Callable, Hashable
@@ -41,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["CONFIRM", "GUARDS_ENV", "RECHECK", "StepDispatch", "shape_class"]
+__all__ = ["CONFIRM", "RECHECK", "StepDispatch", "shape_class"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +47,6 @@ logger = logging.getLogger(__name__)
 CONFIRM = 2
 #: every RECHECK-th call of a directly called class goes through Dynamo's guards
 RECHECK = 256
-GUARDS_ENV = "TORCH_TENSORRT_DIST_STEP_GUARDS"
 
 _local = threading.local()  # .current: (dispatch, class) of the call inside Dynamo now
 _hook: list[Any] = []  # Dynamo's hook handle, registered once per process
@@ -113,7 +110,7 @@ class StepDispatch:
         version: Callable[[], Hashable] = lambda: 0,
     ) -> None:
         self.fn, self.route, self.version, self.code = fn, route, version, fn.__code__
-        self.enabled = os.environ.get(GUARDS_ENV, "") != "1" and _register_hook()
+        self.enabled = _register_hook()
         self.classes: dict[tuple[Hashable, bool, Hashable], _Class] = {}
 
     def __call__(self, *inputs: Tensor) -> Tensor:

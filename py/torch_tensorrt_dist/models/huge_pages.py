@@ -14,9 +14,13 @@ step of one row 0.69-0.87x the time, of 8 rows 0.90-1.03x; served, one server at
 alternated, one client's decode tok/s 1.14x, 8 clients' 1.01x (docs/performance.md).
 
 How: one anonymous private mapping, 2 MiB aligned and advised ``MADV_HUGEPAGE``; each storage
-of the model's parameters and buffers is copied into it (64-byte aligned) and every tensor
-over it rebound (``.data``) to a view of the same size, strides and offset: tied weights stay
-tied, column-major weights stay column-major (``weight_layout.py``). The old storage goes as
+of the model's parameters and buffers is copied into it (64-byte aligned) as a storage of its
+own over that part of the mapping, and every tensor over it rebound (``.data``) to a view of
+the same size, strides and storage offset: tied weights stay tied, column-major weights stay
+column-major (``weight_layout.py``). A storage of its own, not views of one storage of the
+whole mapping: code that reads a tensor's bytes from its storage's start plus an offset of
+its own (Inductor's C++ GEMM template packing a constant weight did, with offset 0: it packed
+the mapping's first bytes, zeros) reads the same bytes as before the move. The old storage goes as
 soon as nothing else holds it, so the peak is the weights plus one storage. Before the step
 compiles: a compiled graph that took a tensor as a constant would keep the old one.
 
@@ -103,18 +107,16 @@ def huge_page_tensors(tensors: Iterable[torch.Tensor]) -> int:
         total += -(-group[0].untyped_storage().nbytes() // _ALIGN) * _ALIGN
     region = mmap.mmap(-1, total + _PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     region.madvise(mmap.MADV_HUGEPAGE)
-    raw = torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive
-    start = -raw.data_ptr() % _PAGE
+    start = -torch.frombuffer(region, dtype=torch.uint8, count=1).data_ptr() % _PAGE
     with torch.no_grad():
         for ptr, group in by_storage.items():
             old = group[0].untyped_storage()  # freed once its tensors are rebound
-            at, n = start + offsets[ptr], old.nbytes()
-            raw[at : at + n].copy_(torch.empty(0, dtype=torch.uint8).set_(old))
+            n = old.nbytes()
+            # a storage of its own at this part of the mapping (each keeps the mapping alive)
+            raw = torch.frombuffer(region, dtype=torch.uint8, count=n, offset=start + offsets[ptr])
+            raw.copy_(torch.empty(0, dtype=torch.uint8).set_(old))
             for t in group:
-                base = raw[at : at + n].view(t.dtype)
-                t.data = base.as_strided(
-                    t.size(), t.stride(), base.storage_offset() + t.storage_offset()
-                )
+                t.data = raw.view(t.dtype).as_strided(t.size(), t.stride(), t.storage_offset())
             del old
     logger.debug("moved %d bytes of weights into huge pages", total)
     return total

@@ -18,7 +18,7 @@ cpu_decode=True)``), and only in decode steps. TensorRT engines never see it: a 
 TensorRT keeps ``scaled_dot_product_attention`` (IAttention), and so do the eager reference
 (``--engine none``) and the AOTInductor artifacts. Where the op cannot be built (no C++
 compiler: then Inductor cannot compile either), the step keeps the reference form and a warning
-says why; ``TORCH_TENSORRT_DIST_DECODE_ATTENTION=sdpa`` keeps it too (to compare the two).
+says why.
 
 The library's name holds a hash of its source, the compile flags, torch's version and the CPU's
 instruction-set flags (it is built with ``-march=native``): a cache shared by other machines or
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import platform
 import threading
 import time
@@ -43,8 +42,6 @@ __all__ = ["NAMESPACE", "available", "decode_attention", "library_name", "unavai
 logger = logging.getLogger(__name__)
 
 NAMESPACE = "tensorrt_dist_cpu"
-#: ``TORCH_TENSORRT_DIST_DECODE_ATTENTION=sdpa``: keep the reference form (for comparisons)
-ENV = "TORCH_TENSORRT_DIST_DECODE_ATTENTION"
 SOURCE = Path(__file__).with_name("cpu_decode_attention.cpp")
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math"]
 
@@ -74,16 +71,10 @@ def library_name() -> str:
 
 def available() -> bool:
     """Build (once per machine and source) and load the op; False, with a warning saying why,
-    where it cannot be built, or when ``TORCH_TENSORRT_DIST_DECODE_ATTENTION=sdpa``. Safe from
-    several threads; ranks share the build by its lock."""
-    if os.environ.get(ENV, "").lower() == "sdpa":
-        _state["reason"] = f"{ENV}=sdpa"
-        return False
+    where it cannot be built. Safe from several threads; ranks share the build by its lock."""
     with _lock:
         if "ok" not in _state:
             _state["ok"] = _load()
-        if _state["ok"]:
-            _state.pop("reason", None)  # a reason given while turned off no longer holds
         return bool(_state["ok"])
 
 

@@ -12,9 +12,7 @@ loop where uvloop is installed (the ``serve`` extra's; :func:`event_loop`).
 from __future__ import annotations
 
 import logging
-import os
 import socket
-from collections.abc import Mapping
 from typing import Any
 
 from torch_tensorrt_dist.errors import ConfigError
@@ -25,38 +23,25 @@ from torch_tensorrt_dist.serving.connections import (
     quiet_logs,
 )
 
-__all__ = ["HTTP_LOOP_ENV", "bind_socket", "event_loop", "uvicorn_config"]
+__all__ = ["bind_socket", "event_loop", "uvicorn_config"]
 
 logger = logging.getLogger(__name__)
 
 #: seconds an idle kept-alive connection stays open (uvicorn's default)
 KEEP_ALIVE_S = 5
-HTTP_LOOP_ENV = "TORCH_TENSORRT_DIST_HTTP_LOOP"
 
 
-def event_loop(env: Mapping[str, str] | None = None) -> str:
-    """The HTTP thread's event loop: ``"uvloop"`` where uvloop is installed, else
-    ``"asyncio"``; ``$TORCH_TENSORRT_DIST_HTTP_LOOP=asyncio`` asks for asyncio's.
+def event_loop() -> str:
+    """The HTTP server's event loop: ``"uvloop"`` where uvloop is installed (the ``serve``
+    extra), else ``"asyncio"`` (the server's ready line names it).
 
-    Why uvloop: the HTTP thread shares rank 0's GIL with the step loop, and each streamed
-    chunk's Python (the event loop's share of it in C with uvloop) is time the step may wait
-    for it. Two servers of the same code up at once, rounds alternated (4 pairs, 2026-12-05):
-    uvloop over asyncio 1.12x output tok/s at 8 clients (1.08-1.17), 1.11x at one
-    (1.04-1.18) (docs/performance.md)."""
-    values: Mapping[str, str] = os.environ if env is None else env
-    wanted = values.get(HTTP_LOOP_ENV, "").strip().lower()
-    if wanted not in ("", "uvloop", "asyncio"):
-        raise ConfigError(f"${HTTP_LOOP_ENV}={wanted!r}: use uvloop or asyncio")
-    if wanted == "asyncio":
-        return "asyncio"
+    Why uvloop: each streamed chunk's event-loop work runs in C with it. Measured when HTTP
+    still shared rank 0's process (two servers up at once, rounds alternated, 4 pairs,
+    2026-12-05): uvloop over asyncio 1.12x output tok/s at 8 clients (1.08-1.17), 1.11x at one
+    (1.04-1.18)."""
     try:
         import uvloop  # noqa: F401
     except ImportError:
-        if wanted == "uvloop":
-            raise ConfigError(
-                f"${HTTP_LOOP_ENV}=uvloop, and uvloop is not installed: "
-                "pip install 'torch_tensorrt_dist[serve]'"
-            ) from None
         return "asyncio"
     return "uvloop"
 

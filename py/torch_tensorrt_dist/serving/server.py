@@ -393,7 +393,7 @@ def settle_heap() -> int:
     collector's reach (``gc.freeze``); return how many. Dynamo's and Inductor's compiles leave
     hundreds of thousands of long-lived objects, and a full collection scanning them stopped
     the step loop for 474 ms in the middle of serving (a 490 ms gap in every stream and a
-    569 ms p99 time to first token at 32 clients, with ``--cpu-gemm auto``). Frozen, they are
+    569 ms p99 time to first token at 32 clients). Frozen, they are
     never scanned again; what serving allocates is collected as before."""
     gc.collect()
     gc.freeze()
