@@ -127,6 +127,30 @@ def test_the_command_line_becomes_one_picklable_config() -> None:
     assert config.model == ModelOptions()  # the demo checkpoint, fp32, vocabulary-parallel
 
 
+def test_serve_defaults_to_the_fastest_engine_that_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve``: TensorRT where it loads, else Inductor (never the eager reference);
+    ``generate`` keeps eager (a one-shot run spends more on compiling than it gains)."""
+    from torch_tensorrt_dist.config import ServeJob
+    from torch_tensorrt_dist.conversion import availability
+
+    def serve_engine() -> str:
+        ns = build_parser().parse_args(["serve", "--tp", "1"])
+        assert ns.engine == "auto"
+        return run_config(ns, ServeJob()).engine
+
+    missing = availability.tensorrt_engine_missing(isolated=True)
+    assert serve_engine() == ("tensorrt" if missing is None else "inductor")
+    monkeypatch.setattr(availability, "tensorrt_engine_missing", lambda isolated: None)
+    assert serve_engine() == "tensorrt"
+    monkeypatch.setattr(availability, "tensorrt_engine_missing", lambda isolated: "absent")
+    assert serve_engine() == "inductor"
+    ns = build_parser().parse_args(["serve", "--engine", "eager"])
+    assert run_config(ns, ServeJob()).engine == "eager"
+    assert build_parser().parse_args(["generate"]).engine == "eager"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--engine", "auto"])
+
+
 def test_the_config_refuses_what_does_not_fit_together() -> None:
     with pytest.raises(ConfigError, match="command 'serve' does not run a GenerateJob"):
         RunConfig("serve", ModelOptions(), Parallel(tp=1), GenerateJob())

@@ -9,6 +9,7 @@ so every parsed namespace has every field and :func:`run_config` reads them plai
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import Any
 
@@ -38,6 +39,8 @@ __all__ = [
     "add_threads",
     "run_config",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: the value of each shared option a command does not take
 _ABSENT: dict[str, Any] = {
@@ -130,13 +133,19 @@ def add_engine(
     default: str = "eager",
     verify: bool = True,
 ) -> None:
-    """``--engine`` (and ``--verify``)."""
+    """``--engine`` (and ``--verify``); ``default="auto"``: the fastest engine that runs here
+    (:func:`fastest_engine`), resolved by :func:`run_config`."""
+    told = (
+        "auto: tensorrt where TensorRT and Torch-TensorRT load, else inductor"
+        if default == "auto"
+        else default
+    )
     p.add_argument(
         "--engine",
-        choices=choices,
+        choices=(*choices, "auto") if default == "auto" else choices,
         default=default,
         help="tensorrt | inductor | eager (compiled FX, the reference) | none (plain PyTorch, "
-        f"no torch.compile); default {default}",
+        f"no torch.compile); default {told}",
     )
     if not verify:
         absent(p, "verify")
@@ -249,6 +258,17 @@ def _tp(ns: argparse.Namespace) -> int | None:
     return max(1, world_size() // max(1, ns.pp * ns.ep))
 
 
+def fastest_engine() -> str:
+    """``--engine auto``: ``tensorrt`` where TensorRT and Torch-TensorRT load (tried in a child
+    process: the launcher stays free of CUDA state), else ``inductor``; the eager engine stays
+    the reference that ``--verify`` and the tests use."""
+    from torch_tensorrt_dist.conversion.availability import tensorrt_engine_missing
+
+    missing = tensorrt_engine_missing(isolated=True)
+    logger.info("--engine auto: %s", "tensorrt" if missing is None else f"inductor ({missing})")
+    return "tensorrt" if missing is None else "inductor"
+
+
 def run_config(ns: argparse.Namespace, job: Job) -> RunConfig:
     """The run configuration of a parsed command line (every value checked)."""
     model = ModelOptions(ns.model, ns.artifacts, ns.dtype, ns.lm_head, ns.embedding)
@@ -267,7 +287,7 @@ def run_config(ns: argparse.Namespace, job: Job) -> RunConfig:
         model,
         parallel,
         job,
-        engine=ns.engine,
+        engine=fastest_engine() if ns.engine == "auto" else ns.engine,
         verify=ns.verify,
         quantize=quant_config(ns.quantize, ns.group_size, ns.quantize_embeddings),
         cache=cache,

@@ -63,7 +63,7 @@ def register(subparsers: Any) -> None:
         ep=True,
         pipeline=True,
     )
-    add_engine(p)
+    add_engine(p, default="auto")
     add_kv_cache(
         p,
         max_batch_size="rows decoded together: requests running at once (default 8, or the "
