@@ -73,3 +73,32 @@ def hf_greedy(model: Any, prompts: list[list[int]], new: int) -> list[list[int]]
         )
         out.append(ids[0, len(p) :].tolist())
     return out
+
+
+def tp_rank_generate(rank: int, world: int, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """In a spawned gloo rank: each job's checkpoint through the transformers family at the
+    world's TP, its greedy tokens and the bytes this rank read."""
+    import torch.distributed as dist
+
+    from torch_tensorrt_dist.config import GenerateJob, ModelOptions, Parallel, RunConfig
+    from torch_tensorrt_dist.families import Rank, checkpoint_spec
+    from torch_tensorrt_dist.generation.generate import Generator
+
+    out = []
+    for job in jobs:
+        model_options = ModelOptions(model=job["path"], model_impl="transformers")
+        config = RunConfig("generate", model_options, Parallel(tp=world), GenerateJob())
+        spec = checkpoint_spec(config)
+        place = Rank(config, spec, spec.plan(config), rank, world, group=dist.group.WORLD)
+        model = place.model()
+        gen = Generator(
+            model,
+            engine=job["engine"],
+            max_batch_size=4,
+            cache_len=64,
+            block_size=4,
+            max_prefill_tokens=8,
+        )
+        res = gen.generate(job["prompts"], max_new_tokens=job["new"])
+        out.append({"tokens": res.tokens, "bytes_read": model.bytes_read})
+    return out

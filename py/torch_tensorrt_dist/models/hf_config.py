@@ -121,8 +121,8 @@ def check_runnable(cfg: Any, *, tp: int) -> None:
 
 
 def kv_shape(cfg: Any, *, tp: int) -> KVShape:
-    """One rank's K/V heads and head sizes (multi-head latent attention: K = nope + rope dims,
-    V its own, one KV head per query head)."""
+    """One rank's K/V heads (as the model's TP plan splits them) and head sizes (multi-head
+    latent attention: K = nope + rope dims, V its own, one KV head per query head)."""
     text = _text(cfg)
     heads = text.num_attention_heads
     if getattr(text, "qk_nope_head_dim", None) is not None:  # MLA
@@ -130,7 +130,11 @@ def kv_shape(cfg: Any, *, tp: int) -> KVShape:
         return KVShape(heads // tp, k_dim, text.v_head_dim)
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return KVShape(kv_heads // tp, head_dim, head_dim)
+    if tp > 1:  # the plan may keep every head on every rank (a gathered qkv, none at all)
+        from transformers.distributed.tensor_parallel import get_kv_heads_per_rank
+
+        kv_heads = get_kv_heads_per_rank(text.base_model_tp_plan or {}, kv_heads, tp)
+    return KVShape(kv_heads, head_dim, head_dim)
 
 
 def model_args(cfg: Any) -> ModelArgs:

@@ -105,15 +105,32 @@ def _slice(p: torch.Tensor) -> tuple[torch.Size, int | None, int, int]:
     return torch.Size(local), d, offset[d], offset[d] + local[d]
 
 
+def _aliases(model: nn.Module, tensors: dict[str, tuple[Path, Any]]) -> dict[str, str]:
+    """Each parameter name -> the checkpoint tensor that holds it (a tied head: the
+    embedding's, which sharding may have given a tensor of its own)."""
+    by_id: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    out = {}
+    for names in by_id.values():
+        stored = next((n for n in names if n in tensors), names[0])
+        out.update(dict.fromkeys(names, stored))
+    return out
+
+
 def _fill(
-    model: nn.Module, tensors: dict[str, tuple[Path, Any]], device: torch.device | str
+    model: nn.Module,
+    tensors: dict[str, tuple[Path, Any]],
+    aliases: dict[str, str],
+    device: torch.device | str,
 ) -> int:
     """Allocate every parameter's local shard and read it; returns the bytes read."""
     from torch.distributed.tensor import DTensor
 
     by_file: dict[Path, list[tuple[str, nn.Module, str]]] = {}
-    for name, _ in model.named_parameters():
-        owner, _, attr = name.rpartition(".")
+    for param_name, _ in model.named_parameters():
+        name = aliases.get(param_name, param_name)
+        owner, _, attr = param_name.rpartition(".")
         by_file.setdefault(tensors[name][0], []).append((name, model.get_submodule(owner), attr))
     total = 0
     for file, entries in by_file.items():
@@ -135,6 +152,18 @@ def _fill(
                 module._parameters[attr] = nn.Parameter(value, requires_grad=False)
             total += reader.bytes_read
     return total
+
+
+def _untie(model: nn.Module, aliases: dict[str, str]) -> None:
+    """Each name of a shared (meta) parameter gets a parameter of its own, so that the TP
+    plan shards each by its own style (both are read from the one checkpoint tensor)."""
+    for name, stored in aliases.items():
+        if name != stored:
+            owner, _, attr = name.rpartition(".")
+            module = model.get_submodule(owner)
+            p = module._parameters[attr]
+            assert p is not None
+            module._parameters[attr] = nn.Parameter(torch.empty_like(p), requires_grad=False)
 
 
 def _retie(model: Any) -> None:
@@ -159,10 +188,13 @@ def load_hf(
     tp = 1 if group is None else dist.get_world_size(group)
     model = build_meta(cfg, dtype)
     tensors = check_hf_checkpoint(root, model)
-    if tp > 1:
+    aliases = _aliases(model, tensors)
+    if tp > 1:  # a tied head gets its own shard (the head's split, not the embedding's)
+        _untie(model, aliases)
         _shard(model, group, device)
-    bytes_read = _fill(model, tensors, device)
-    _retie(model)
+    bytes_read = _fill(model, tensors, aliases, device)
+    if tp == 1:
+        _retie(model)
     model.to(device)  # the buffers (RoPE frequencies)
     paged = PagedHFModel(model, model_args(cfg), kv_shape(cfg, tp=tp))
     paged.bytes_read = bytes_read
@@ -170,15 +202,14 @@ def load_hf(
     return paged
 
 
-def _shard(model: nn.Module, group: dist.ProcessGroup | None, device: torch.device | str) -> None:
+def _shard(model: Any, group: dist.ProcessGroup | None, device: torch.device | str) -> None:
     """Apply the model's ``base_model_tp_plan`` on a mesh of ``group`` (parameters stay on
     meta, as DTensors of their local shards)."""
     from torch.distributed.device_mesh import DeviceMesh
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
-    plan = getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None)
+    plan = dict(getattr(model, "tp_plan", None) or {})
     if not plan:
         raise ConfigError(f"{type(model).__name__} has no TP plan: it runs with --tp 1 only")
-    device_type = torch.device(device).type
-    mesh = DeviceMesh.from_group(group, device_type)  # type: ignore[arg-type]
-    apply_tensor_parallelism(model, mesh, dict(plan))
+    mesh = DeviceMesh.from_group(group, torch.device(device).type)  # type: ignore[arg-type]
+    apply_tensor_parallelism(model, mesh, model._expand_parallel_plan(plan))
