@@ -113,6 +113,11 @@ def check_runnable(cfg: Any, *, tp: int) -> None:
             )
         heads = text.num_attention_heads
         kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        if text.vocab_size % tp:
+            raise ConfigError(
+                f"--tp {tp} does not divide the vocabulary of {kind!r} ({text.vocab_size}): "
+                "the LM head's logits are gathered from equal shards; use a --tp that divides it"
+            )
         if heads % tp or kv_heads % tp:
             raise ConfigError(
                 f"--tp {tp} does not divide the attention heads of {kind!r} ({heads} query, "

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import Tensor, nn
 
 from torch_tensorrt_dist.errors import ConfigError
@@ -50,6 +52,8 @@ class PagedHFModel(nn.Module):
         self.hf, self.args, self.kv = hf, args, kv
         #: checkpoint bytes this rank read (set by the loader)
         self.bytes_read = 0
+        #: the TP group where the LM head holds a vocabulary shard (the step gathers them)
+        self.group: dist.ProcessGroup | None = None
         self.kv_pools = nn.ModuleList()
         self.block_size = -1
         self.max_seq_len = -1
@@ -121,7 +125,12 @@ class PagedHFModel(nn.Module):
         if live is None:
             r, v = logits.shape[0], logits.shape[-1]
             logits = logits.gather(1, last[:, None, None].expand(r, 1, v))
-        logits = logits.reshape(start.shape[0], -1)  # [R, V]
+        logits = logits.reshape(start.shape[0], -1)  # [R, V or V/tp]
+        if self.group is not None:  # [tp * R, V/tp] -> [R, tp * V/tp], as models/vocab.py
+            r, v = logits.shape
+            tp = dist.get_world_size(self.group)
+            full = funcol.all_gather_single(logits.contiguous(), 0, self.group)
+            logits = full.view(tp, r, v).permute(1, 0, 2).reshape(r, tp * v)
         # the step's K/V into the pools, after every layer (nothing above reads them)
         for pool, k, v in step.computed:
             pool(

@@ -32,7 +32,12 @@ from torch_tensorrt_dist.models.hf_config import causal_lm_class, kv_shape, mode
 from torch_tensorrt_dist.models.hf_model import PagedHFModel
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
 
-__all__ = ["build_meta", "check_hf_checkpoint", "load_hf"]
+__all__ = ["GATHERED_HEAD", "build_meta", "check_hf_checkpoint", "load_hf"]
+
+#: the plan styles of a vocabulary-split LM head whose output transformers gathers (a
+#: DTensor redistribute, whose split guards on the step's row count): the head runs as plain
+#: ``colwise`` and ``PagedHFModel.paged_step`` gathers its logits (``models/vocab.py``'s way)
+GATHERED_HEAD = ("colwise_gather_output", "colwise_rep")
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +202,8 @@ def load_hf(
         _retie(model)
     model.to(device)  # the buffers (RoPE frequencies)
     paged = PagedHFModel(model, model_args(cfg), kv_shape(cfg, tp=tp))
+    if tp > 1 and _head_split(model):
+        paged.group = group
     paged.bytes_read = bytes_read
     logger.info("loaded %s as transformers' %s (tp %d)", root, type(model).__name__, tp)
     return paged
@@ -211,5 +218,17 @@ def _shard(model: Any, group: dist.ProcessGroup | None, device: torch.device | s
     plan = dict(getattr(model, "tp_plan", None) or {})
     if not plan:
         raise ConfigError(f"{type(model).__name__} has no TP plan: it runs with --tp 1 only")
+    head = model.get_output_embeddings()
+    for name, module in model.named_modules():  # the head's shards stay local: the step
+        if module is head and plan.get(name) in GATHERED_HEAD:  # gathers its logits once
+            plan[name] = "colwise"
     mesh = DeviceMesh.from_group(group, torch.device(device).type)  # type: ignore[arg-type]
     apply_tensor_parallelism(model, mesh, model._expand_parallel_plan(plan))
+
+
+def _head_split(model: Any) -> bool:
+    """Whether the LM head holds a vocabulary shard (its logits need a gather)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    w = model.get_output_embeddings().weight
+    return isinstance(w, DTensor) and any(isinstance(p, Shard) for p in w.placements)
