@@ -35,6 +35,23 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "gpt_oss": dict(sliding_window=8, num_local_experts=4, num_experts_per_tok=2),
     "glm4": {},
     "mistral": dict(sliding_window=8),
+    # multi-head latent attention: K of 16 + 8, V of 12 (dense layers: the experts' checkpoint
+    # layout is transformers' conversion, refused in test_transformers_family)
+    "deepseek_v3": dict(
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        head_dim=8,
+        v_head_dim=12,
+        num_key_value_heads=4,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=2,
+        n_group=1,
+        topk_group=1,
+    ),
 }
 
 #: prompts of 19, 3 and 5 tokens: chunked prefill (budget 8), past several blocks of 4

@@ -64,7 +64,7 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def test_exact_at_tp1(ckpts: Any, kind: str) -> None:
     """Chunked prefill (19 tokens, budget 8) over blocks of 4, three rows at once: HF's tokens
     (gemma2/3: soft-capping, sliding windows, query_pre_attn_scalar; granite: its multipliers;
-    gpt_oss: sinks, alternating windows, experts)."""
+    gpt_oss: sinks, alternating windows, experts; deepseek_v3: K and V of different sizes)."""
     path, ref = ckpts(kind)
     res, model = _ours(path, "none")
     assert res.tokens == ref
@@ -169,6 +169,10 @@ def test_config_contradicting_weights(tmp_path: Path, ckpts: Any) -> None:
     (bad / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 96}))
     message = _plan_error(bad)
     assert "'model.layers.0.mlp.gate_proj.weight' has shape [128, 64]" in message
+    # experts stored one by one where transformers' class fuses them (its load-time
+    # conversion, which this reader does not do): refused naming the fused tensor
+    moe, _ = _hf_ckpt.save("deepseek_v3", tmp_path, first_k_dense_replace=1)
+    assert "lacks tensor 'model.layers.1.mlp.experts.gate_up_proj'" in _plan_error(moe)
 
 
 def test_native_families_import_no_transformers() -> None:
