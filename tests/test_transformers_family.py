@@ -182,3 +182,22 @@ def test_native_families_import_no_transformers() -> None:
         "assert 'transformers' not in sys.modules, 'transformers imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_serve_gives_generate_tokens(ckpts: Any) -> None:
+    """``serve`` picks the family by itself (gemma2: no native family) and answers a greedy
+    completion of token ids with the text of HF's tokens."""
+    import httpx
+
+    from tests._serve import start_server
+    from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+
+    path, ref = ckpts("gemma2")
+    args = ["--model", str(path), "--engine", "none", "--max-seq-len", "64"]
+    with start_server(args) as server:
+        body = {"model": "gemma2", "prompt": _hf_ckpt.PROMPTS[0], "max_tokens": NEW}
+        body["temperature"] = 0
+        reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+    text = load_tokenizer(path, vocab_size=256).decode(ref[0])
+    assert reply["choices"][0]["text"] == text
+    assert reply["usage"]["completion_tokens"] == NEW
