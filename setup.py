@@ -62,6 +62,8 @@ setup(
         # what torchtitan's model and parallelize modules import; torchtitan itself goes in
         # with --no-deps (its own requirements are for training): docs/clients.md
         "torchtitan": ["tyro>=0.9", "spmd_types==0.2.3"],
+        # --model-impl transformers (families/transformers.py): the versions its tests ran on
+        "transformers": ["transformers>=5.25,<5.26"],
         "dev": DEV,
     },
     entry_points={

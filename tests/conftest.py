@@ -64,6 +64,8 @@ SLOW_FIRST = (
     "test_serve_pipeline.py",
     "test_clients.py",
     "test_generate_tp.py",
+    "test_transformers_tp.py",
+    "test_transformers_family.py",
     "test_multirank_numerics.py",
     "test_faults.py",
     "test_serve_fields.py",

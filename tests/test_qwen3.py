@@ -181,14 +181,20 @@ def _edited(src: Path, dest: Path, **fields: Any) -> Path:
 def test_unknown_model_type_names_the_native_ones(
     ckpt: tuple[Path, list[list[int]]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``--model-impl native`` on a type no native family runs (``auto`` would hand it to
+    transformers' class: tests/test_transformers_family.py)."""
     path = _edited(ckpt[0], tmp_path / "gemma", model_type="gemma3_text")
     _no_tensor_reads(monkeypatch)
+    config = RunConfig(
+        "generate", ModelOptions(model=str(path), model_impl="native"), Parallel(), GenerateJob()
+    )
     with pytest.raises(
         ConfigError,
         match=r"model_type='gemma3_text', which no native model family runs; they run llama, "
-        r"mistral, qwen2, qwen3 \(dense\) and mixtral, qwen2_moe, qwen3_moe \(mixture of experts\)",
+        r"mistral, qwen2, qwen3 \(dense\) and mixtral, qwen2_moe, qwen3_moe \(mixture of "
+        r"experts\); --model-impl auto \(the default\) or transformers runs other model types",
     ):
-        checkpoint_spec(_config(path))
+        checkpoint_spec(config)
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from torch_tensorrt_dist.config.run import (
     DEFAULT_MAX_PREFILL_TOKENS,
     ENGINES,
     LAYOUTS,
+    MODEL_IMPLS,
     CacheOptions,
     ModelOptions,
     Parallel,
@@ -76,6 +77,14 @@ def add_model(p: argparse.ArgumentParser, *, artifacts: str | None = None) -> No
     else:
         absent(p, "artifacts")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
+    p.add_argument(
+        "--model-impl",
+        choices=MODEL_IMPLS,
+        default="auto",
+        help="native: our model code (llama, mistral, qwen2, MoE); transformers: transformers' "
+        "model class over our paged KV cache (any causal LM it ships); auto: native where "
+        "a native family runs the model_type, else transformers",
+    )
     p.add_argument(
         "--lm-head",
         choices=LAYOUTS,
@@ -271,7 +280,9 @@ def fastest_engine() -> str:
 
 def run_config(ns: argparse.Namespace, job: Job) -> RunConfig:
     """The run configuration of a parsed command line (every value checked)."""
-    model = ModelOptions(ns.model, ns.artifacts, ns.dtype, ns.lm_head, ns.embedding)
+    model = ModelOptions(
+        ns.model, ns.artifacts, ns.dtype, ns.lm_head, ns.embedding, model_impl=ns.model_impl
+    )
     parallel = Parallel(_tp(ns), ns.pp, ns.ep, parse_split(ns.split))
     memory = ns.kv_cache_memory
     cache = CacheOptions(

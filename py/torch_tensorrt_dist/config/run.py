@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_MAX_PREFILL_TOKENS",
     "ENGINES",
     "LAYOUTS",
+    "MODEL_IMPLS",
     "CacheOptions",
     "Layout",
     "ModelOptions",
@@ -44,6 +45,8 @@ ENGINES = ("tensorrt", "inductor", "eager", "none")
 #: how the embedding and the LM head are split over the TP ranks
 Layout = Literal["vocab_parallel", "replicated"]
 LAYOUTS: tuple[Layout, ...] = ("vocab_parallel", "replicated")
+#: ``--model-impl``: which model code runs a checkpoint (``families/__init__.py``)
+MODEL_IMPLS = ("auto", "native", "transformers")
 DEFAULT_BLOCK_SIZE = 16
 #: the block sizes a KV cache takes: powers of two (block arithmetic is a shift, and TensorRT's
 #: paged KV cache takes powers of two) from 1 (a block per token: exact prefix reuse, large
@@ -68,8 +71,15 @@ class ModelOptions:
     """``--dtype``: fp32, bf16 or fp16."""
     lm_head: Layout = "vocab_parallel"
     embedding: Layout = "vocab_parallel"
+    model_impl: str = "auto"
+    """``--model-impl``: ``native`` (our model code), ``transformers`` (transformers' model
+    class over our paged cache) or ``auto`` (native where a native family runs the model)."""
 
     def __post_init__(self) -> None:
+        if self.model_impl not in MODEL_IMPLS:
+            raise ConfigError(
+                f"--model-impl {self.model_impl!r} is not one of {', '.join(MODEL_IMPLS)}"
+            )
         if self.artifacts is not None and self.model is not None:
             raise ConfigError("--artifacts replaces --model (the artifacts hold the weights)")
         if self.dtype not in DTYPES:

@@ -25,6 +25,7 @@ from torch_tensorrt_dist.families.spec import (
     check_kv_cache,
     resolve_model,
 )
+from torch_tensorrt_dist.families.transformers import TransformersSpec
 from torch_tensorrt_dist.models.checkpoint_files import load_config_json
 from torch_tensorrt_dist.models.llama_args import DENSE_MODEL_TYPES
 from torch_tensorrt_dist.models.moe_args import MOE_MODEL_TYPES
@@ -37,6 +38,7 @@ __all__ = [
     "ModelSpec",
     "PipelineSpec",
     "Rank",
+    "TransformersSpec",
     "build_generator",
     "check_kv_cache",
     "checkpoint_spec",
@@ -61,20 +63,29 @@ def native_family(cfg: dict[str, Any]) -> str:
         moe = ", ".join(MOE_MODEL_TYPES)
         raise ConfigError(
             f"config.json has model_type={kind!r}, which no native model family runs; they run "
-            f"{dense} (dense) and {moe} (mixture of experts)"
+            f"{dense} (dense) and {moe} (mixture of experts); --model-impl auto (the default) "
+            "or transformers runs other model types through transformers' own model class"
         )
     return family
 
 
 def checkpoint_spec(config: RunConfig) -> ModelSpec:
-    """The spec of ``--model``'s family: MoE where its ``config.json`` says so, else dense;
+    """The spec of ``--model``'s family: transformers' model class where no native family
+    runs its ``model_type`` (or ``--model-impl transformers``); MoE where its ``config.json``
+    says so, else dense;
     for ``--pp`` > 1 (or ``--split``), the pipeline stages of that family. ``--ep`` needs a MoE
     model."""
     path, preset = resolve_model(config.model.model)
     p = config.parallel
     spec: ModelSpec
+    impl = config.model.model_impl
+    if impl == "transformers":
+        return TransformersSpec(path)
     if path is not None and (path / "config.json").is_file():
-        family = native_family(load_config_json(path))
+        cfg = load_config_json(path)
+        if impl == "auto" and cfg.get("model_type", "llama") not in NATIVE_MODEL_TYPES:
+            return TransformersSpec(path)  # no native family runs it: transformers' class does
+        family = native_family(cfg)  # --model-impl native: refused by name
     else:  # a preset (or a folder without config.json: the dense reader says so)
         family = "dense"
     if path is not None and family == "moe":

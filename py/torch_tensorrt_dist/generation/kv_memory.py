@@ -84,7 +84,12 @@ def kv_layout_for(
 
 def kv_layout(model: Transformer, block_size: int) -> KVLayout:
     """The layout of ``model`` as built on this rank (its local KV heads, its dtype; a
-    pipeline stage counts the layers of the deepest stage: ``StageRole.kv_layers``)."""
+    pipeline stage counts the layers of the deepest stage: ``StageRole.kv_layers``; a model
+    with its own ``kv_dims()``, such as ``models/hf_model.PagedHFModel``, says them)."""
+    own = getattr(model, "kv_dims", None)
+    if own is not None:
+        layers, kv_heads, head_dim, size = own()
+        return KVLayout(layers, kv_heads, head_dim, size, block_size)
     block = model.blocks[0]
     attn, size = block.attention, block.attention_norm.weight.element_size()
     return KVLayout(model.stage.kv_layers, attn.n_kv_heads, attn.head_dim, size, block_size)

@@ -1,0 +1,80 @@
+"""The transformers family: any causal LM transformers ships, run by its own model class over
+our paged KV cache (``models/hf_model.py``), sharded by its own ``base_model_tp_plan``, each
+rank's slices read by ``parallel/hf_load.py``.
+
+Chosen for a checkpoint whose ``model_type`` no native family runs, or by
+``--model-impl transformers`` (``families/__init__.py``). What it cannot run is refused in
+``plan``, before any weight is read: a checkpoint with its own code, an unknown ``model_type``,
+layers the paged cache cannot hold, no TP plan for ``--tp`` > 1, heads ``--tp`` does not
+divide, a config whose shapes contradict the weights' headers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torch_tensorrt_dist.config.run import RunConfig
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Rank
+from torch_tensorrt_dist.models.dtypes import DTYPES
+from torch_tensorrt_dist.models.hf_config import check_runnable, model_args, read_hf_config
+from torch_tensorrt_dist.models.hf_model import PagedHFModel
+
+__all__ = ["TransformersSpec"]
+
+
+class TransformersSpec(ModelSpec):
+    family = "transformers"
+    refused: ClassVar[dict[str, str]] = {
+        "compile": "the transformers family runs `generate` and `serve`; `compile` does not "
+        "package transformers' model class yet: use --model-impl native where it runs the model",
+        "eval": "the transformers family runs `generate` and `serve`; `eval --perplexity` does "
+        "not score transformers' model class yet: use --model-impl native where it runs the model",
+    }
+
+    def read_hf(self) -> Any:
+        if self.path is None:
+            raise ConfigError(
+                "--model-impl transformers needs a checkpoint directory (--model DIR); "
+                "the presets are native models"
+            )
+        return read_hf_config(self.path)
+
+    def plan(self, config: RunConfig) -> ModelPlan:
+        self.check_command(config)
+        cfg = self.read_hf()
+        p, tp = config.parallel, config.parallel.tp or 1
+        if p.pp > 1 or p.split or p.ep != 1:
+            raise ConfigError(
+                f"model_type {cfg.model_type!r} runs through transformers with --tp only "
+                "(no --pp, --split or --ep yet)"
+            )
+        if config.quantize is not None:
+            raise ConfigError(
+                f"--quantize is not applied to transformers' model class ({cfg.model_type!r}) "
+                "yet: drop --quantize"
+            )
+        m = config.model
+        if (m.lm_head, m.embedding) != ("vocab_parallel", "vocab_parallel"):
+            raise ConfigError(
+                "--lm-head and --embedding are the model's own TP plan under --model-impl "
+                "transformers: drop them"
+            )
+        check_runnable(cfg, tp=tp)
+        from torch_tensorrt_dist.parallel.hf_load import build_meta, check_hf_checkpoint
+
+        assert self.path is not None  # read_hf checked it
+        check_hf_checkpoint(self.path, build_meta(cfg, DTYPES[m.dtype]))  # headers: no weight
+        return self.checkpoint_plan(config, model_args(cfg))
+
+    def load(self, rank: Rank, *, progress: bool = False) -> PagedHFModel:  # type: ignore[override]
+        from torch_tensorrt_dist.parallel.hf_load import load_hf
+
+        assert rank.plan.path is not None  # plan checked it
+        return load_hf(
+            rank.plan.path,
+            self.read_hf(),
+            group=rank.group,
+            dtype=DTYPES[rank.config.model.dtype],
+            device=rank.device,
+        )

@@ -1,0 +1,142 @@
+"""A transformers causal LM as a model of our core: its paged step over our KV-cache pools.
+
+    model = PagedHFModel(hf_model, args, kv=KVShape(kv_heads=2, k_dim=16, v_dim=16))
+    model.setup_paged(num_blocks=256, block_size=16, max_seq_len=2048)
+    logits = model.paged_step(tokens, start, last, past, dest)     # as Transformer.paged_step
+
+``hf_model`` is transformers' own model class (built by ``parallel/hf_load.py``, sharded by its
+TP plan), with ``attn_implementation`` our :data:`~.hf_attention.PAGED_ATTENTION`: each of its
+attention layers hands q / k / v to ``hf_attention.paged_attention_forward``, which reads and
+fills this model's pools. The step calls the model's own ``forward`` (its embedding, RoPE from
+the given positions, norms, its head and its logit scaling or soft-capping) with
+``logits_to_keep`` picking each row's last token, then writes every layer's K/V into the pools
+after the last layer, as the native models do (``models/paged.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch import Tensor, nn
+
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.models.hf_attention import KVPool, PagedStep
+from torch_tensorrt_dist.models.llama_args import ModelArgs
+from torch_tensorrt_dist.models.paged import pack_rows, paged_slots
+from torch_tensorrt_dist.models.stage import StageRole
+
+__all__ = ["KVShape", "PagedHFModel"]
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """One rank's K/V per token and layer: its KV heads, the key and the value head sizes."""
+
+    kv_heads: int
+    k_dim: int
+    v_dim: int
+
+
+class PagedHFModel(nn.Module):
+    """A transformers causal LM with our paged step (what ``Generator`` runs)."""
+
+    hf: Any
+    """transformers' causal LM (an ``nn.Module``)."""
+
+    def __init__(self, hf: nn.Module, args: ModelArgs, kv: KVShape) -> None:
+        super().__init__()
+        self.hf, self.args, self.kv = hf, args, kv
+        #: checkpoint bytes this rank read (set by the loader)
+        self.bytes_read = 0
+        #: the TP group where the LM head holds a vocabulary shard (the step gathers them)
+        self.group: dist.ProcessGroup | None = None
+        self.kv_pools = nn.ModuleList()
+        self.block_size = -1
+        self.max_seq_len = -1
+        self.paged_version = 0
+        #: the whole decoder on every rank (no pipeline stages)
+        self.stage = StageRole.whole(args.n_layers)
+
+    def setup_paged(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_seq_len: int,
+        *,
+        dtype: torch.dtype | None = None,
+        cpu_decode: bool = False,
+    ) -> None:
+        """Each layer's block pools (``num_blocks`` x ``block_size`` tokens, block 0 the null
+        block). ``cpu_decode`` is not taken: decode steps gather their past as prefill does."""
+        if max_seq_len > self.args.max_seq_len:
+            raise ConfigError(
+                f"max_seq_len={max_seq_len} exceeds the model's limit {self.args.max_seq_len} "
+                "(max_position_embeddings); ask for fewer tokens"
+            )
+        weight = self.hf.get_input_embeddings().weight
+        dtype = dtype or weight.dtype
+        device = weight.device
+        kv = self.kv
+        self.kv_pools = nn.ModuleList(
+            KVPool(num_blocks, block_size, kv.kv_heads, kv.k_dim, kv.v_dim, dtype, device)
+            for _ in range(self.args.n_layers)
+        )
+        self.block_size, self.max_seq_len = block_size, max_seq_len
+        self.paged_version += 1
+
+    def kv_dims(self) -> tuple[int, int, int, int]:
+        """This rank's KV cache per token: (layers, KV heads, head size, element size), for
+        ``generation/kv_memory.kv_layout`` (K and V of different sizes count as two of their
+        mean, rounded up)."""
+        size = self.hf.get_input_embeddings().weight.element_size()
+        head_dim = -(-(self.kv.k_dim + self.kv.v_dim) // 2)
+        return self.args.n_layers, self.kv.kv_heads, head_dim, size
+
+    def paged_step(
+        self,
+        tokens: Tensor,
+        start: Tensor,
+        last: Tensor,
+        past: Tensor,
+        dest: Tensor,
+        live: Tensor | None = None,
+    ) -> Tensor:
+        """One step of R rows -> the logits of each row's last token [R, V] (the arguments as
+        ``Transformer.paged_step``'s: tokens [R, S], start [R], last [R], past [R, NBp],
+        dest [R, S], and a packed step's ``live`` [N])."""
+        if self.block_size < 1:
+            raise ConfigError("call PagedHFModel.setup_paged(...) before running a paged step")
+        pos, slots = paged_slots(start, last, past, dest, self.block_size, live)  # pos [R, S]
+        step = PagedStep(start, pos, slots, past.shape[1] * self.block_size, self.kv_pools)
+        keep: Tensor | int
+        if live is None:  # every token's logits, then each row's last (a decode row: one)
+            ids, positions, keep = tokens, pos, 0
+        else:  # [1, N]: the products run over the real tokens only
+            ids, positions = pack_rows(tokens, live), pack_rows(pos, live)
+            keep = torch.cumsum(last + 1, 0) - 1  # [R]: row r's last token in the packed N
+        out = self.hf(
+            input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep, paged=step
+        )
+        logits = out.logits  # [R, S, V], or [1, R, V] packed
+        if live is None:
+            r, v = logits.shape[0], logits.shape[-1]
+            logits = logits.gather(1, last[:, None, None].expand(r, 1, v))
+        logits = logits.reshape(start.shape[0], -1)  # [R, V or V/tp]
+        if self.group is not None:  # [tp * R, V/tp] -> [R, tp * V/tp], as models/vocab.py
+            r, v = logits.shape
+            tp = dist.get_world_size(self.group)
+            full = funcol.all_gather_single(logits.contiguous(), 0, self.group)
+            logits = full.view(tp, r, v).permute(1, 0, 2).reshape(r, tp * v)
+        # the step's K/V into the pools, after every layer (nothing above reads them)
+        for pool, k, v in step.computed:
+            pool(
+                slots.blocks,
+                slots.offsets,
+                k.transpose(1, 2).flatten(0, 1),  # [T, Hkv, Dk]
+                v.transpose(1, 2).flatten(0, 1),
+            )
+        return logits

@@ -1,0 +1,121 @@
+"""Tiny random-weight checkpoints of transformers' own model classes (built here from their
+config classes, no downloads) for the transformers-family tests, and HF's greedy reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_COMMON: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=256,
+    max_position_embeddings=256,
+    pad_token_id=0,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+
+#: model_type -> config overrides: windows short enough that the prompts cross them
+CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "qwen3": {},
+    "gemma2": dict(sliding_window=8, query_pre_attn_scalar=24),  # soft-capping, window
+    "gemma3_text": dict(sliding_window=8, query_pre_attn_scalar=24),
+    "phi3": {},
+    "olmo2": {},
+    "granite": dict(logits_scaling=2.0, attention_multiplier=0.2, residual_multiplier=0.5),
+    "smollm3": {},
+    "gpt_oss": dict(sliding_window=8, num_local_experts=4, num_experts_per_tok=2),
+    "glm4": {},
+    "mistral": dict(sliding_window=8),
+    # multi-head latent attention: K of 16 + 8, V of 12 (dense layers: the experts' checkpoint
+    # layout is transformers' conversion, refused in test_transformers_family)
+    "deepseek_v3": dict(
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        head_dim=8,
+        v_head_dim=12,
+        num_key_value_heads=4,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=2,
+        n_group=1,
+        topk_group=1,
+    ),
+}
+
+#: prompts of 19, 3 and 5 tokens: chunked prefill (budget 8), past several blocks of 4
+PROMPTS = [[1, 5, 7, 9, 11, 13, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [3, 4, 8], [20, 21]]
+
+
+def hf_model(kind: str, seed: int = 0, **overrides: Any) -> Any:
+    """transformers' causal LM of ``kind``, fp32, weights of std 0.2 (clear argmax margins)."""
+    import transformers
+
+    config = transformers.CONFIG_MAPPING[kind](**{**_COMMON, **CONFIGS[kind], **overrides})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    return model
+
+
+def save(kind: str, root: Path, **overrides: Any) -> tuple[Path, Any]:
+    """The checkpoint directory of ``kind`` under ``root`` and its transformers model."""
+    model = hf_model(kind, **overrides)
+    path = root / kind
+    model.save_pretrained(path)
+    return path, model
+
+
+def hf_greedy(model: Any, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """transformers' own greedy ``generate`` of each prompt alone (exactly ``new`` tokens)."""
+    out = []
+    for p in prompts:
+        ids = model.generate(
+            torch.tensor([p]), max_new_tokens=new, min_new_tokens=new, do_sample=False
+        )
+        out.append(ids[0, len(p) :].tolist())
+    return out
+
+
+def tp_rank_generate(rank: int, world: int, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """In a spawned gloo rank: each job's checkpoint through the transformers family at the
+    world's TP, its greedy tokens and the bytes this rank read."""
+    import torch.distributed as dist
+
+    from torch_tensorrt_dist.config import GenerateJob, ModelOptions, Parallel, RunConfig
+    from torch_tensorrt_dist.families import Rank, checkpoint_spec
+    from torch_tensorrt_dist.generation.generate import Generator
+
+    out = []
+    for job in jobs:
+        model_options = ModelOptions(model=job["path"], model_impl="transformers")
+        config = RunConfig("generate", model_options, Parallel(tp=world), GenerateJob())
+        spec = checkpoint_spec(config)
+        place = Rank(config, spec, spec.plan(config), rank, world, group=dist.group.WORLD)
+        model = place.model()
+        gen = Generator(
+            model,
+            engine=job["engine"],
+            max_batch_size=4,
+            cache_len=64,
+            block_size=4,
+            max_prefill_tokens=8,
+        )
+        res = gen.generate(job["prompts"], max_new_tokens=job["new"])
+        out.append({"tokens": res.tokens, "bytes_read": model.bytes_read})
+    return out

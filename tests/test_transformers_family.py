@@ -1,0 +1,203 @@
+"""The transformers family (``--model-impl transformers``): transformers' own model classes over
+our paged KV cache give HF's greedy tokens, and what cannot run is refused by name before any
+weight is read."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import _hf_ckpt
+from torch_tensorrt_dist.config import GenerateJob, ModelOptions, Parallel, RunConfig
+from torch_tensorrt_dist.config.jobs import CompileJob
+from torch_tensorrt_dist.errors import CheckpointError, ConfigError
+from torch_tensorrt_dist.families import DenseSpec, Rank, TransformersSpec, checkpoint_spec
+from torch_tensorrt_dist.generation.core import GenerationCore
+from torch_tensorrt_dist.generation.generate import Generator
+
+pytestmark = pytest.mark.transformers
+
+NEW = 10
+
+
+def _config(path: Path, *, impl: str = "auto", tp: int = 1, command: str = "generate") -> RunConfig:
+    job: Any = GenerateJob() if command == "generate" else CompileJob(out="x")
+    return RunConfig(command, ModelOptions(model=str(path), model_impl=impl), Parallel(tp=tp), job)
+
+
+def _ours(
+    path: Path,
+    engine: str,
+    *,
+    impl: str = "transformers",
+    prompts: list[list[int]] = _hf_ckpt.PROMPTS,
+    **options: Any,
+) -> Any:
+    """Greedy tokens of the prompts through the spec ``impl`` picks, and the rank's model."""
+    config = _config(path, impl=impl)
+    spec = checkpoint_spec(config)
+    model = Rank(config, spec, spec.plan(config)).model()
+    kw = dict(max_batch_size=4, cache_len=64, block_size=4, max_prefill_tokens=8) | options
+    gen = Generator(model, engine=engine, **kw)
+    return gen.generate(prompts, max_new_tokens=NEW), model
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root, made = tmp_path_factory.mktemp("hf"), {}
+
+    def get(kind: str) -> tuple[Path, list[list[int]]]:
+        if kind not in made:
+            path, model = _hf_ckpt.save(kind, root)
+            made[kind] = (path, _hf_ckpt.hf_greedy(model, _hf_ckpt.PROMPTS, NEW))
+        return made[kind]  # type: ignore[no-any-return]
+
+    return get
+
+
+@pytest.mark.parametrize("kind", sorted(_hf_ckpt.CONFIGS))
+def test_exact_at_tp1(ckpts: Any, kind: str) -> None:
+    """Chunked prefill (19 tokens, budget 8) over blocks of 4, three rows at once: HF's tokens
+    (gemma2/3: soft-capping, sliding windows, query_pre_attn_scalar; granite: its multipliers;
+    gpt_oss: sinks, alternating windows, experts; deepseek_v3: K and V of different sizes)."""
+    path, ref = ckpts(kind)
+    res, model = _ours(path, "none")
+    assert res.tokens == ref
+    assert 0 < model.bytes_read <= sum(f.stat().st_size for f in path.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_eager_engine_exact(ckpts: Any, kind: str) -> None:
+    """One compiled graph per shape class through our backend, the same tokens; llama's also
+    equal the native family's on the same checkpoint."""
+    path, ref = ckpts(kind)
+    res, _ = _ours(path, "eager")
+    assert res.tokens == ref
+    if kind == "llama":
+        native, model = _ours(path, "eager", impl="native")
+        assert not hasattr(model, "hf")  # the native Transformer
+        assert native.tokens == ref
+
+
+def test_preemption_and_prefix_cache(ckpts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool too small for the three rows at once (10 blocks of 4; they need 8 + 4 + 3)
+    preempts and recomputes, and still gives HF's tokens; a prompt given again after the first
+    finished takes its 4 full blocks from the prefix cache."""
+    path, ref = ckpts("llama")
+    preempted: list[int] = []
+    preempt = GenerationCore._preempt
+    monkeypatch.setattr(
+        GenerationCore, "_preempt", lambda core, rid: (preempted.append(rid), preempt(core, rid))
+    )
+    # 2 layers x 2 KV heads x (16 + 16) x 4 bytes x 4 tokens = 2 KiB a block
+    res, _ = _ours(path, "none", cache_len=32, kv_cache_memory=10 * 2048)
+    assert res.tokens == ref
+    assert preempted
+    prompt = _hf_ckpt.PROMPTS[0]
+    res, _ = _ours(path, "none", prompts=[prompt, prompt], max_batch_size=1)
+    assert res.tokens == [ref[0], ref[0]]
+    assert res.cached_tokens == [0, 16]
+
+
+def test_selection(ckpts: Any) -> None:
+    """auto: native where a native family runs the model_type, else transformers;
+    --model-impl forces either (native refuses a model_type it does not run)."""
+    llama, _ = ckpts("llama")
+    gemma, _ = ckpts("gemma2")
+    assert isinstance(checkpoint_spec(_config(llama)), DenseSpec)
+    assert isinstance(checkpoint_spec(_config(llama, impl="transformers")), TransformersSpec)
+    assert isinstance(checkpoint_spec(_config(gemma)), TransformersSpec)
+    native = _config(gemma, impl="native")
+    with pytest.raises(ConfigError, match="model_type='gemma2'"):
+        checkpoint_spec(native).plan(native)
+    with pytest.raises(ConfigError, match="--model-impl 'hf' is not one of"):
+        ModelOptions(model_impl="hf")
+
+
+def _config_dir(root: Path, name: str, cfg: dict[str, Any]) -> Path:
+    path = root / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def _plan_error(path: Path, tp: int = 1, command: str = "generate") -> str:
+    config = _config(path, impl="transformers", tp=tp, command=command)
+    with pytest.raises((ConfigError, CheckpointError)) as info:
+        checkpoint_spec(config).plan(config)
+    return str(info.value)
+
+
+def test_refusals_before_any_weight(tmp_path: Path, ckpts: Any) -> None:
+    """Each refusal names what was found; none of these directories holds a weight."""
+    import transformers
+
+    def saved(kind: str, **fields: Any) -> Path:
+        path = tmp_path / kind
+        transformers.CONFIG_MAPPING[kind](**fields).save_pretrained(path)
+        return path
+
+    remote = _config_dir(tmp_path, "remote", {"model_type": "llama", "auto_map": {"x": "y.Z"}})
+    assert "auto_map" in _plan_error(remote) and "never executed" in _plan_error(remote)
+    unknown = _config_dir(tmp_path, "unknown", {"model_type": "not_a_model"})
+    assert f"transformers {transformers.__version__}" in _plan_error(unknown)
+    assert "'not_a_model'" in _plan_error(unknown)
+    assert "linear_attention" in _plan_error(saved("qwen3_next", num_hidden_layers=4))
+    assert "linear_attention" in _plan_error(saved("mamba", num_hidden_layers=2))
+    assert "no base_model_tp_plan" in _plan_error(saved("gpt2", n_layer=2), tp=2)
+    heads = saved("llama", num_attention_heads=6, num_key_value_heads=3, hidden_size=96)
+    assert "--tp 4 does not divide" in _plan_error(heads, tp=4)
+    path, _ = ckpts("llama")
+    assert "`compile` does not package" in _plan_error(path, command="compile")
+
+
+def test_config_contradicting_weights(tmp_path: Path, ckpts: Any) -> None:
+    """A config.json whose sizes differ from the weights: refused naming the tensor (headers
+    only, before allocating)."""
+    path, _ = ckpts("llama")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in path.iterdir():
+        (bad / f.name).symlink_to(f)
+    cfg = json.loads((path / "config.json").read_text())
+    (bad / "config.json").unlink()
+    (bad / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 96}))
+    message = _plan_error(bad)
+    assert "'model.layers.0.mlp.gate_proj.weight' has shape [128, 64]" in message
+    # experts stored one by one where transformers' class fuses them (its load-time
+    # conversion, which this reader does not do): refused naming the fused tensor
+    moe, _ = _hf_ckpt.save("deepseek_v3", tmp_path, first_k_dense_replace=1)
+    assert "lacks tensor 'model.layers.1.mlp.experts.gate_up_proj'" in _plan_error(moe)
+
+
+def test_native_families_import_no_transformers() -> None:
+    """transformers is optional: the families and the core import without it."""
+    code = (
+        "import sys, torch_tensorrt_dist.families, torch_tensorrt_dist.generation; "
+        "assert 'transformers' not in sys.modules, 'transformers imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_serve_gives_generate_tokens(ckpts: Any) -> None:
+    """``serve`` picks the family by itself (gemma2: no native family) and answers a greedy
+    completion of token ids with the text of HF's tokens."""
+    import httpx
+
+    from tests._serve import start_server
+    from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+
+    path, ref = ckpts("gemma2")
+    args = ["--model", str(path), "--engine", "none", "--max-seq-len", "64"]
+    with start_server(args) as server:
+        body = {"model": "gemma2", "prompt": _hf_ckpt.PROMPTS[0], "max_tokens": NEW}
+        body["temperature"] = 0
+        reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+    text = load_tokenizer(path, vocab_size=256).decode(ref[0])
+    assert reply["choices"][0]["text"] == text
+    assert reply["usage"]["completion_tokens"] == NEW

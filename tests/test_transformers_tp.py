@@ -1,0 +1,59 @@
+"""The transformers family at TP 2 (one spawn of two gloo ranks for every model): each model
+sharded by its own ``base_model_tp_plan`` gives HF's greedy tokens on both ranks, and a rank
+reads half the checkpoint plus what the plan replicates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import safetensors
+
+from tests import _hf_ckpt
+from torch_tensorrt_dist.testing.multiprocess import run_on_ranks
+
+pytestmark = pytest.mark.transformers
+
+NEW = 8
+#: (model_type, engine). llama / qwen3: colwise-rowwise pairs; gemma2: a tied head,
+#: soft-capping, windows; phi3: fused qkv and gate_up gathered; llama again compiled through
+#: our backend (the plan's collectives in the graph, the head's logits gathered by the step)
+JOBS = (
+    ("llama", "none"),
+    ("qwen3", "none"),
+    ("gemma2", "none"),
+    ("phi3", "none"),
+    ("llama", "eager"),
+)
+
+
+def _replicated_bytes(path: Path) -> int:
+    """The bytes of the checkpoint's 1-D tensors (norms: every rank reads them whole)."""
+    total = 0
+    with safetensors.safe_open(path / "model.safetensors", "pt") as f:
+        for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            t = f.get_slice(name)
+            if len(t.get_shape()) == 1:
+                total += t.get_shape()[0] * 4
+    return total
+
+
+def test_tp2_exact_and_half_the_bytes(tmp_path: Path) -> None:
+    jobs, refs, made = [], [], {}
+    for kind, engine in JOBS:
+        if kind not in made:
+            path, model = _hf_ckpt.save(kind, tmp_path)
+            made[kind] = path, _hf_ckpt.hf_greedy(model, _hf_ckpt.PROMPTS, NEW)
+        path, ref = made[kind]
+        refs.append(ref)
+        jobs.append(dict(path=str(path), engine=engine, prompts=_hf_ckpt.PROMPTS, new=NEW))
+    results: Any = run_on_ranks(_hf_ckpt.tp_rank_generate, 2, jobs, timeout=600)
+    kinds = [kind for kind, _ in JOBS]
+    for kind, ref, job, r0, r1 in zip(kinds, refs, jobs, results[0], results[1], strict=True):
+        assert r0["tokens"] == ref == r1["tokens"], kind
+        path = Path(job["path"])
+        size = (path / "model.safetensors").stat().st_size
+        assert r0["bytes_read"] == r1["bytes_read"] < size, kind
+        if kind in ("llama", "qwen3"):  # every 2-D weight split in two, the norms whole
+            assert r0["bytes_read"] <= size / 2 + _replicated_bytes(path), kind
