@@ -170,9 +170,11 @@ def load_and_generate(
         "served": served,
         "served_checkpoint": served_ckpt,
         "errors": errors,
-        # the weight shard in one region of huge pages (models/huge_pages.py), each pool apart
+        # the weight shard in one region of huge pages (models/huge_pages.py: a storage of
+        # its own per weight storage, side by side in one mapping), each pool apart
         "storages": {
             "weights": _storages(weights),
+            "weights_packed": _packed(weights),
             "pools": _storages(pools),
             "n_pools": len(pools),
         },
@@ -181,6 +183,16 @@ def load_and_generate(
 
 def _storages(tensors: list[torch.Tensor]) -> int:
     return len({t.untyped_storage().data_ptr() for t in tensors})
+
+
+def _packed(tensors: list[torch.Tensor]) -> bool:
+    """Whether the tensors' storages lie side by side in one span (64-byte aligned each, the
+    span starting within one 2 MiB page): what one mapping of the weights gives, and storages
+    from the allocator, scattered over the heap, do not."""
+    spans = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    lo = min(spans)
+    hi = max(p + n for p, n in spans.items())
+    return hi - lo <= sum(-(-n // 64) * 64 for n in spans.values()) + 2**21
 
 
 def _generator_options() -> dict[str, Any]:
