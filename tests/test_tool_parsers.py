@@ -181,6 +181,19 @@ def test_the_arguments_stream_as_the_model_writes_them() -> None:
     assert deltas[0]["tool_calls"][0]["function"] == {"name": "f", "arguments": ""}
 
 
+def test_a_malformed_call_keeps_what_was_sent_whole_and_as_merged_pieces() -> None:
+    """A later call that is not a call stops the stream of calls, but the deltas built
+    before it in the same feed still go out: the first call's arguments are whole JSON, and
+    a slow reader's merged piece gets what the same text token by token gets."""
+    first = '<tool_call>\n{"name": "f", "arguments": {"a": 1'
+    rest = '}}\n</tool_call>\n<tool_call>\n{"name": "g", "arguments": [1]}\n</tool_call>'
+    hermes = FORMATS["hermes"]
+    for pieces in ([first, rest], list(first + rest), [first + rest]):
+        _, calls = _streamed(hermes, pieces)
+        assert calls[0]["name"] == "f" and json.loads(calls[0]["arguments"]) == {"a": 1}
+        assert [c["name"] for c in calls] == ["f", "g"] and calls[1]["arguments"] == ""
+
+
 def test_a_call_without_arguments_has_an_empty_object() -> None:
     text = '<tool_call>\n{"name": "now"}\n</tool_call>'
     assert FORMATS["hermes"].parse(text).calls[0].arguments == "{}"

@@ -185,10 +185,7 @@ class CallStream:
             out.append({"content": self.text[self.sent : content_end]})
             self.sent = content_end
         if start is not None and not self.broken:
-            try:
-                out += self._calls(self.fmt.region(self.text, start))
-            except (Malformed, json.JSONDecodeError):
-                self.broken = True
+            out += self._calls(self.fmt.region(self.text, start))
         return out
 
     def finish(self) -> list[Delta]:
@@ -201,7 +198,18 @@ class CallStream:
         return [{"content": rest}]
 
     def _calls(self, region: str) -> list[Delta]:
+        """The deltas of the calls' text since the last feed. Where the text stops being a
+        call (``Malformed``), the deltas built before that point still go out (the counters
+        already count them) and nothing more is sent: a piece merged for a slow reader gives
+        the client what the same text fed token by token gives."""
         out: list[Delta] = []
+        try:
+            self._scan(region, out)
+        except (Malformed, json.JSONDecodeError):
+            self.broken = True
+        return out
+
+    def _scan(self, region: str, out: list[Delta]) -> None:
         for k, (s, e) in enumerate(objects(region, self.fmt.depth)):
             obj = region[s:e]
             call = self.fmt.read(obj)
@@ -221,7 +229,6 @@ class CallStream:
                 out.append({"tool_calls": [{"index": k, "function": {"arguments": args}}]})
             if e is None:
                 break
-        return out
 
     def _args(self, obj: str, call: _Call, sent: int) -> str:
         """The arguments text not yet sent (all of it once known, where it is not an object)."""
