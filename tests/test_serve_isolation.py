@@ -139,10 +139,12 @@ class _Sink:
         self.items.append(item)
 
 
-def _run_leader(core: GenerationCore, sched: Scheduler, subs: list[Submission]) -> list[Any]:
+def _run_leader(
+    core: GenerationCore, sched: Scheduler, subs: list[Submission], inbox: Inbox | None = None
+) -> list[Any]:
     """Rank 0's loop over ``core`` (one rank), until every request has its answer; the
     cancels each step announced."""
-    inbox, state = Inbox(8), ServerState()
+    inbox, state = inbox or Inbox(8), ServerState()
     state.set("ready")
     loop = StepLoop(core, control.ControlChannel(None))
     cancels: list[list[int]] = []
@@ -154,8 +156,11 @@ def _run_leader(core: GenerationCore, sched: Scheduler, subs: list[Submission]) 
 
     loop.channel.exchange = exchange  # type: ignore[method-assign]
 
+    steps = [0]
+
     def on_step(leader: Leader) -> None:
-        if leader.scheduler.idle() and not inbox.waiting:
+        steps[0] += 1  # bounded: a wait queue that never empties fails its test, not hangs it
+        if leader.scheduler.idle() and (not inbox.waiting or steps[0] > 300):
             state.set("draining")
 
     leader = Leader(loop, sched, inbox, state, stop_ids=(), idle_tick_s=0.01, on_step=on_step)
@@ -193,6 +198,21 @@ def test_a_request_whose_shown_text_fails_is_cancelled_on_every_rank_at_the_next
     assert "decoding the generated tokens to text failed (ValueError" in failed.message
     assert [subs[0].rid] in cancels  # announced to every rank
     assert "".join(p.text for p in sinks[1].items if isinstance(p, Piece)) == "A" * 8
+
+
+def test_a_failed_request_gives_back_the_queue_places_of_its_waiting_sequences() -> None:
+    """n = 4 on 2 rows: two choices wait while the first fails at its first decode; their
+    places in the wait queue (which counts sequences) come back, and a request after it runs."""
+    sinks = [_Sink(), _Sink()]
+    subs = [
+        Submission((1, 2), 6, SamplingConfig(1.0), 7, (), sinks[0], n=4),  # type: ignore[arg-type]
+        Submission((1, 2), 6, SamplingConfig(), None, (), sinks[1]),  # type: ignore[arg-type]
+    ]
+    inbox = Inbox(8)
+    _run_leader(*_core({}, nan_row=0), subs, inbox)
+    assert isinstance(sinks[0].items[-1], Failed)
+    assert "".join(p.text for p in sinks[1].items if isinstance(p, Piece)) == "A" * 6
+    assert inbox.waiting == 0
 
 
 def _bad(body: Any, param: str | None, match: str, chat: bool = False) -> None:

@@ -194,9 +194,13 @@ class Leader:
 
     def _plan(self) -> StepPlan:
         sched = self.scheduler
-        for rid in self._dropped:  # failed alone: every rank lets it go (if it still runs)
+        dropped = set(self._dropped)  # failed alone: every rank lets it go (if it still runs)
+        waiting = sum(r.rid in dropped for r in sched.waiting)  # counted in the wait queue
+        for rid in self._dropped:
             sched.cancel(rid)
         self._dropped = []
+        if waiting:
+            self.inbox.left(waiting)
         group, sink = 0, None  # the prompts of one HTTP request: one group (sharing rows)
         for item in self.inbox.take(0.0 if not sched.idle() else self.idle_tick_s):
             if isinstance(item, Submission):
