@@ -118,7 +118,8 @@ def test_with_rank_0_gone_the_child_answers_503_and_raises_nothing() -> None:
         assert child.pump(theirs.fileno(), FrameBuffer(), state) == "gone"
         assert (state.state, state.reason) == ("failed", "the step loop ended")
         sub = _sub(Sink(asyncio.get_running_loop()))
-        child.submit(sub)  # after: answered at once
+        child.submit(sub)  # after: answered at once, its place in the wait queue given back
+        assert child.waiting == early.n
         for s in (early, sub):
             failed = s.sink.queue.get_nowait()
             assert isinstance(failed, Failed) and (failed.status, failed.message) == (503, GONE)

@@ -198,6 +198,7 @@ class ChildInbox:
         self._sink_of.update((sub.rid, sid) for sub in subs)
         ref = cast(Sink, SinkRef(sid))  # the sink stays here; the pipe carries its number
         if not self._send(("submit", [replace(sub, sink=ref) for sub in subs])):
+            self.waiting -= n  # never queued: its places go back
             subs[0].sink.queue.put_nowait(Failed(503, GONE))
 
     def cancel(self, rid: int) -> None:
@@ -372,6 +373,8 @@ class HttpProcess:
                 if message[0] == "submit":  # its client must not wait for ever
                     failed = Failed(500, f"the server failed to take the request: {exc}")
                     RemoteSink(message[1][0].sink.sid, self.inbox.channel).put(failed)
+                    # the child counted its sequences as waiting: they never will
+                    self.inbox.channel.send(("left", sum(sub.n for sub in message[1])))
 
     def _lost(self, reason: str) -> None:
         if not self._stopping and self.on_lost is not None:
