@@ -225,6 +225,7 @@ class _Handler:
             try:
                 async for event in answer.events(sink.queue):
                     yield event, answer.made
+                    answer.made = 0.0  # a piece's other events (deltas, its finish): counted once
             except Exception as exc:
                 logger.exception("a stream failed")
                 answer.status = "500"
