@@ -194,10 +194,13 @@ def test_serve_gives_generate_tokens(ckpts: Any) -> None:
 
     path, ref = ckpts("gemma2")
     args = ["--model", str(path), "--engine", "none", "--max-seq-len", "64"]
-    with start_server(args) as server:
+    server = start_server(args)  # started: ``with`` would start a second one (and leak this)
+    try:
         body = {"model": "gemma2", "prompt": _hf_ckpt.PROMPTS[0], "max_tokens": NEW}
         body["temperature"] = 0
         reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+    finally:
+        assert server.stop() == 0
     text = load_tokenizer(path, vocab_size=256).decode(ref[0])
     assert reply["choices"][0]["text"] == text
     assert reply["usage"]["completion_tokens"] == NEW

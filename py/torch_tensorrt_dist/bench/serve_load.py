@@ -179,7 +179,10 @@ class ServerProcess:
         self.kill()
         raise ConfigError("the server did not start:\n" + self.output()[-4000:])
 
-    __enter__ = start
+    def __enter__(self) -> ServerProcess:
+        """``with ServerProcess(...)`` starts it; ``with`` over one already started (as
+        ``start()`` returns it) keeps that one instead of starting a second."""
+        return self if self.url else self.start()
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
