@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torch_tensorrt_dist.artifacts import compile_artifacts, load_generator
+from torch_tensorrt_dist.artifacts import ArtifactRunner, compile_artifacts, load_generator
 from torch_tensorrt_dist.artifacts.manifest import manifest_digest
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.generation.kv_memory import kv_layout_for
@@ -110,17 +110,19 @@ def load_and_generate(
     start = time.perf_counter()
     gen = load_generator(out)
     load_s = time.perf_counter() - start
-    state = set(gen.manifest.rank_entry(rank).state)  # the pools: zeros, written each step
-    pools = [t for n, t in gen.constants.items() if n in state]
-    weights = [t for n, t in gen.constants.items() if n not in state]
+    runner = gen.runner
+    assert isinstance(runner, ArtifactRunner)
+    state = set(runner.manifest.rank_entry(rank).state)  # the pools: zeros, written each step
+    pools = [t for n, t in runner.constants.items() if n in state]
+    weights = [t for n, t in runner.constants.items() if n not in state]
     classes: set[tuple[bool, bool]] = set()  # (several rows, several tokens) of each call
-    step = gen._step
+    step = runner.step
 
     def recording(tokens: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
         classes.add((tokens.shape[0] > 1, tokens.shape[1] > 1))
         return step(tokens, *rest)
 
-    gen._step = recording
+    runner.step = recording
     start = time.perf_counter()
     from_artifacts = gen.generate(prompts, max_new_tokens=max_new).tokens
     first_s = time.perf_counter() - start
@@ -170,7 +172,7 @@ def load_and_generate(
         "served": served,
         "served_checkpoint": served_ckpt,
         "errors": errors,
-        # the weight shard in one region of huge pages (models/huge_pages.py: a storage of
+        # the weight shard in one region of huge pages (runtime/huge_pages.py: a storage of
         # its own per weight storage, side by side in one mapping), each pool apart
         "storages": {
             "weights": _storages(weights),

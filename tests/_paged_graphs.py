@@ -21,7 +21,7 @@ from torch import fx
 from torch._dynamo.backends.common import aot_autograd
 
 from torch_tensorrt_dist.conversion.layers.paged_kv import mutation_outputs
-from torch_tensorrt_dist.generation.generate import paged_step
+from torch_tensorrt_dist.generation.runner import paged_step
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.lowering import fuse_collectives
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer

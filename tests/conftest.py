@@ -119,7 +119,7 @@ def _read(path: str) -> str | None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     """What the results depend on: the CPU's kernels (Inductor's C++ code, ATen's ISA) and
-    whether CPU weights move into huge pages (``models/huge_pages.py``)."""
+    whether CPU weights move into huge pages (``runtime/huge_pages.py``)."""
     return cpu_report(
         _read("/proc/cpuinfo") or "", _read("/sys/kernel/mm/transparent_hugepage/enabled")
     )

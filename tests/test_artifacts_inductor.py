@@ -29,7 +29,7 @@ from torch_tensorrt_dist.artifacts.graphs import GraphEntry
 from torch_tensorrt_dist.artifacts.manifest import manifest_digest, sha256_file
 from torch_tensorrt_dist.cli import main
 from torch_tensorrt_dist.errors import ArtifactError
-from torch_tensorrt_dist.models.huge_pages import huge_pages_available
+from torch_tensorrt_dist.runtime.huge_pages import huge_pages_available
 from torch_tensorrt_dist.testing import run_on_ranks
 
 from . import _artifact_fns, _llama_ckpt
@@ -74,7 +74,7 @@ def test_the_weights_are_moved_into_huge_pages_and_the_pools_are_not(
     for r in built["ranks"]:
         s = r["storages"]
         assert s["n_pools"] > 0 and s["pools"] == s["n_pools"]
-        assert s["weights"] > 1  # a storage of its own per weight storage (models/huge_pages.py)
+        assert s["weights"] > 1  # a storage of its own per weight storage (runtime/huge_pages.py)
         assert s["weights_packed"] == huge_pages_available(), s
 
 

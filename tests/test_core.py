@@ -186,7 +186,7 @@ def test_compiled_core_never_recompiles_after_warmup(cases: dict[str, Any]) -> N
     case = cases["llama_gqa"]
     gen = make_generator(load_llama(case["path"], progress=False), engine="eager")
     # chunks shaped by the model's attention: more chunk lengths below
-    assert gen.scheduler(gen.core()).span == model_attention_span(gen.model.args)
+    assert gen.scheduler(gen.core()).span == model_attention_span(gen.runner.args)
     with recording() as warm:
         gen.warmup_all()
     assert len(warm) == 4

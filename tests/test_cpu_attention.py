@@ -181,7 +181,7 @@ def test_the_inductor_engine_decodes_through_the_op_with_the_references_tokens()
     ref = Generator(random_llama(ARGS, seed=4), engine="none", max_batch_size=3, cache_len=32)
     want = ref.generate(prompts, max_new_tokens=6).tokens
     gen = Generator(random_llama(ARGS, seed=4), engine="inductor", max_batch_size=3, cache_len=32)
-    assert gen.cpu_decode and not ref.cpu_decode
+    assert gen.runner.backend.cpu_decode and not ref.runner.backend.cpu_decode
     gen.generate(prompts, max_new_tokens=6)  # compiles (its tracing calls the op's fake)
     with torch.profiler.profile() as prof:
         got = gen.generate(prompts, max_new_tokens=6).tokens

@@ -13,8 +13,8 @@ import torch
 
 import torch_tensorrt_dist
 from torch_tensorrt_dist.backend import recording
-from torch_tensorrt_dist.generation import generate
-from torch_tensorrt_dist.generation.generate import compile_step
+from torch_tensorrt_dist.generation import runner
+from torch_tensorrt_dist.generation.runner import compile_step
 from torch_tensorrt_dist.lowering.input_writes import input_writes, reinplace_input_writes
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 
@@ -55,9 +55,9 @@ def test_paged_steps_write_only_their_tokens_in_place() -> None:
     bytes written are the tokens', not the pool's (dynamic dimensions: at the example sizes)."""
     torch.manual_seed(0)
     model = Transformer(ARGS).eval()
-    generate.setup_example(model, 3, 64)
-    decode = torch_tensorrt_dist.explain(generate.paged_step(model), *generate.decode_example(3))
-    prefill = torch_tensorrt_dist.explain(generate.paged_step(model), *generate.prefill_example(16))
+    runner.setup_example(model, 3, 64)
+    decode = torch_tensorrt_dist.explain(runner.paged_step(model), *runner.decode_example(3))
+    prefill = torch_tensorrt_dist.explain(runner.paged_step(model), *runner.prefill_example(16))
     # per layer, k and v: [3 tokens, H_kv=2, D=8] fp32 for decode, [16 tokens, 2, 8] for prefill
     for report, size in ((decode, 3 * 2 * 8 * 4), (prefill, 16 * 2 * 8 * 4)):
         [graph] = report.graphs

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from torch_tensorrt_dist.generation import generate
+from torch_tensorrt_dist.generation import runner
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.models.llama import ModelArgs
 from torch_tensorrt_dist.models.paged import pack_rows, unpack_rows
@@ -91,11 +91,9 @@ def test_reduce_splits_a_packed_step_by_its_real_tokens(monkeypatch: pytest.Monk
         name = next(made)
         return lambda *inputs: calls.append(name)
 
-    monkeypatch.setattr(generate, "compile_step", compile_step)
+    monkeypatch.setattr(runner, "compile_step", compile_step)
     limits = StepLimits(rows=8, tokens=16, blocks=8, block_size=4)
-    step = generate.compile_paged_step(
-        lambda *a: None, "inductor", verify=None, cpu_gemm="reduce", device=CPU
-    )
+    step = runner.compile_paged_step(lambda *a: None, "inductor", verify=None, cpu_gemm="reduce")
     chunk = ([1] * 10, 0, [1, 2, 3])
     decoding = [([1], 4, [4 + i, 0]) for i in range(3)]
     step(*step_inputs([chunk, *decoding], limits, CPU, mark_dynamic=False, pack=True))  # 13

@@ -211,7 +211,7 @@ def test_cuda_attention_variants_become_iattention_with_the_mask() -> None:
 
 def test_explain_says_what_stays_in_pytorch_and_how_many_engines() -> None:
     import torch_tensorrt_dist
-    from torch_tensorrt_dist.generation.generate import paged_step
+    from torch_tensorrt_dist.generation.runner import paged_step
 
     report = torch_tensorrt_dist.explain(paged_step(paged_model()), *prefill_inputs())
     [graph] = report.graphs

@@ -258,7 +258,7 @@ def test_quantized_embeddings_and_head_are_int8_rows() -> None:
 
 
 def _decode_graph_use(model: nn.Module) -> object:
-    from torch_tensorrt_dist.generation.generate import (
+    from torch_tensorrt_dist.generation.runner import (
         compile_step,
         decode_example,
         paged_step,

@@ -31,7 +31,9 @@ def decode_inputs(gen: Generator, rows: int) -> Any:
     from torch_tensorrt_dist.generation.step_inputs import step_inputs
 
     spans = [([1], 3, [1 + i]) for i in range(rows)]
-    return step_inputs(spans, gen.limits, gen.device, mark_dynamic=gen.mark_dynamic)
+    return step_inputs(
+        spans, gen.runner.limits, gen.runner.device, mark_dynamic=gen.runner.mark_dynamic
+    )
 
 
 def _reduced() -> int:
@@ -117,9 +119,9 @@ def test_reduce_gives_decode_steps_of_few_rows_the_reductions_only(tmp_path, mon
     row-major weights. Every
     split gives transformers' greedy tokens (the checkpoint's attention has biases: addmm)."""
     pytest.importorskip("transformers")
-    from torch_tensorrt_dist.generation import generate as generate_module
+    from torch_tensorrt_dist.generation import runner as runner_module
 
-    monkeypatch.setattr(generate_module, "REDUCE_ROWS", 2)
+    monkeypatch.setattr(runner_module, "REDUCE_ROWS", 2)
     hf = _llama_ckpt.save_checkpoint("llama_gqa", tmp_path / "ckpt")
     want = [_llama_ckpt.hf_greedy(hf, p, MAX_NEW) for p in PROMPTS]
     torch._dynamo.reset()
@@ -137,7 +139,7 @@ def test_reduce_gives_decode_steps_of_few_rows_the_reductions_only(tmp_path, mon
     assert gen.generate([PROMPTS[2]], max_new_tokens=MAX_NEW).tokens == want[2:]
     assert _reduced() == 2 * PRODUCTS  # a lone row: its own (static) graph, reductions too
     # the logits come out row-major, as ATen's product gives them
-    logits = gen._step(*decode_inputs(gen, rows=2))
+    logits = gen.runner.step(*decode_inputs(gen, rows=2))
     assert logits.is_contiguous()
 
 
@@ -147,9 +149,9 @@ def test_a_prefill_of_few_token_rows_takes_the_reductions_too(tmp_path, monkeypa
     greedy tokens are transformers' either way, and a server's warm-up compiles both forms of
     a prefill of several rows, so no mix of prompts compiles after it."""
     pytest.importorskip("transformers")
-    from torch_tensorrt_dist.generation import generate as generate_module
+    from torch_tensorrt_dist.generation import runner as runner_module
 
-    monkeypatch.setattr(generate_module, "REDUCE_ROWS", 12)
+    monkeypatch.setattr(runner_module, "REDUCE_ROWS", 12)
     hf = _llama_ckpt.save_checkpoint("llama_gqa", tmp_path / "ckpt")
     want = [_llama_ckpt.hf_greedy(hf, p, MAX_NEW) for p in PROMPTS[:2]]
     torch._dynamo.reset()
@@ -208,17 +210,17 @@ def test_reduce_warmup_compiles_both_sides_whatever_the_limits(
 def test_a_model_without_float32_weights_compiles_its_step_once(monkeypatch):
     """A bf16 model has nothing to rewrite: ``reduce`` is ``aten`` for it (one compile of the
     step, not two)."""
-    from torch_tensorrt_dist.generation import generate as generate_module
+    from torch_tensorrt_dist.generation import runner as runner_module
     from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 
     seen: list[str] = []
-    plain = generate_module.compile_paged_step
+    plain = runner_module.compile_paged_step
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(kwargs["cpu_gemm"])
         return plain(*args, **kwargs)
 
-    monkeypatch.setattr(generate_module, "compile_paged_step", spy)
+    monkeypatch.setattr(runner_module, "compile_paged_step", spy)
     args = ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=96, max_seq_len=32)
     for dtype, want in ((torch.bfloat16, "aten"), (torch.float32, "reduce")):
         Generator(

@@ -136,7 +136,7 @@ class App:
             ChatTemplate(CHAT_TEMPLATE, {"bos_token": "<s>", "eos_token": "</s>"}),
             CACHE,
             V,
-            lambda n, m: gen.check([[0] * n], m),
+            lambda n, m: gen.runner.check([[0] * n], m),
             request_limits(tok, cache_len=CACHE),
             rows=ROWS,
             max_queue=16,

@@ -43,7 +43,7 @@ def test_serving_core_on_a_quantized_shard_gives_generates_tokens(
     built.sock.close()
     gen, tok = built.generator, built.tokenizer
     assert (built.rows, config.quantize) == (2, QuantConfig("int8"))
-    quantized = [m for m in gen.model.modules() if isinstance(m, WeightOnlyLinear)]
+    quantized = [m for m in gen.runner.model.modules() if isinstance(m, WeightOnlyLinear)]
     assert len(quantized) == 7 * plan.args.n_layers  # q, k, v, o, w1, w2, w3 of every block
     stop = tuple(tok.eos_ids or plan.args.eos_token_ids)
     core = gen.core()

@@ -135,8 +135,8 @@ def test_the_generators_steps_run_directly_with_the_same_tokens(
         torch._dynamo.reset()
         gen = Generator(random_llama(args, seed=2), engine="eager", max_batch_size=4, cache_len=64)
         out = gen.generate(prompts, max_new_tokens=12).tokens
-        assert isinstance(gen._step, StepDispatch)
-        return out, gen._step.direct
+        assert isinstance(gen.runner.step, StepDispatch)
+        return out, gen.runner.step.direct
 
     guarded, none_direct = tokens(True)
     direct, classes = tokens(False)

@@ -1,6 +1,7 @@
-"""The compiled step's guards (``generate.compile_step``): built to skip a module subtree whose
-dicts have not changed, without the flag leaking to other compiles, and still failing for a
-rebound weight."""
+"""The compiled step's Dynamo settings (``runner.compile_step``), each set for its calls only:
+guards built to skip a module subtree whose dicts have not changed, without the flag leaking to
+other compiles, and still failing for a rebound weight; a recompile limit that holds every
+shape class."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torch import nn
 from torch._dynamo import config as dynamo_config
 from torch._dynamo.utils import counters
 
-from torch_tensorrt_dist.generation.generate import (
+from torch_tensorrt_dist.generation.runner import (
     compile_step,
     decode_example,
     paged_step,
@@ -70,3 +71,23 @@ def test_the_flag_holds_for_the_call_only_and_a_rebound_weight_is_seen(
             step(*inputs)
         assert counters["stats"]["unique_graphs"] > before
     torch._dynamo.reset()
+
+
+def test_the_step_keeps_more_graphs_than_dynamos_limit_without_raising_it() -> None:
+    """A step compiles each of its shape classes (two forms of up to four over one function)
+    past Dynamo's default ``recompile_limit`` (8) instead of falling back to eager, while the
+    global limit stays what it was (set for each call of the step only)."""
+    limit = dynamo_config.recompile_limit
+    assert limit < 12  # the default, as the case needs
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    torch._dynamo.reset()
+    counters.clear()
+    step = compile_step(double, "eager")
+    with dynamo_config.patch(automatic_dynamic_shapes=False):  # a graph per shape
+        for n in range(2, 14):
+            assert torch.equal(step(torch.ones(n)), torch.full((n,), 3.0))
+    assert counters["stats"]["unique_graphs"] == 12
+    assert dynamo_config.recompile_limit == limit

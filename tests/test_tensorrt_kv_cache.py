@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from torch_tensorrt_dist.backend import recording
-from torch_tensorrt_dist.generation.generate import compile_step, paged_step
+from torch_tensorrt_dist.generation.runner import compile_step, paged_step
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 

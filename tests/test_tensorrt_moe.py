@@ -11,7 +11,7 @@ import torch
 
 from torch_tensorrt_dist.backend import recording
 from torch_tensorrt_dist.conversion.layers.moe_experts import moe_layer_environment
-from torch_tensorrt_dist.generation.generate import compile_step, paged_step, setup_example
+from torch_tensorrt_dist.generation.runner import compile_step, paged_step, setup_example
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs

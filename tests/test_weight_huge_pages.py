@@ -1,4 +1,4 @@
-"""The CPU weights moved into transparent huge pages (``models/huge_pages.py``): the same values,
+"""The CPU weights moved into transparent huge pages (``runtime/huge_pages.py``): the same values,
 layouts and ties, backed by huge pages where the kernel gives them, and the same tokens."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from torch import nn
 
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.models.demo import demo_checkpoint_path
-from torch_tensorrt_dist.models.huge_pages import (
+from torch_tensorrt_dist.parallel.llama_load import load_llama
+from torch_tensorrt_dist.runtime.huge_pages import (
     HUGE_PAGES_ENV,
+    huge_kib,
     huge_page_tensors,
     huge_page_weights,
     huge_pages_available,
 )
-from torch_tensorrt_dist.parallel.llama_load import load_llama
-from torch_tensorrt_dist.runtime.huge_pages import huge_kib
 
 needs_thp = pytest.mark.skipif(
     not huge_pages_available(), reason="no transparent huge pages here (not Linux, or never)"

@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from torch_tensorrt_dist.generation import Generator
-from torch_tensorrt_dist.models.huge_pages import HUGE_PAGES_ENV
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.models.weight_layout import (
     column_major_linears,
@@ -16,6 +15,7 @@ from torch_tensorrt_dist.models.weight_layout import (
     row_major_linears,
 )
 from torch_tensorrt_dist.quantization import QuantConfig, quantize_model
+from torch_tensorrt_dist.runtime.huge_pages import HUGE_PAGES_ENV
 
 ARGS = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, intermediate_size=96)
 

@@ -18,7 +18,7 @@ from torch_tensorrt_dist.conversion.layers.weight_only import (
     weight_only_decision,
     weight_only_spec,
 )
-from torch_tensorrt_dist.generation.generate import decode_example, paged_step, setup_example
+from torch_tensorrt_dist.generation.runner import decode_example, paged_step, setup_example
 from torch_tensorrt_dist.lowering.freeze_constants import drop_frozen, freeze_inputs
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.quantization import QuantConfig, quantize_model

@@ -13,7 +13,7 @@ import torch
 
 from torch_tensorrt_dist.backend import recording
 from torch_tensorrt_dist.conversion.layers.weight_only import INT4_OP, INT8_OP
-from torch_tensorrt_dist.generation.generate import compile_step, paged_step, setup_example
+from torch_tensorrt_dist.generation.runner import compile_step, paged_step, setup_example
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.quantization import QuantConfig, quantize_model

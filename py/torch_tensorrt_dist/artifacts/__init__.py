@@ -7,11 +7,11 @@ the step graphs and the calls each takes.
 """
 
 from torch_tensorrt_dist.artifacts.build import CompileResult, compile_artifacts
-from torch_tensorrt_dist.artifacts.load import ArtifactGenerator, load_generator, open_artifacts
+from torch_tensorrt_dist.artifacts.load import ArtifactRunner, load_generator, open_artifacts
 from torch_tensorrt_dist.artifacts.manifest import Manifest, read_manifest, write_manifest
 
 __all__ = [
-    "ArtifactGenerator",
+    "ArtifactRunner",
     "CompileResult",
     "Manifest",
     "compile_artifacts",

@@ -6,7 +6,7 @@
 
 The pool of KV blocks is part of what is compiled (its size is a constant of the graphs):
 ``kv_cache_memory`` bytes per rank, or room for ``max_batch_size`` sequences of
-``max_seq_len`` tokens, as :class:`~torch_tensorrt_dist.generation.Generator` sizes it.
+``max_seq_len`` tokens, as :class:`~torch_tensorrt_dist.generation.runner.ModelRunner` sizes it.
 
 Order of writes: every rank loads its shard (as ``torchtrt-dist compile``: the family's spec,
 ``families/``); rank 0 checks the output directory and removes an old ``manifest.json``; every
@@ -49,10 +49,10 @@ from torch_tensorrt_dist.config.jobs import CompileJob
 from torch_tensorrt_dist.config.run import CacheOptions, Layout, ModelOptions, Parallel, RunConfig
 from torch_tensorrt_dist.errors import ArtifactError, ConfigError
 from torch_tensorrt_dist.families.spec import ModelPlan, Rank
-from torch_tensorrt_dist.generation.generate import (
+from torch_tensorrt_dist.generation.runner import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_PREFILL_TOKENS,
-    Generator,
+    ModelRunner,
 )
 from torch_tensorrt_dist.models.dtypes import DTYPES, dtype_name
 from torch_tensorrt_dist.models.llama import Transformer
@@ -245,9 +245,9 @@ def write_artifacts(
             (root / MANIFEST_NAME).unlink(missing_ok=True)  # the old set is no longer complete
     # each rank writes its files and rank.json; rank 0 reads every entry back from disk
     with agreed("writing the artifacts"):  # every rank's files and rank.json are in place
-        # the checkpoint path's generator, uncompiled: its pool (set up on the model) and its
+        # the checkpoint path's runner, uncompiled: its pool (set up on the model) and its
         # step limits are what the graphs are built for
-        gen = Generator(
+        runner = ModelRunner(
             net,
             max_batch_size=rows,
             cache_len=cache_len,
@@ -255,19 +255,19 @@ def write_artifacts(
             block_size=cache.block,
             max_prefill_tokens=cache.prefill_budget,
         )
-        graphs = step_graphs(gen.limits)
+        graphs = step_graphs(runner.limits)
         _build_rank(net, root, rank.index, graphs, wrapper_opt_level)
     manifest_path = root / MANIFEST_NAME
     with agreed("writing the manifest"):  # nobody returns before the manifest exists
         if rank.index == 0:
-            write_manifest(root, _manifest(rank, root, gen, graphs))
+            write_manifest(root, _manifest(rank, root, runner, graphs))
             logger.info("wrote %s", manifest_path)
     if not manifest_path.is_file():
         raise ArtifactError(f"rank 0 did not write {manifest_path}")
     return CompileResult(manifest_path, time.perf_counter() - start)
 
 
-def _manifest(rank: Rank, root: Path, gen: Generator, graphs: list[GraphEntry]) -> Manifest:
+def _manifest(rank: Rank, root: Path, runner: ModelRunner, graphs: list[GraphEntry]) -> Manifest:
     config, plan, world, group = rank.config, rank.plan, rank.world, rank.group
     path, args = plan.path, plan.args
     return Manifest(
@@ -278,11 +278,11 @@ def _manifest(rank: Rank, root: Path, gen: Generator, graphs: list[GraphEntry]) 
         groups=[GroupEntry(group.group_name, list(range(world)), "tp")] if group else [],
         ranks=[_read_rank(root, r) for r in range(world)],
         dtype=config.model.dtype,
-        max_batch_size=gen.max_batch_size,
-        cache_len=gen.cache_len,
-        block_size=gen.block_size,
-        num_blocks=gen.num_blocks,
-        max_prefill_tokens=gen.max_prefill_tokens,
+        max_batch_size=runner.max_batch_size,
+        cache_len=runner.cache_len,
+        block_size=runner.block_size,
+        num_blocks=runner.num_blocks,
+        max_prefill_tokens=runner.max_prefill_tokens,
         graphs=graphs,
         model_args=asdict(args),
         checkpoint={
@@ -320,7 +320,7 @@ def compile_artifacts(
     loaded as ``torchtrt-dist compile`` does (the dense family's spec). ``max_seq_len``
     (default 256), ``max_batch_size`` (default 8), ``kv_cache_memory`` (bytes of KV cache per
     rank; default: ``max_batch_size`` sequences of ``max_seq_len`` tokens), ``block_size``,
-    ``max_prefill_tokens``: as for :class:`~torch_tensorrt_dist.generation.Generator`; the
+    ``max_prefill_tokens``: as for :class:`~torch_tensorrt_dist.generation.runner.ModelRunner`; the
     manifest records them and loading runs with them.
     ``quantize``: weight-only quantization of this rank's shard before export (the codes and
     scales are what ``weights.safetensors`` holds; the manifest records the scheme).

@@ -11,8 +11,9 @@ the tokenizer files match their sha256. It then loads its shard and graphs, and 
 rank has passed all of that (one exchange through the c10d store) does any rank go on; a rank's
 refusal stops every rank with its message. The weights come from the rank's safetensors shard
 (no pickle), the graphs from their packages, and the KV block pools start as zeros of the
-compiled size; :class:`ArtifactGenerator` is a :class:`Generator` whose step runs those graphs,
-so ``generate``, ``core()``, ``scheduler()`` and ``warmup_all()`` are the checkpoint path's.
+compiled size; :class:`ArtifactRunner` is a runner whose step runs those graphs, and the
+:class:`Generator` over it is the checkpoint path's (``generate``, ``core()``, ``scheduler()``,
+``warmup_all()``).
 """
 
 from __future__ import annotations
@@ -39,16 +40,17 @@ from torch_tensorrt_dist.artifacts.manifest import (
     verify_files,
 )
 from torch_tensorrt_dist.errors import ArtifactError
-from torch_tensorrt_dist.generation.generate import Generator, StepFn
+from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.generation.kv_memory import KVLayout, format_bytes, kv_layout_for
+from torch_tensorrt_dist.generation.runner import StepFn, StepRunner
 from torch_tensorrt_dist.models.dtypes import DTYPES
-from torch_tensorrt_dist.models.huge_pages import huge_page_tensors
 from torch_tensorrt_dist.models.llama_args import ModelArgs, RopeScaling
 from torch_tensorrt_dist.ops.groups import check_group_ranks
 from torch_tensorrt_dist.runtime.agree import agreed
+from torch_tensorrt_dist.runtime.huge_pages import huge_page_tensors
 
 __all__ = [
-    "ArtifactGenerator",
+    "ArtifactRunner",
     "check_groups",
     "check_options",
     "kv_layout_of",
@@ -161,10 +163,10 @@ def check_options(manifest: Manifest, given: Mapping[str, int | None]) -> None:
             )
 
 
-class ArtifactGenerator(Generator):
-    """:class:`Generator` over loaded graphs: ``_step`` runs the compiled graph that takes the
-    call's rows, tokens and blocks (``graphs.pick_graph``); the pool and limits are the
-    manifest's. Requests are checked against the compiled sequence length."""
+class ArtifactRunner(StepRunner):
+    """A runner over loaded graphs: its step runs the compiled graph that takes the call's
+    rows, tokens and blocks (``graphs.pick_graph``); the pool and limits are the manifest's.
+    Requests are checked against the compiled sequence length."""
 
     def __init__(
         self,
@@ -173,10 +175,7 @@ class ArtifactGenerator(Generator):
         *,
         device: torch.device,
         constants: dict[str, Tensor] | None = None,
-        load_s: float = 0.0,
-        prefix_caching: bool = True,
-        salt: bytes = b"",
-    ) -> None:  # Generator.__init__ builds and compiles a model: not called on purpose
+    ) -> None:
         missing = sorted({g.role for g in manifest.graphs} - set(graphs))
         if missing:
             raise ArtifactError(f"the graphs {missing} of the manifest were not loaded; recompile")
@@ -190,13 +189,12 @@ class ArtifactGenerator(Generator):
         self.max_prefill_tokens = manifest.max_prefill_tokens
         self.block_size, self.num_blocks = manifest.block_size, manifest.num_blocks
         self.layout = kv_layout_of(manifest)
-        self.prefix_caching, self.salt = prefix_caching, salt
         self.device = device
         self.limits = limits_of(manifest.graphs, manifest.block_size)
-        self.load_s = load_s
         self._graphs = dict(graphs)
-        self._step = self._run_graph
+        self.step = self._run_graph
         self.mark_dynamic = False  # packages: nothing traces the step (no Dynamo import)
+        self.pack = False  # the graphs take the step's rows unpacked
 
     def _run_graph(
         self, tokens: Tensor, start: Tensor, last: Tensor, past: Tensor, dest: Tensor
@@ -229,7 +227,7 @@ def load_generator(
     device: torch.device | str | None = None,
     prefix_caching: bool = True,
     salt: bytes = b"",
-) -> ArtifactGenerator:
+) -> Generator:
     """Check the artifacts, load this rank's shard and graphs, return a ready generator.
 
     Every rank checks and loads its own part, then the ranks agree (``runtime.agree``): if any
@@ -239,26 +237,20 @@ def load_generator(
     model's identity in prefix-cache keys."""
     start = time.perf_counter()
     with agreed("the artifact check"):
-        gen = _load_generator(root, tp=tp, pp=pp, device=device, prefix_caching=prefix_caching)
-        gen.salt = salt
-    gen.load_s = time.perf_counter() - start
+        runner = _load_runner(root, tp=tp, pp=pp, device=device)
+    runner.load_s = time.perf_counter() - start
     logger.info(
         "rank %d: loaded the artifacts of %s in %.2f s",
         dist.get_rank() if dist.is_initialized() else 0,
         root,
-        gen.load_s,
+        runner.load_s,
     )
-    return gen
+    return Generator(runner, prefix_caching=prefix_caching, salt=salt)
 
 
-def _load_generator(
-    root: str | Path,
-    *,
-    tp: int | None,
-    pp: int | None,
-    device: torch.device | str | None,
-    prefix_caching: bool,
-) -> ArtifactGenerator:
+def _load_runner(
+    root: str | Path, *, tp: int | None, pp: int | None, device: torch.device | str | None
+) -> ArtifactRunner:
     opened = open_artifacts(root, tp=tp, pp=pp)
     manifest, entry = opened.manifest, opened.manifest.rank_entry(opened.rank)
     dev = (
@@ -272,7 +264,7 @@ def _load_generator(
     )
     check_device(manifest, dev.type)
     constants = read_weights(opened.root / entry.files["weights"].path, dev)
-    if dev.type == "cpu":  # each step streams the weights (models/huge_pages.py); not the state
+    if dev.type == "cpu":  # each step streams the weights (runtime/huge_pages.py); not the state
         huge_page_tensors(constants.values())
     dtype = DTYPES[manifest.dtype]
     for name, shape in entry.state.items():
@@ -284,6 +276,4 @@ def _load_generator(
     # open_artifacts has just checked each file against these hashes: not read twice
     digests = {g.role: entry.files[g.role].sha256 for g in manifest.graphs}
     graphs = load_graphs(paths, constants, dev, digests)
-    return ArtifactGenerator(
-        manifest, graphs, device=dev, constants=constants, prefix_caching=prefix_caching
-    )
+    return ArtifactRunner(manifest, graphs, device=dev, constants=constants)

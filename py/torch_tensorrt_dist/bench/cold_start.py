@@ -65,7 +65,7 @@ def _rank(rank: int, world: int, model: str, out: str) -> dict[str, Any]:
     return {
         "ckpt_s": ckpt_s,
         "art_s": art_s,
-        "load_s": loaded.load_s,
+        "load_s": loaded.runner.load_s,
         "build_s": built.seconds,
         "same": ckpt_tokens == art_tokens,
     }

@@ -11,7 +11,7 @@ import torch
 from torch_tensorrt_dist.backend.explain import explain
 from torch_tensorrt_dist.backend.fake_world import fake_world
 from torch_tensorrt_dist.bench.common import Figure, bench_args
-from torch_tensorrt_dist.generation.generate import decode_example, paged_step, setup_example
+from torch_tensorrt_dist.generation.runner import decode_example, paged_step, setup_example
 from torch_tensorrt_dist.parallel.llama import LMHead
 from torch_tensorrt_dist.parallel.llama_load import random_llama
 

@@ -15,7 +15,7 @@ import torch._dynamo
 from torch_tensorrt_dist.backend import recording
 from torch_tensorrt_dist.backend.fake_world import fake_world
 from torch_tensorrt_dist.bench.common import Figure, bench_args
-from torch_tensorrt_dist.generation.generate import decode_example, paged_step, setup_example
+from torch_tensorrt_dist.generation.runner import decode_example, paged_step, setup_example
 from torch_tensorrt_dist.parallel.llama_load import random_llama
 
 __all__ = ["compile_overhead"]

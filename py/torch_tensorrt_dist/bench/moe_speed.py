@@ -117,7 +117,7 @@ BLOCK = 16  # setup_example's block size
 
 def _setup(model: Any, tokens: int) -> None:
     """A paged cache of exactly one sequence of ``tokens`` tokens (blocks 1..)."""
-    from torch_tensorrt_dist.generation.generate import setup_example
+    from torch_tensorrt_dist.generation.runner import setup_example
 
     setup_example(model, 1, tokens)
 
@@ -151,7 +151,7 @@ def _hf_decode(hf: Any) -> Callable[[], dict[str, Any]]:
 def _our_decode(model: Any, form: str) -> Callable[[], dict[str, Any]]:
     """Our compiled decode step with the experts' ``form``, after the first prompt (its
     prefill, plain PyTorch, untimed)."""
-    from torch_tensorrt_dist.generation.generate import compile_step, paged_step
+    from torch_tensorrt_dist.generation.runner import compile_step, paged_step
     from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 
     decode = compile_step(paged_step(model), "inductor")
@@ -176,7 +176,7 @@ def _our_decode(model: Any, form: str) -> Callable[[], dict[str, Any]]:
 
 def _our_prefill(model: Any, form: str, n: int) -> tuple[Callable[[], Any], float]:
     """Our compiled prefill of ``n`` tokens with the experts' ``form``, and its compile time."""
-    from torch_tensorrt_dist.generation.generate import compile_step, paged_step
+    from torch_tensorrt_dist.generation.runner import compile_step, paged_step
     from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 
     step = compile_step(paged_step(model), "inductor")

@@ -49,15 +49,15 @@ def decode_step_times(
     (see the module docstring). Runs with one torch thread, as a server's rank does."""
     import torch
 
-    from torch_tensorrt_dist.generation.generate import Generator
+    from torch_tensorrt_dist.generation.runner import ModelRunner
     from torch_tensorrt_dist.generation.step_inputs import step_inputs
     from torch_tensorrt_dist.parallel.llama_load import load_llama
 
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        gens = {
-            c: Generator(
+        runners = {
+            c: ModelRunner(
                 load_llama(path, progress=False),
                 engine=engine,
                 max_batch_size=max(rows),
@@ -66,14 +66,12 @@ def decode_step_times(
             for c in caches
         }
         calls = {}
-        for (c, gen), r in ((g, r) for g in gens.items() for r in rows):
-            n = blocks_for(live, gen.block_size)
+        for (c, run), r in ((g, r) for g in runners.items() for r in rows):
+            n = blocks_for(live, run.block_size)
             spans = [([1], live - 1, list(range(1 + i * n, 1 + (i + 1) * n))) for i in range(r)]
 
-            def call(gen: Any = gen, spans: Any = spans) -> None:
-                gen._step(
-                    *step_inputs(spans, gen.limits, gen.device, mark_dynamic=gen.mark_dynamic)
-                )
+            def call(run: ModelRunner = run, spans: Any = spans) -> None:
+                run.step(*step_inputs(spans, run.limits, run.device, mark_dynamic=run.mark_dynamic))
 
             with torch.no_grad():  # as timed below (and as the core calls it)
                 call()  # compiles this shape

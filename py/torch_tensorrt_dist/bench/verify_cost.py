@@ -21,7 +21,7 @@ from torch import fx
 from torch_tensorrt_dist.backend import recording
 from torch_tensorrt_dist.backend.verify import reference_graph, with_verification
 from torch_tensorrt_dist.bench.common import Figure, bench_args
-from torch_tensorrt_dist.generation.generate import decode_example, paged_step, setup_example
+from torch_tensorrt_dist.generation.runner import decode_example, paged_step, setup_example
 from torch_tensorrt_dist.parallel.llama_load import random_llama
 
 __all__ = ["verify_cost"]

@@ -13,6 +13,7 @@ from typing import Any, cast
 from torch_tensorrt_dist.config.jobs import GenerateJob
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank, check_kv_cache
+from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.models.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["Output", "build", "check", "request", "run"]
@@ -34,7 +35,7 @@ def check(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
 
 @dataclass
 class Built:
-    generator: Any
+    generator: Generator
     tokenizer: Tokenizer
     prompts: list[list[int]]
 
@@ -53,7 +54,8 @@ def run(rank: Rank, built: Built) -> int:
     on_step = out.on_step()
     compile_s: float | None = None
     if job.warmup and plan.manifest is None:  # artifacts compile nothing
-        compile_s = gen.warmup(max(map(len, prompts)), job.max_new_tokens, len(prompts))
+        longest = max(map(len, prompts))
+        compile_s = gen.warmup(longest, job.max_new_tokens, len(prompts), progress=True)
     result = gen.generate(
         prompts,
         max_new_tokens=job.max_new_tokens,
@@ -62,15 +64,21 @@ def run(rank: Rank, built: Built) -> int:
         on_step=on_step,
     )
     p = plan.parallel
-    fields = {"tp": p.tp, "pp": p.pp, "ep": p.ep, "engine": gen.engine, "dtype": plan.dtype}
+    fields: dict[str, Any] = {
+        "tp": p.tp,
+        "pp": p.pp,
+        "ep": p.ep,
+        "engine": gen.runner.engine,
+        "dtype": plan.dtype,
+    }
     fields |= {"model": plan.source, "quantize": plan.quantize, "threads": rank.threads}
     if plan.manifest is not None:
-        fields["load_s"] = gen.load_s
-        status = f"[tp={p.tp} {gen.engine}] load {gen.load_s:.2f} s,"
+        fields["load_s"] = gen.runner.load_s
+        status = f"[tp={p.tp} {gen.runner.engine}] load {gen.runner.load_s:.2f} s,"
     else:
         fields["compile_s"] = compile_s
         q = "" if config.quantize is None else f" {config.quantize.describe()}"
-        status = f"[pp={p.pp} tp={p.tp} engine={gen.engine}{q}]"
+        status = f"[pp={p.pp} tp={p.tp} engine={gen.runner.engine}{q}]"
         status += f" compile {compile_s:.1f} s," if compile_s else ""
     out.result(result, fields, status)
     return 0
@@ -87,14 +95,14 @@ class Output:
         #: a single prompt without --json is streamed as it is generated
         self.streaming = rank == 0 and not job.json and len(job.prompts) == 1
 
-    def on_step(self) -> Callable[[list[int]], None] | None:
+    def on_step(self) -> Callable[[list[list[int]]], None] | None:
         """The generator's per-step callback (None when nothing is streamed); prints the
         prompt first."""
         if not self.streaming:
             return None
         print(self.job.prompts[0], end="", flush=True)
 
-        def step(step_ids: list[int]) -> None:
+        def step(step_ids: list[list[int]]) -> None:
             piece = self.stream.push(step_ids, self.stop_ids)[0]
             if piece:
                 print(piece, end="", flush=True)

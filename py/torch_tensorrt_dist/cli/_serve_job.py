@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -14,6 +14,7 @@ from torch_tensorrt_dist.config.jobs import ServeJob
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank, check_kv_cache
+from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
 __all__ = ["API_KEY_ENV", "DEFAULT_MAX_SEQ", "DEFAULT_ROWS", "build", "check", "run"]
@@ -44,7 +45,7 @@ def check(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
 
 @dataclass
 class Built:
-    generator: Any
+    generator: Generator
     tokenizer: Tokenizer
     rows: int
     cache_len: int
@@ -75,7 +76,7 @@ def _ready(rank: Rank, built: Built, name: str, url: str, warm_s: float, loop: s
     stages = f"pp={p.pp} " if p.pp > 1 else ""
     print(
         f"serving {name} at {url}/v1 ({stages}tp={p.tp} ep={p.ep}, engine "
-        f"{built.generator.engine}, "
+        f"{built.generator.runner.engine}, "
         f"{built.rows} rows x {built.cache_len} tokens, HTTP on {loop}, "
         f"warm-up {warm_s:.1f} s)",
         flush=True,
@@ -93,7 +94,7 @@ def run(rank: Rank, built: Built) -> int:
     import torch.distributed as dist
 
     from torch_tensorrt_dist.serving.chat import load_chat_template
-    from torch_tensorrt_dist.serving.server import ServeConfig, serve_rank
+    from torch_tensorrt_dist.serving.server import serve_rank
 
     job = cast(ServeJob, rank.config.job)
     control: dist.ProcessGroup | None = None
@@ -110,18 +111,7 @@ def run(rank: Rank, built: Built) -> int:
         tokenizer=built.tokenizer,
         chat=load_chat_template(rank.plan.tokenizer_dir),
         stop_ids=tuple(built.tokenizer.eos_ids or rank.plan.args.eos_token_ids),
-        config=ServeConfig(
-            host=job.host,
-            port=job.port,
-            api_key=job.api_key,
-            max_queue=job.max_queue,
-            drain_timeout_s=job.drain_timeout,
-            model_name=name,
-            step_timeout_s=job.step_timeout,
-            tool_call_parser=job.tool_call_parser,
-            reasoning_parser=job.reasoning_parser,
-            write_timeout_s=job.write_timeout,
-        ),
+        config=replace(job, served_model_name=name),
         control=control,
         on_ready=lambda url, s, loop: _ready(rank, built, name, url, s, loop),
         signals=built.signals,

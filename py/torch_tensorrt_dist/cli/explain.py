@@ -115,18 +115,18 @@ def _llama(mesh: Any, args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
     """The decode step (``--batch`` rows, each at its own position over its own KV blocks of a
     64-token cache) of the Llama TP plan, or with ``--graph prefill`` the prefill of one
     ``--seq``-token chunk."""
-    from torch_tensorrt_dist.generation import generate
+    from torch_tensorrt_dist.generation import runner
     from torch_tensorrt_dist.parallel.llama_load import random_llama
 
     model = random_llama(
         _llama_args(args), group=mesh.get_group(), lm_head=args.lm_head, embedding=args.embedding
     )
-    generate.setup_example(model, args.batch, 64)
+    runner.setup_example(model, args.batch, 64)
     if getattr(args, "graph", "decode") == "prefill":
         if not 2 <= args.seq <= 64:
             raise ConfigError(f"--seq {args.seq}: a prefill chunk must be in [2, 64]")
-        return generate.paged_step(model), generate.prefill_example(args.seq)
-    return generate.paged_step(model), generate.decode_example(args.batch)
+        return runner.paged_step(model), runner.prefill_example(args.seq)
+    return runner.paged_step(model), runner.decode_example(args.batch)
 
 
 _MOE_HELP = "MoE decode step at --ep x --tp (a --checkpoint's config, or 8 experts, top 2)"

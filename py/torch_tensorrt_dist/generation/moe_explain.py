@@ -20,7 +20,7 @@ import torch
 
 from torch_tensorrt_dist.backend.explain import ExplainReport, explain
 from torch_tensorrt_dist.backend.fake_world import fake_world
-from torch_tensorrt_dist.generation.generate import (
+from torch_tensorrt_dist.generation.runner import (
     decode_example,
     paged_step,
     prefill_example,

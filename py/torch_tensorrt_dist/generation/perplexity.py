@@ -106,7 +106,7 @@ def perplexity(
     verify: bool | None = None,
 ) -> PerplexityResult:
     """Perplexity of ``model`` over ``ids`` (see the module docstring)."""
-    from torch_tensorrt_dist.generation.generate import DEFAULT_BLOCK_SIZE, compile_step
+    from torch_tensorrt_dist.generation.runner import DEFAULT_BLOCK_SIZE, compile_step
 
     spans = windows(len(ids), window, stride)
     length = max(w.end - w.begin for w in spans)

@@ -17,23 +17,26 @@ serving, prefix caching, chunked prefill and preemption work as they do without 
 
 from __future__ import annotations
 
-from typing import Any
+from typing_extensions import Unpack
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.generate import Generator
+from torch_tensorrt_dist.generation.generate import Generator, RunnerOptions
+from torch_tensorrt_dist.generation.runner import ModelRunner
 from torch_tensorrt_dist.generation.stage_step import StageLinks, StageStep
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.parallel.pipeline import StagePlace
 
-__all__ = ["PipelineGenerator"]
+__all__ = ["PipelineGenerator", "PipelineRunner"]
 
 
-class PipelineGenerator(Generator):
-    """A :class:`Generator` over one pipeline stage (call it on every rank). ``model`` is the
-    rank's stage (``load_llama(..., stage=place.role)``, ``load_moe``, ``random_llama``);
-    the keyword options are the generator's."""
+class PipelineRunner(ModelRunner):
+    """A :class:`ModelRunner` over one pipeline stage (build it on every rank): its step is
+    this stage's part between its neighbours (``stage_step.StageStep``). ``model`` is the
+    rank's stage (``load_llama(..., stage=place.role)``, ``load_moe``, ``random_llama``)."""
 
-    def __init__(self, model: Transformer, place: StagePlace, **options: Any) -> None:
+    def __init__(
+        self, model: Transformer, place: StagePlace, **options: Unpack[RunnerOptions]
+    ) -> None:
         lay = place.layout
         if model.stage != place.role:
             raise ConfigError(
@@ -51,4 +54,20 @@ class PipelineGenerator(Generator):
             dtype=model.blocks[0].attention_norm.weight.dtype,
             device=self.device,
         )
-        self._step = StageStep(self._step, links, self.limits, mark_dynamic=self.mark_dynamic)
+        self.step = StageStep(self.step, links, self.limits, mark_dynamic=self.mark_dynamic)
+
+
+class PipelineGenerator(Generator):
+    """A :class:`Generator` over a :class:`PipelineRunner` (call it on every rank)."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        place: StagePlace,
+        *,
+        prefix_caching: bool = True,
+        salt: bytes = b"",
+        **options: Unpack[RunnerOptions],
+    ) -> None:
+        runner = PipelineRunner(model, place, **options)
+        super().__init__(runner, prefix_caching=prefix_caching, salt=salt)

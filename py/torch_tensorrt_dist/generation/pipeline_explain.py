@@ -22,7 +22,7 @@ from torch_tensorrt_dist.backend.explain import ExplainReport, explain
 from torch_tensorrt_dist.backend.fake_world import fake_world
 from torch_tensorrt_dist.backend.report import format_table
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.generate import decode_example, paged_step, setup_example
+from torch_tensorrt_dist.generation.runner import decode_example, paged_step, setup_example
 from torch_tensorrt_dist.generation.stage_step import (
     Transfer,
     mark_hidden_dims,

@@ -1,46 +1,78 @@
-"""Transparent huge pages for torch's large CPU tensors in each rank of a command.
+"""Transparent huge pages (Linux) for torch's CPU tensors: the allocator's hint for each rank's
+large allocations, and a model's weights moved into one advised region before its step compiles.
 
-    state = use_huge_pages()     # before the rank's first large allocation; logged
+    state = use_huge_pages()             # before the rank's first large allocation; logged
+    moved = huge_page_weights(model)     # bytes moved; 0 where it does not apply
+    huge_page_tensors(weights.values())  # the same for loose tensors (artifacts/load.py)
 
-torch's CPU allocator asks the kernel for huge pages (``madvise(MADV_HUGEPAGE)``) on every
-allocation of 2 MiB or more when ``THP_MEM_ALLOC_ENABLE`` is set; it reads that variable once,
-at the process's first such allocation. Every command that runs a model (``generate``,
-``serve``, ``eval``, ``compile``, ``bench``) turns it on in each rank before loading anything,
-unless the environment sets it (``THP_MEM_ALLOC_ENABLE=0`` keeps it off). In the command's own
-process the variable is set for that first allocation only and then restored, so the
-processes it starts (a bench's reference server) get the environment their user gave; the
-ranks a command launches get it in their environment (:func:`rank_env`).
+Why: a CPU decode step reads every weight once per step, so it runs at the speed the weights
+stream from the caches or from memory. With 4 KiB pages the 25 MB of the bench checkpoint's
+weights span 6,400 pages, far more than the TLB holds; scattered over them they compete for
+the L3's sets unevenly, and once a neighbour (the HTTP process, a client) evicts part of them
+the prefetchers stop at every page edge. docs/performance.md has the measured gains.
 
-Why: a CPU decode step reads every weight once per step, and with 4 KiB pages the 25 MB of
-the bench checkpoint's weights span 6,400 pages, far more than the TLB holds. On this AMD EPYC
-(the system's THP mode ``madvise``) 48 prompts x 64 tokens through ``Generator`` at 32 rows made
-1,246-1,266 tok/s with huge pages against 1,000-1,141 without; the serving figures are in
-docs/performance.md. Where the system's mode is ``never`` nothing changes; where it is
+**The allocator's hint.** torch's CPU allocator asks the kernel for huge pages
+(``madvise(MADV_HUGEPAGE)``) on every allocation of 2 MiB or more when ``THP_MEM_ALLOC_ENABLE``
+is set; it reads that variable once, at the process's first such allocation. Every command
+that runs a model (``generate``, ``serve``, ``eval``, ``compile``, ``bench``) turns it on in
+each rank before loading anything, unless the environment sets it (``THP_MEM_ALLOC_ENABLE=0``
+keeps it off). In the command's own process the variable is set for that first allocation
+only and then restored, so the processes it starts (a bench's reference server) get the
+environment their user gave; the ranks a command launches get it in their environment
+(:func:`rank_env`). Where the system's mode is ``never`` nothing changes; where it is
 ``always`` the pages are huge already.
+
+**The weights' move** (:func:`huge_page_weights`, :func:`huge_page_tensors`), for the tensors
+under 2 MiB the hint leaves, and to lay the weights side by side: one anonymous private
+mapping, 2 MiB aligned and advised ``MADV_HUGEPAGE``; each storage of the tensors is copied
+into it (64-byte aligned) as a storage of its own over that part of the mapping, and every
+tensor over it rebound (``.data``) to a view of the same size, strides and storage offset:
+tied weights stay tied, column-major weights stay column-major (``weight_layout.py``). A
+storage of its own, not views of one storage of the whole mapping: code that reads a tensor's
+bytes from its storage's start plus an offset of its own (Inductor's C++ GEMM template
+packing a constant weight did, with offset 0: it packed the mapping's first bytes, zeros)
+reads the same bytes as before the move. The old storage goes as soon as nothing else holds
+it, so the peak is the weights plus one storage. Before the step compiles: a compiled graph
+that took a tensor as a constant would keep the old one. Only plain strided CPU tensors move
+(DTensor parameters stay where they are; the paged KV pools, written every step and sized by
+their own budget, are left by the runner), only where transparent huge pages are not
+``never``; ``TORCH_TENSORRT_DIST_HUGE_PAGES=0`` turns the move off.
 """
 
 from __future__ import annotations
 
+import logging
+import mmap
 import os
-from collections.abc import MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 __all__ = [
+    "HUGE_PAGES_ENV",
     "THP_ENV",
     "HugePages",
     "huge_kib",
+    "huge_page_tensors",
+    "huge_page_weights",
+    "huge_pages_available",
     "rank_env",
     "system_thp_mode",
     "use_huge_pages",
     "wanted",
 ]
 
+logger = logging.getLogger(__name__)
+
 THP_ENV = "THP_MEM_ALLOC_ENABLE"
+HUGE_PAGES_ENV = "TORCH_TENSORRT_DIST_HUGE_PAGES"
 _SYSTEM_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 #: torch's threshold for the hint (``c10/core/impl/alloc_cpu.cpp``: ``gAlloc_threshold_thp``)
 _THRESHOLD = 2 * 1024 * 1024
+_PAGE = 2 << 20  # a transparent huge page on x86-64 and most arm64 kernels
+_ALIGN = 64
 
 
 @dataclass(frozen=True)
@@ -140,4 +172,76 @@ def huge_kib(lo: int, hi: int, smaps: str = "/proc/self/smaps") -> int | None:
                     total += int(line.split()[1])
     except (OSError, ValueError):
         return None
+    return total
+
+
+def huge_pages_available(mode: str | None = None) -> bool:
+    """Transparent huge pages can back an advised mapping here (Linux, the system's THP mode
+    ``always`` or ``madvise``: ``mode``, default the system's), and
+    ``$TORCH_TENSORRT_DIST_HUGE_PAGES`` is not ``0``."""
+    if os.environ.get(HUGE_PAGES_ENV, "").strip() == "0":
+        return False
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    return (mode or system_thp_mode()) in ("always", "madvise")
+
+
+def _movable(t: torch.Tensor) -> bool:
+    return (
+        type(t) in (torch.Tensor, nn.Parameter)
+        and t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and t.untyped_storage().nbytes() > 0
+    )
+
+
+def _tensors(model: nn.Module, skip: tuple[type[nn.Module], ...]) -> Iterator[torch.Tensor]:
+    """The model's parameters and buffers (a tied weight more than once), but those of the
+    modules of the ``skip`` types."""
+    for module in model.modules():
+        if not isinstance(module, skip):
+            yield from module.parameters(recurse=False)
+            yield from (b for b in module.buffers(recurse=False) if b is not None)
+
+
+def huge_page_weights(model: nn.Module, *, skip: tuple[type[nn.Module], ...] = ()) -> int:
+    """Move the storages of ``model``'s parameters and buffers (but those of the modules of
+    the ``skip`` types) into huge pages (module docstring); returns the bytes moved (0: not
+    available here, or nothing to move)."""
+    return huge_page_tensors(_tensors(model, skip))
+
+
+def huge_page_tensors(tensors: Iterable[torch.Tensor]) -> int:
+    """Move the storages of ``tensors`` (the plain strided CPU ones; the others are left)
+    into one region of huge pages, each tensor rebound to a view of the same size, strides
+    and offset there; returns the bytes moved (0: not available here, or nothing to move).
+    Call it before anything takes the tensors' addresses (a compiled graph, a package's
+    shared constants)."""
+    if not huge_pages_available():
+        return 0
+    unique = {id(t): t for t in tensors if _movable(t)}
+    by_storage: dict[int, list[torch.Tensor]] = {}  # the tensors over each storage
+    for t in unique.values():
+        by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(t)
+    if not by_storage:
+        return 0
+    offsets, total = {}, 0
+    for ptr, group in by_storage.items():
+        offsets[ptr] = total
+        total += -(-group[0].untyped_storage().nbytes() // _ALIGN) * _ALIGN
+    region = mmap.mmap(-1, total + _PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    region.madvise(mmap.MADV_HUGEPAGE)
+    start = -torch.frombuffer(region, dtype=torch.uint8, count=1).data_ptr() % _PAGE
+    with torch.no_grad():
+        for ptr, group in by_storage.items():
+            old = group[0].untyped_storage()  # freed once its tensors are rebound
+            n = old.nbytes()
+            # a storage of its own at this part of the mapping (each keeps the mapping alive)
+            raw = torch.frombuffer(region, dtype=torch.uint8, count=n, offset=start + offsets[ptr])
+            raw.copy_(torch.empty(0, dtype=torch.uint8).set_(old))
+            for t in group:
+                t.data = raw.view(t.dtype).as_strided(t.size(), t.stride(), t.storage_offset())
+            del old
+    logger.debug("moved %d bytes of weights into huge pages", total)
     return total

@@ -1,6 +1,6 @@
 """One rank of ``torchtrt-dist serve``: warm up, then run the step loop; rank 0 also serves HTTP.
 
-    code = serve_rank(gen, tokenizer=tok, chat=template, stop_ids=(2,), config=ServeConfig(),
+    code = serve_rank(gen, tokenizer=tok, chat=template, stop_ids=(2,), config=ServeJob(),
                       control=dist.new_group(backend="gloo"))       # every rank
 
 Rank 0 serves on a socket bound before the model loads (``http.bind_socket``, passed as
@@ -8,16 +8,16 @@ Rank 0 serves on a socket bound before the model loads (``http.bind_socket``, pa
 answers 503 while the graphs compile), then every rank compiles every prefill bucket and the
 decode graph, measures the control channel's latency, and enters the step loop. SIGTERM (or
 SIGINT) on rank 0 starts a drain: new requests get 503, running ones finish (at most
-``drain_timeout_s``), then rank 0 tells every rank to stop and each exits 0. Other ranks note
+``config.drain_timeout``), then rank 0 tells every rank to stop and each exits 0. Other ranks note
 those signals: they leave the loop when rank 0 says so, or when a collective fails because a
 peer died. When a step fails on rank 0 (a rank died), every request in flight gets a 503 and the
 rank exits non-zero.
 
 Liveness (``watchdog.py``): every rank other than 0 writes a heartbeat into the c10d store; rank
 0's watchdog turns ``/health`` to 503, fails what is in flight and ends the server, naming the
-rank that did not answer, when a step runs ``step_timeout_s`` without returning. A signal is
+rank that did not answer, when a step runs ``config.step_timeout`` without returning. A signal is
 seen at once even while the main thread is stuck (``signals.py``): rank 0 stops accepting, and
-a rank still running ``drain_timeout_s + DRAIN_GRACE_S`` after it ends itself.
+a rank still running ``drain_timeout + DRAIN_GRACE_S`` after it ends itself.
 """
 
 from __future__ import annotations
@@ -40,9 +40,8 @@ import torch
 import torch.distributed as dist
 
 from torch_tensorrt_dist.config.jobs import (
-    DEFAULT_STEP_TIMEOUT_S,
-    DEFAULT_WRITE_TIMEOUT_S,
     DRAIN_GRACE_S,
+    ServeJob,
 )
 from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError, StepTimeoutError
 from torch_tensorrt_dist.generation.generate import Generator
@@ -64,7 +63,7 @@ from torch_tensorrt_dist.serving.watchdog import (
     beat_interval,
 )
 
-__all__ = ["DEFAULT_STEP_TIMEOUT_S", "ServeConfig", "ServeResult", "serve_rank", "settle_heap"]
+__all__ = ["IDLE_TICK_S", "ServeResult", "serve_rank", "settle_heap"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,28 +83,8 @@ GIL_SWITCH_S = 5e-5
 GIL_SWITCH_HELD_S = 5e-4
 
 
-@dataclass(frozen=True)
-class ServeConfig:
-    """Options of a server (``torchtrt-dist serve``)."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    """0 picks a free port (the URL passed to ``on_ready`` has the real one)."""
-    api_key: str | None = None
-    max_queue: int = 64
-    """Requests that may wait for a slot; more get 429."""
-    drain_timeout_s: float = 20.0
-    idle_tick_s: float = 0.5
-    """How often an idle rank 0 still opens a step (the other ranks wait in it)."""
-    model_name: str = "model"
-    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
-    """A step that runs longer fails the server, naming the rank that did not answer."""
-    tool_call_parser: str | None = None
-    """How tool_choice "auto" reads calls (None: the chat template's, ``tools.served_format``)."""
-    reasoning_parser: str | None = None
-    """Split ``<think>`` reasoning into ``reasoning_content`` (None: off)."""
-    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
-    """A stream whose client does not take one write for this long is cut (``stream_out``)."""
+#: how often an idle rank 0 still opens a step (the other ranks wait in it)
+IDLE_TICK_S = 0.5
 
 
 @dataclass
@@ -126,20 +105,21 @@ def serve_rank(
     tokenizer: Tokenizer,
     chat: ChatTemplate | None,
     stop_ids: tuple[int, ...],
-    config: ServeConfig,
+    config: ServeJob,
     control: dist.ProcessGroup | None,
     on_ready: Callable[[str, float, str], None] | None = None,
     signals: StopSignals | None = None,
     sock: socket.socket | None = None,
 ) -> ServeResult:
     """Run this rank's part of the server until it stops (see the module docstring).
-    ``signals``: installed before the model loaded (else now); ``sock``: rank 0's bound
-    socket (else bound now)."""
+    ``config``: the ``serve`` command's options (its ``served_model_name`` resolved: the name
+    the API shows, ``model`` when None); ``signals``: installed before the model loaded (else
+    now); ``sock``: rank 0's bound socket (else bound now)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     signals = signals or StopSignals()
     core = gen.core(tokenizer=tokenizer, text=rank == 0)
     core.isolate = True  # one request's failure fails that request only (every rank alike)
-    core.grammars, grammar_error = _grammars(tokenizer, gen.args.vocab_size, stop_ids)
+    core.grammars, grammar_error = _grammars(tokenizer, gen.runner.args.vocab_size, stop_ids)
     loop = StepLoop(core, ControlChannel(control))
     if rank != 0:
         gen.warmup_all(stop=lambda: _stop_agreed(control, signals))
@@ -147,9 +127,9 @@ def serve_rank(
         measure_latency(control)
         _rank_pids(control)
         beat = Heartbeat(
-            _store(), rank, loop.progress, beat_s=beat_interval(config.step_timeout_s)
+            _store(), rank, loop.progress, beat_s=beat_interval(config.step_timeout)
         ).start()
-        signals.deadline(config.drain_timeout_s + 2 * DRAIN_GRACE_S, lambda: _end_by(signals))
+        signals.deadline(config.drain_timeout + 2 * DRAIN_GRACE_S, lambda: _end_by(signals))
         try:
             loop.follow()
         finally:
@@ -190,7 +170,7 @@ def _lead(
     tokenizer: Tokenizer,
     chat: ChatTemplate | None,
     stop_ids: tuple[int, ...],
-    config: ServeConfig,
+    config: ServeJob,
     control: dist.ProcessGroup | None,
     on_ready: Callable[[str, float, str], None] | None,
     signals: StopSignals,
@@ -207,19 +187,21 @@ def _lead(
     state, metrics = ServerState(), Metrics()
     sock = sock or bind_socket(config.host, config.port)
 
-    def check(prompt_len: int, max_new: int) -> None:
-        gen.check([[0] * prompt_len], max_new)
+    run = gen.runner
 
-    limits = request_limits(tokenizer, cache_len=gen.cache_len)
+    def check(prompt_len: int, max_new: int) -> None:
+        run.check([[0] * prompt_len], max_new)
+
+    limits = request_limits(tokenizer, cache_len=run.cache_len)
     model = ServedModel(
-        config.model_name,
+        config.served_model_name or "model",
         tokenizer,
         chat,
-        gen.cache_len,
-        gen.args.vocab_size,
+        run.cache_len,
+        run.args.vocab_size,
         check,
         limits,
-        rows=gen.max_batch_size,
+        rows=run.max_batch_size,
         max_queue=config.max_queue,
         grammars=loop.core.grammars,
         grammar_error=grammar_error,
@@ -237,7 +219,7 @@ def _lead(
             time.sleep(1.0)  # let HTTP send the 503s
         end_now(1, RuntimeError(reason))
 
-    streams = StreamLimits(config.write_timeout_s)
+    streams = StreamLimits(config.write_timeout)
     metrics.writes_elsewhere()  # the client-side metrics are measured in the HTTP process
     # the HTTP server in a forked child (``frontend.py``)
     http = HttpProcess(
@@ -265,12 +247,12 @@ def _lead(
         end_now(1, StepTimeoutError(reason, failed_rank=blame))
 
     def hang(verdict: Verdict) -> None:
-        stop_now(f"{verdict.message()} (--step-timeout {config.step_timeout_s:g} s)", verdict)
+        stop_now(f"{verdict.message()} (--step-timeout {config.step_timeout:g} s)", verdict)
 
     def late() -> None:
         verdict = dog.verdict() if dog is not None else None
         why = f": {verdict.message()}" if verdict is not None else ""
-        stop_now(f"the drain did not end within {config.drain_timeout_s:g} s{why}", verdict)
+        stop_now(f"the drain did not end within {config.drain_timeout:g} s{why}", verdict)
 
     leader = Leader(
         loop,
@@ -278,24 +260,24 @@ def _lead(
         inbox,
         state,
         stop_ids=stop_ids,
-        idle_tick_s=config.idle_tick_s,
-        drain_timeout_s=config.drain_timeout_s,
+        idle_tick_s=IDLE_TICK_S,
+        drain_timeout_s=config.drain_timeout,
         on_token=metrics.token,
         on_step=lambda lead: _observe(lead, metrics),
     )
     dog: Watchdog | None = None
     try:
-        warm = gen.warmup_all(stop=lambda: _stop_agreed(control, signals))
+        warm = gen.warmup_all(stop=lambda: _stop_agreed(control, signals), progress=True)
         settle_heap()
         metrics.control_latency.set(measure_latency(control))
         state.pids = _rank_pids(control)
         dog = _watchdog(control, loop.progress, config, hang)
-        signals.deadline(config.drain_timeout_s + DRAIN_GRACE_S, late)
+        signals.deadline(config.drain_timeout + DRAIN_GRACE_S, late)
         if state.state == "warming":
             state.set("ready")
             if on_ready is not None:
                 on_ready(http.url, warm, f"{http.loop}, own process")  # URL, warm-up s, HTTP
-        with _gil_switch(_switch_interval(gen.engine)):
+        with _gil_switch(_switch_interval(run.engine)):
             leader.run()
     except Exception as exc:  # a failed collective (a rank died) or a failed graph
         verdict = dog.verdict() if dog is not None else None
@@ -337,14 +319,14 @@ def _store() -> object:
 def _watchdog(
     control: dist.ProcessGroup | None,
     progress: StepProgress,
-    config: ServeConfig,
+    config: ServeJob,
     on_hang: Callable[[Verdict], None],
 ) -> Watchdog:
     peers = None
     if control is not None:
         ranks = [r for r in dist.get_process_group_ranks(control) if r != dist.get_rank()]
         peers = PeerBeats(_store(), ranks)
-    return Watchdog(progress, peers, timeout_s=config.step_timeout_s, on_hang=on_hang).start()
+    return Watchdog(progress, peers, timeout_s=config.step_timeout, on_hang=on_hang).start()
 
 
 def _blamed(exc: Exception, verdict: Verdict | None) -> tuple[BaseException, str]:
