@@ -12,8 +12,8 @@ from torch import nn
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.models.demo import demo_checkpoint_path
 from torch_tensorrt_dist.parallel.llama_load import load_llama
+from torch_tensorrt_dist.runtime import huge_pages
 from torch_tensorrt_dist.runtime.huge_pages import (
-    HUGE_PAGES_ENV,
     huge_kib,
     huge_page_tensors,
     huge_page_weights,
@@ -115,8 +115,10 @@ def test_loose_tensors_move_into_one_aligned_region_with_their_values() -> None:
     assert _huge_kib(big.data_ptr(), big.data_ptr() + big.nbytes) >= 2048
 
 
-def test_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(HUGE_PAGES_ENV, "0")
+def test_nothing_moves_where_the_system_gives_no_huge_pages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(huge_pages, "system_thp_mode", lambda: "never")
     assert not huge_pages_available()
     m = _model()
     ptrs = [p.data_ptr() for p in m.parameters()]
@@ -136,10 +138,10 @@ def test_the_generator_moves_its_weights_not_its_pools_and_keeps_the_tokens(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     prompt = [[5, 17, 301, 44, 9]]
-    monkeypatch.setenv(HUGE_PAGES_ENV, "0")
-    plain = Generator(load_llama(demo_checkpoint_path(), progress=False), cache_len=64)
+    with monkeypatch.context() as never:  # the reference: a system without huge pages
+        never.setattr(huge_pages, "system_thp_mode", lambda: "never")
+        plain = Generator(load_llama(demo_checkpoint_path(), progress=False), cache_len=64)
     want = plain.generate(prompt, max_new_tokens=8).tokens
-    monkeypatch.delenv(HUGE_PAGES_ENV)
     model = load_llama(demo_checkpoint_path(), progress=False)
     gen = Generator(model, cache_len=64)
     assert gen.generate(prompt, max_new_tokens=8).tokens == want

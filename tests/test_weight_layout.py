@@ -15,7 +15,7 @@ from torch_tensorrt_dist.models.weight_layout import (
     row_major_linears,
 )
 from torch_tensorrt_dist.quantization import QuantConfig, quantize_model
-from torch_tensorrt_dist.runtime.huge_pages import HUGE_PAGES_ENV
+from torch_tensorrt_dist.runtime import huge_pages
 
 ARGS = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, intermediate_size=96)
 
@@ -89,8 +89,8 @@ def test_the_inductor_generator_lays_out_its_linears(
 def test_reduce_copies_no_float32_weight(monkeypatch: pytest.MonkeyPatch) -> None:
     """Row-major as loaded, a float32 weight keeps its storage under ``reduce`` (it is not laid
     out column-major and back; the move into huge pages, which copies every weight once, is
-    off here: tests/test_weight_huge_pages.py)."""
-    monkeypatch.setenv(HUGE_PAGES_ENV, "0")
+    off here, as on a system whose THP mode is never: tests/test_weight_huge_pages.py)."""
+    monkeypatch.setattr(huge_pages, "system_thp_mode", lambda: "never")
     model = _model()
     storages = {n: w.data_ptr() for n, w in _linears(model).items()}
     Generator(model, engine="inductor", max_batch_size=2, cache_len=32, cpu_gemm="reduce")

@@ -36,7 +36,7 @@ it, so the peak is the weights plus one storage. Before the step compiles: a com
 that took a tensor as a constant would keep the old one. Only plain strided CPU tensors move
 (DTensor parameters stay where they are; the paged KV pools, written every step and sized by
 their own budget, are left by the runner), only where transparent huge pages are not
-``never``; ``TORCH_TENSORRT_DIST_HUGE_PAGES=0`` turns the move off.
+``never``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ import torch
 from torch import nn
 
 __all__ = [
-    "HUGE_PAGES_ENV",
     "THP_ENV",
     "HugePages",
     "huge_kib",
@@ -67,7 +66,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 THP_ENV = "THP_MEM_ALLOC_ENABLE"
-HUGE_PAGES_ENV = "TORCH_TENSORRT_DIST_HUGE_PAGES"
 _SYSTEM_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 #: torch's threshold for the hint (``c10/core/impl/alloc_cpu.cpp``: ``gAlloc_threshold_thp``)
 _THRESHOLD = 2 * 1024 * 1024
@@ -177,10 +175,7 @@ def huge_kib(lo: int, hi: int, smaps: str = "/proc/self/smaps") -> int | None:
 
 def huge_pages_available(mode: str | None = None) -> bool:
     """Transparent huge pages can back an advised mapping here (Linux, the system's THP mode
-    ``always`` or ``madvise``: ``mode``, default the system's), and
-    ``$TORCH_TENSORRT_DIST_HUGE_PAGES`` is not ``0``."""
-    if os.environ.get(HUGE_PAGES_ENV, "").strip() == "0":
-        return False
+    ``always`` or ``madvise``: ``mode``, default the system's)."""
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return False
     return (mode or system_thp_mode()) in ("always", "madvise")
