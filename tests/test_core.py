@@ -285,3 +285,24 @@ def test_prefix_caching_off_computes_everything(cases: dict[str, Any]) -> None:
     off = run_schedule(make_generator(model, prefix_caching=False), jobs, ())
     assert on["cached"] == {1: 28} and off["cached"] == {}
     assert on["tokens"] == off["tokens"]
+
+
+def test_a_generator_over_a_runner_built_already_takes_no_model_options() -> None:
+    """``Generator(runner)`` runs that runner's step (the same tokens as ``Generator(model)``);
+    a model's options given beside a runner are refused, naming them."""
+    from torch_tensorrt_dist.generation.runner import ModelRunner
+    from torch_tensorrt_dist.models.llama_args import ModelArgs
+    from torch_tensorrt_dist.parallel.llama_load import random_llama
+
+    args = ModelArgs.from_name("tiny")
+    runner = ModelRunner(random_llama(args, seed=0), max_batch_size=2, cache_len=32)
+    gen = Generator(runner)
+    assert gen.runner is runner
+    want = Generator(random_llama(args, seed=0), max_batch_size=2, cache_len=32)
+    prompts = [[5, 6, 7], [9]]
+    assert (
+        gen.generate(prompts, max_new_tokens=4).tokens
+        == want.generate(prompts, max_new_tokens=4).tokens
+    )
+    with pytest.raises(ConfigError, match=r"the options \['cache_len', 'engine'\] are a model's"):
+        Generator(runner, engine="inductor", cache_len=16)

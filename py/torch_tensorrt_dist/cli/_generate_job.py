@@ -51,11 +51,11 @@ def run(rank: Rank, built: Built) -> int:
     gen, tok, prompts = built.generator, built.tokenizer, built.prompts
     stop_ids = tok.eos_ids or plan.args.eos_token_ids
     out = Output(job, tok, stop_ids, rank.index)
-    on_step = out.on_step()
     compile_s: float | None = None
     if job.warmup and plan.manifest is None:  # artifacts compile nothing
         longest = max(map(len, prompts))
         compile_s = gen.warmup(longest, job.max_new_tokens, len(prompts), progress=True)
+    on_step = out.on_step()  # prints the prompt: after the warm-up's progress bar
     result = gen.generate(
         prompts,
         max_new_tokens=job.max_new_tokens,
