@@ -49,22 +49,14 @@ def decode_step_times(
     (see the module docstring). Runs with one torch thread, as a server's rank does."""
     import torch
 
-    from torch_tensorrt_dist.generation.generate import Generator
+    from torch_tensorrt_dist.bench.common import bench_rank
     from torch_tensorrt_dist.generation.step_inputs import step_inputs
-    from torch_tensorrt_dist.parallel.llama_load import load_llama
 
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        gens = {
-            c: Generator(
-                load_llama(path, progress=False),
-                engine=engine,
-                max_batch_size=max(rows),
-                cache_len=c,
-            )
-            for c in caches
-        }
+        rank = bench_rank(path, engine=engine)
+        gens = {c: rank.generator(rows=max(rows), cache_len=c) for c in caches}
         calls = {}
         for (c, gen), r in ((g, r) for g in gens.items() for r in rows):
             n = blocks_for(live, gen.block_size)
@@ -104,19 +96,13 @@ def server_generator(
     import torch
     from torch._dynamo.utils import counters
 
-    from torch_tensorrt_dist.generation.generate import Generator
-    from torch_tensorrt_dist.parallel.llama_load import load_llama
+    from torch_tensorrt_dist.bench.common import bench_rank
 
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        gen = Generator(
-            load_llama(path, progress=False),
-            engine=engine,
-            max_batch_size=max_batch_size,
-            cache_len=cache_len,
-            kv_cache_memory=kv_cache_memory,
-        )
+        rank = bench_rank(path, engine=engine, kv_cache_memory=kv_cache_memory)
+        gen = rank.generator(rows=max_batch_size, cache_len=cache_len)
         before = counters["stats"]["unique_graphs"]
         gen.warmup_all()
         return gen, counters["stats"]["unique_graphs"] - before
