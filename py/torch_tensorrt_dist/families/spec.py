@@ -38,6 +38,7 @@ __all__ = [
     "MODEL_TYPES",
     "ModelPlan",
     "ModelSpec",
+    "Prompts",
     "Rank",
     "build_generator",
     "check_kv_cache",
@@ -49,6 +50,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+Prompts = Sequence[Sequence[int]]
+"""A batch of token-id prompts."""
 
 
 def resolve_model(model: str | Path | None) -> tuple[Path | None, str | None]:
@@ -210,11 +214,7 @@ class ModelSpec:
         return build_generator(rank.model(progress=progress), rank.config, rows, cache_len)
 
     def request_len(
-        self,
-        config: RunConfig,
-        plan: ModelPlan,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
+        self, config: RunConfig, plan: ModelPlan, prompts: Prompts, max_new_tokens: int
     ) -> int:
         """The longest sequence a batch of token-id prompts needs, every length and id checked
         before the model is loaded: ``--max-seq-len``, else the longest prompt and its new
