@@ -83,18 +83,23 @@ def _unsharded_greedy(path: Path) -> list[list[int]]:
     return out
 
 
-def test_tp1_equals_its_unsharded_forward(ckpt: tuple[Path, int]) -> None:
+@pytest.fixture(scope="module")
+def tp1(ckpt: tuple[Path, int]) -> dict[str, Any]:
+    return toy_rank(0, 1, str(ckpt[0]))
+
+
+def test_tp1_equals_its_unsharded_forward(ckpt: tuple[Path, int], tp1: dict[str, Any]) -> None:
     path, size = ckpt
     assert isinstance(checkpoint_spec(_config(path, 1)), ToySpec)
-    got = toy_rank(0, 1, str(path))
+    got = tp1
     assert got["family"] == "toy"
     assert got["bytes_read"] == size
     assert got["tokens"] == _unsharded_greedy(path)
 
 
-def test_tp2_equals_tp1_and_reads_its_half(ckpt: tuple[Path, int]) -> None:
+def test_tp2_equals_tp1_and_reads_its_half(ckpt: tuple[Path, int], tp1: dict[str, Any]) -> None:
     path, size = ckpt
-    want = toy_rank(0, 1, str(path))["tokens"]
+    want = tp1["tokens"]
     ranks = run_on_ranks(toy_rank, 2, str(path), timeout=240)
     norms = sum(4 * s[0] for n, s in _shapes().items() if n.endswith("norm.weight"))
     for r in ranks:

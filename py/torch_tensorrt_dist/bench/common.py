@@ -31,9 +31,10 @@ class Figure:
         return asdict(self)
 
 
-def bench_args(n_layers: int = 4, *, dim: int = 256, vocab: int = 512) -> ModelArgs:
-    """A small Llama-shaped config (GQA 8/4 heads so TP 2, 4 and 8 divide the heads)."""
-    return ModelArgs(
+def bench_args(n_layers: int = 4, *, dim: int = 256, vocab: int = 512, **fields: Any) -> ModelArgs:
+    """A small Llama-shaped config (8 heads, so TP 2, 4 and 8 divide them; an MLP of 4 x
+    ``dim``; 256 positions), ``fields`` replacing any of these."""
+    base: dict[str, Any] = dict(
         dim=dim,
         n_layers=n_layers,
         n_heads=8,
@@ -42,6 +43,7 @@ def bench_args(n_layers: int = 4, *, dim: int = 256, vocab: int = 512) -> ModelA
         intermediate_size=4 * dim,
         max_seq_len=256,
     )
+    return ModelArgs(**{**base, **fields})
 
 
 def bench_rank(

@@ -16,20 +16,12 @@ from typing import Any
 
 import torch
 
-from torch_tensorrt_dist.bench.common import Figure
+from torch_tensorrt_dist.bench.common import Figure, bench_args
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 
 __all__ = ["load_rank", "memory", "write_checkpoint"]
 
-ARGS = ModelArgs(
-    dim=512,
-    n_layers=8,
-    n_heads=8,
-    n_kv_heads=8,
-    vocab_size=4096,
-    intermediate_size=1536,
-    max_seq_len=256,
-)
+ARGS = bench_args(8, dim=512, vocab=4096, intermediate_size=1536)
 
 
 def write_checkpoint(path: Path, args: ModelArgs = ARGS) -> int:

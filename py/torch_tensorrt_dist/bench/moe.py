@@ -21,22 +21,14 @@ from typing import Any
 
 import torch
 
-from torch_tensorrt_dist.bench.common import Figure
+from torch_tensorrt_dist.bench.common import Figure, bench_args
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs
 
 __all__ = ["a2a_bytes", "moe_communication", "moe_figures", "moe_load_memory", "write_moe"]
 
 #: Mixtral-shaped, small: 8 experts, top 2; expert weights are most of the checkpoint (89 %)
-ARGS = ModelArgs(
-    dim=256,
-    n_layers=4,
-    n_heads=8,
-    n_kv_heads=8,
-    vocab_size=1024,
-    intermediate_size=512,
-    max_seq_len=256,
-)
+ARGS = bench_args(4, dim=256, vocab=1024, intermediate_size=512)
 MOE = MoEArgs(n_experts=8, top_k=2, expert_size=512, sparse_layers=(0, 1, 2, 3))
 
 
