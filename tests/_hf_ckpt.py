@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from torch_tensorrt_dist.testing.checkpoints import random_hf_model
+
 _COMMON: dict[str, Any] = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -60,17 +62,8 @@ PROMPTS = [[1, 5, 7, 9, 11, 13, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [3,
 
 def hf_model(kind: str, seed: int = 0, **overrides: Any) -> Any:
     """transformers' causal LM of ``kind``, fp32, weights of std 0.2 (clear argmax margins)."""
-    import transformers
-
-    config = transformers.CONFIG_MAPPING[kind](**{**_COMMON, **CONFIGS[kind], **overrides})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(
-        config, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2)
-    return model
+    cfg = {**_COMMON, **CONFIGS[kind], **overrides}
+    return random_hf_model(kind, seed=seed, std=0.2, attn_implementation="eager", **cfg)
 
 
 def save(kind: str, root: Path, **overrides: Any) -> tuple[Path, Any]:

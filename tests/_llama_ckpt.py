@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from torch_tensorrt_dist.testing.checkpoints import hf_checkpoint, random_hf_model
+
 _COMMON = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -49,24 +51,13 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 
 def hf_model(name: str, seed: int = 0, **overrides: Any) -> Any:
     """A transformers model of config ``name`` with weights of std 0.3 (clear argmax margins)."""
-    import transformers
-
     kind, cfg = CONFIGS[name]
-    cls = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3"}[kind]
-    config = getattr(transformers, f"{cls}Config")(**{**_COMMON, **cfg, **overrides})
-    torch.manual_seed(seed)
-    model = getattr(transformers, f"{cls}ForCausalLM")(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    return model
+    return random_hf_model(kind, seed=seed, **{**_COMMON, **cfg, **overrides})
 
 
 def save_checkpoint(name: str, path: Path, *, shard_kb: int | None = None, **overrides: Any) -> Any:
-    model = hf_model(name, **overrides)
-    kwargs = {"max_shard_size": f"{shard_kb}KB"} if shard_kb else {}
-    model.save_pretrained(path, **kwargs)
-    return model
+    kind, cfg = CONFIGS[name]
+    return hf_checkpoint(path, kind, shard_kb=shard_kb, **{**_COMMON, **cfg, **overrides})
 
 
 def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from torch_tensorrt_dist.testing.checkpoints import hf_checkpoint, random_hf_model
+
 _COMMON = dict(
     hidden_size=64,
     num_hidden_layers=2,
@@ -21,13 +23,13 @@ _COMMON = dict(
     pad_token_id=None,
 )
 
-#: name -> (transformers class prefix, config overrides). 4 experts, top 2; Qwen2-MoE with a
+#: name -> (model_type, config overrides). 4 experts, top 2; Qwen2-MoE with a
 #: shared expert, no top-k renormalisation and its second layer dense (mlp_only_layers);
 #: Qwen3-MoE with its per-head q/k norms.
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "mixtral": ("Mixtral", dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)),
+    "mixtral": ("mixtral", dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)),
     "qwen2_moe": (
-        "Qwen2Moe",
+        "qwen2_moe",
         dict(
             intermediate_size=64,
             moe_intermediate_size=16,
@@ -38,7 +40,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         ),
     ),
     "qwen3_moe": (
-        "Qwen3Moe",
+        "qwen3_moe",
         dict(
             intermediate_size=64,
             moe_intermediate_size=16,
@@ -53,22 +55,13 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 
 def hf_model(name: str, seed: int = 0, **overrides: Any) -> Any:
     """A transformers MoE model with weights of std 0.3 (clear argmax margins)."""
-    import transformers
-
-    cls, cfg = CONFIGS[name]
-    config = getattr(transformers, f"{cls}Config")(**{**_COMMON, **cfg, **overrides})
-    torch.manual_seed(seed)
-    model = getattr(transformers, f"{cls}ForCausalLM")(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    return model
+    kind, cfg = CONFIGS[name]
+    return random_hf_model(kind, seed=seed, **{**_COMMON, **cfg, **overrides})
 
 
 def save_checkpoint(name: str, path: Path, **overrides: Any) -> Any:
-    model = hf_model(name, **overrides)
-    model.save_pretrained(path)
-    return model
+    kind, cfg = CONFIGS[name]
+    return hf_checkpoint(path, kind, **{**_COMMON, **cfg, **overrides})
 
 
 def moe_suite(rank: int, world: int, spec: dict[str, Any]) -> list[dict[str, Any]]:

@@ -10,6 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from torch_tensorrt_dist.artifacts.checks import (
+    check_device,
+    check_layout,
+    check_length,
+    check_versions,
+)
 from torch_tensorrt_dist.artifacts.fingerprint import checkpoint_hash, running_versions
 from torch_tensorrt_dist.artifacts.graphs import GraphEntry, limits_of, pick_graph, step_graphs
 from torch_tensorrt_dist.artifacts.load import check_options
@@ -20,10 +26,6 @@ from torch_tensorrt_dist.artifacts.manifest import (
     Manifest,
     RankEntry,
     atomic_write_bytes,
-    check_device,
-    check_layout,
-    check_length,
-    check_versions,
     manifest_digest,
     read_manifest,
     sha256_file,

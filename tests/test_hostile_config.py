@@ -227,8 +227,7 @@ def test_llama_table_equals_the_model(overrides: dict[str, Any]) -> None:
 
 
 def _moe_config(name: str) -> dict[str, Any]:
-    cls, cfg = _moe_ckpt.CONFIGS[name]
-    model_type = {"Mixtral": "mixtral", "Qwen2Moe": "qwen2_moe", "Qwen3Moe": "qwen3_moe"}[cls]
+    model_type, cfg = _moe_ckpt.CONFIGS[name]
     return {**_moe_ckpt._COMMON, **cfg, "model_type": model_type}
 
 

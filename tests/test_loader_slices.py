@@ -13,9 +13,9 @@ from safetensors.torch import load_file, save_file
 from torch_tensorrt_dist.errors import CheckpointError, ConfigError
 from torch_tensorrt_dist.models.llama_args import read_config
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
-from torch_tensorrt_dist.parallel import llama_load as loader
+from torch_tensorrt_dist.parallel import sharded_load as loader
 from torch_tensorrt_dist.parallel.llama import shard_slice, tp_layout
-from torch_tensorrt_dist.parallel.llama_load import load_llama
+from torch_tensorrt_dist.parallel.llama_load import hf_name, load_llama
 
 from . import _llama_ckpt
 
@@ -66,10 +66,10 @@ def test_each_rank_reads_only_its_slices(
     for rank in range(world):
         model, reads = _load_on_fake_rank(tmp_path, rank, world, monkeypatch)
         layout = tp_layout(args, rank, world)
-        local = {loader.hf_name(n, args): tuple(p.shape) for n, p in model.named_parameters()}
+        local = {hf_name(n, args): tuple(p.shape) for n, p in model.named_parameters()}
         for name, shape, nbytes in reads:
             assert shape == local[name], (rank, name)  # exactly the local shard, nothing more
-            ours = next(n for n, _ in model.named_parameters() if loader.hf_name(n, args) == name)
+            ours = next(n for n, _ in model.named_parameters() if hf_name(n, args) == name)
             if shard_slice(ours, layout) is not None:
                 assert shape != tuple(full[name].shape)
                 sharded_read[name] = sharded_read.get(name, 0) + nbytes

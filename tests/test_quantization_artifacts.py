@@ -12,13 +12,9 @@ import torch
 
 from torch_tensorrt_dist.artifacts import inductor
 from torch_tensorrt_dist.artifacts.build import _save_weights
+from torch_tensorrt_dist.artifacts.checks import check_quantization
 from torch_tensorrt_dist.artifacts.load import read_weights
-from torch_tensorrt_dist.artifacts.manifest import (
-    Manifest,
-    RankEntry,
-    check_quantization,
-    write_manifest,
-)
+from torch_tensorrt_dist.artifacts.manifest import Manifest, RankEntry, write_manifest
 from torch_tensorrt_dist.cli import main
 from torch_tensorrt_dist.errors import ArtifactError
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer

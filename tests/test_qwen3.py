@@ -191,8 +191,9 @@ def test_unknown_model_type_names_the_native_ones(
     with pytest.raises(
         ConfigError,
         match=r"model_type='gemma3_text', which no native model family runs; they run llama, "
-        r"mistral, qwen2, qwen3 \(dense\) and mixtral, qwen2_moe, qwen3_moe \(mixture of "
-        r"experts\); --model-impl auto \(the default\) or transformers runs other model types",
+        r"mistral, qwen2, qwen3 \(dense\), mixtral, qwen2_moe, qwen3_moe \(mixture of "
+        r"experts\) and toy_parallel \(a toy parallel-block decoder, docs/families.md\); "
+        r"--model-impl auto \(the default\) or transformers runs other model types",
     ):
         checkpoint_spec(config)
 

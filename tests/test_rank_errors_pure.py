@@ -16,7 +16,7 @@ import pytest
 import torch.distributed as dist
 
 from torch_tensorrt_dist.artifacts.build import check_output_dir
-from torch_tensorrt_dist.artifacts.manifest import describe_run
+from torch_tensorrt_dist.artifacts.checks import describe_run
 from torch_tensorrt_dist.errors import ArtifactError, CheckpointError, RankFailedError
 from torch_tensorrt_dist.runtime import _rank_entry
 from torch_tensorrt_dist.runtime.agree import agree

@@ -28,17 +28,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from torch_tensorrt_dist.artifacts.fingerprint import running_versions
-from torch_tensorrt_dist.artifacts.graphs import limits_of, pick_graph
-from torch_tensorrt_dist.artifacts.manifest import (
-    Manifest,
+from torch_tensorrt_dist.artifacts.checks import (
     check_device,
     check_layout,
     check_length,
     check_versions,
-    read_manifest,
-    verify_files,
 )
+from torch_tensorrt_dist.artifacts.fingerprint import running_versions
+from torch_tensorrt_dist.artifacts.graphs import limits_of, pick_graph
+from torch_tensorrt_dist.artifacts.manifest import Manifest, read_manifest, verify_files
 from torch_tensorrt_dist.errors import ArtifactError
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.generation.kv_memory import KVLayout, format_bytes, kv_layout_for

@@ -5,21 +5,15 @@ checkpoint, and compiles nothing."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from torch_tensorrt_dist.artifacts.checks import check_layout, check_length, check_quantization
 from torch_tensorrt_dist.artifacts.load import check_options, load_generator, model_args
-from torch_tensorrt_dist.artifacts.manifest import (
-    check_layout,
-    check_length,
-    check_quantization,
-    read_manifest,
-    verify_files,
-)
+from torch_tensorrt_dist.artifacts.manifest import read_manifest, verify_files
 from torch_tensorrt_dist.config.run import Parallel, RunConfig
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Rank
+from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Prompts, Rank
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.runtime.env import is_launched, plan_from_env
 
@@ -76,11 +70,7 @@ class ArtifactsSpec(ModelSpec):
         )
 
     def request_len(
-        self,
-        config: RunConfig,
-        plan: ModelPlan,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
+        self, config: RunConfig, plan: ModelPlan, prompts: Prompts, max_new_tokens: int
     ) -> int:
         """The compiled length, once it holds the request."""
         if any(not p for p in prompts):

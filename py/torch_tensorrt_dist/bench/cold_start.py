@@ -38,22 +38,16 @@ def _rank(rank: int, world: int, model: str, out: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     from torch_tensorrt_dist.artifacts import compile_artifacts, load_generator
-    from torch_tensorrt_dist.generation import Generator
-    from torch_tensorrt_dist.models.llama import ModelArgs
-    from torch_tensorrt_dist.parallel.llama_load import load_llama, random_llama
+    from torch_tensorrt_dist.bench.common import bench_rank
 
-    group = dist.group.WORLD
     dist.barrier()
     start = time.perf_counter()
-    if Path(model).is_dir():
-        net = load_llama(model, group=group, progress=False)
-    else:
-        net = random_llama(ModelArgs.from_name(model), group=group)
-    gen = Generator(net, engine="inductor", max_batch_size=1, cache_len=MAX_SEQ)
+    built_rank = bench_rank(model, engine="inductor", rank=rank, world=world)
+    gen = built_rank.generator(rows=1, cache_len=MAX_SEQ)
     gen.warmup(len(PROMPT), NEW)  # prefill and decode graphs compiled: ready to serve
     ckpt_s = time.perf_counter() - start
     ckpt_tokens = gen.generate([PROMPT], max_new_tokens=NEW).tokens
-    del gen, net
+    del gen
 
     built = compile_artifacts(model, out, max_seq_len=MAX_SEQ, max_batch_size=1)
     dist.barrier()

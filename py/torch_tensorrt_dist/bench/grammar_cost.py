@@ -130,18 +130,17 @@ def _mask_s(
 def grammar_cost(
     *, engine: str = "inductor", steps: int = 16, blocks: int = 5, tools: bool = False
 ) -> list[Figure]:
+    from torch_tensorrt_dist.bench.common import bench_rank
     from torch_tensorrt_dist.models.demo import demo_checkpoint_path
-    from torch_tensorrt_dist.models.tokenizer import load_tokenizer
-    from torch_tensorrt_dist.parallel.llama_load import load_llama
 
-    path = demo_checkpoint_path()
-    model = load_llama(path, progress=False)
-    tok = load_tokenizer(path, vocab_size=model.args.vocab_size)
+    rank = bench_rank(demo_checkpoint_path(), engine=engine)
+    vocab = rank.plan.args.vocab_size
+    tok = rank.tokenizer()
     eos = tuple(tok.eos_ids) or (1,)
-    grammars = Grammars.for_tokenizer(tok, vocab_size=model.args.vocab_size, eos_ids=eos)
+    grammars = Grammars.for_tokenizer(tok, vocab_size=vocab, eos_ids=eos)
     spec = GrammarSpec.json_schema(TOOL_SCHEMA if tools else SCHEMA)
     what = "a forced tool call's grammar" if tools else "a JSON-schema grammar"
-    gen = Generator(model, engine=engine, max_batch_size=ROWS, cache_len=256)
+    gen = rank.generator(rows=ROWS, cache_len=256)
     rid = 0
     best: dict[bool, float] = {}
     with torch.no_grad():

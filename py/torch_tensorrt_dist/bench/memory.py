@@ -10,63 +10,27 @@ read buffer where a dtype or device differs).
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from torch_tensorrt_dist.bench.common import Figure
+from torch_tensorrt_dist.bench.common import Figure, bench_args
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 
 __all__ = ["load_rank", "memory", "write_checkpoint"]
 
-ARGS = ModelArgs(
-    dim=512,
-    n_layers=8,
-    n_heads=8,
-    n_kv_heads=8,
-    vocab_size=4096,
-    intermediate_size=1536,
-    max_seq_len=256,
-)
+ARGS = bench_args(8, dim=512, vocab=4096, intermediate_size=1536)
 
 
 def write_checkpoint(path: Path, args: ModelArgs = ARGS) -> int:
     """A random-weight HF Llama checkpoint; returns the weight bytes."""
-    from safetensors.torch import save_file
+    from torch_tensorrt_dist.models.weights_check import llama_tensors
+    from torch_tensorrt_dist.testing.checkpoints import llama_config
+    from torch_tensorrt_dist.testing.checkpoints import write_checkpoint as write
 
-    from torch_tensorrt_dist.models.llama import Transformer
-    from torch_tensorrt_dist.parallel.llama_load import hf_name
-
-    gen = torch.Generator().manual_seed(0)
-    with torch.device("meta"):
-        model = Transformer(args)
-    tensors = {
-        hf_name(name, args): torch.randn(p.shape, generator=gen) * 0.02
-        for name, p in model.named_parameters()
-    }
-    tensors["lm_head.weight"] = torch.randn(args.vocab_size, args.dim, generator=gen) * 0.02
-    save_file(tensors, str(path / "model.safetensors"))
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_act": "silu",
-        "hidden_size": args.dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_kv_heads,
-        "vocab_size": args.vocab_size,
-        "intermediate_size": args.intermediate_size,
-        "max_position_embeddings": args.max_seq_len,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-    }
-    (path / "config.json").write_text(json.dumps(config))
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    return write(path, llama_config(args), llama_tensors(args))
 
 
 def _hwm_bytes() -> int:

@@ -14,29 +14,21 @@ against ``expert weights / (ep x tp) + other weights / tp``.
 
 from __future__ import annotations
 
-import json
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from torch_tensorrt_dist.bench.common import Figure
+from torch_tensorrt_dist.bench.common import Figure, bench_args
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe_args import MoEArgs
 
 __all__ = ["a2a_bytes", "moe_communication", "moe_figures", "moe_load_memory", "write_moe"]
 
 #: Mixtral-shaped, small: 8 experts, top 2; expert weights are most of the checkpoint (89 %)
-ARGS = ModelArgs(
-    dim=256,
-    n_layers=4,
-    n_heads=8,
-    n_kv_heads=8,
-    vocab_size=1024,
-    intermediate_size=512,
-    max_seq_len=256,
-)
+ARGS = bench_args(4, dim=256, vocab=1024, intermediate_size=512)
 MOE = MoEArgs(n_experts=8, top_k=2, expert_size=512, sparse_layers=(0, 1, 2, 3))
 
 
@@ -117,44 +109,20 @@ def moe_communication(
 
 def write_moe(path: Path, args: ModelArgs = ARGS, moe: MoEArgs = MOE) -> tuple[int, int]:
     """A random-weight HF Mixtral checkpoint; returns (expert bytes, other bytes)."""
-    from safetensors.torch import save_file
+    from torch_tensorrt_dist.models.weights_check import moe_tensors
+    from torch_tensorrt_dist.testing.checkpoints import llama_config, write_checkpoint
 
-    from torch_tensorrt_dist.models.moe import MoETransformer
-    from torch_tensorrt_dist.parallel.moe_load import expert_key, moe_hf_name
-
-    gen = torch.Generator().manual_seed(0)
-    with torch.device("meta"):
-        model = MoETransformer(args, moe)
-    tensors, expert = {}, 0
-    for name, p in model.named_parameters():
-        key = moe_hf_name(name, args, moe)
-        if key is not None:
-            tensors[key] = torch.randn(p.shape, generator=gen) * 0.02
-            continue
-        layer, kind = int(name.split(".")[1]), name.rsplit(".", 1)[1]
-        for e in range(moe.n_experts):
-            tensors[expert_key(layer, e, kind, moe)] = torch.randn(p.shape[1:], generator=gen)
-            expert += p[0].numel() * 4
-    tensors["lm_head.weight"] = torch.randn(args.vocab_size, args.dim, generator=gen) * 0.02
-    save_file(tensors, str(path / "model.safetensors"))
-    config = {
-        "architectures": ["MixtralForCausalLM"],
-        "model_type": "mixtral",
-        "hidden_act": "silu",
-        "hidden_size": args.dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_kv_heads,
-        "vocab_size": args.vocab_size,
-        "intermediate_size": moe.expert_size,
-        "num_local_experts": moe.n_experts,
-        "num_experts_per_tok": moe.top_k,
-        "max_position_embeddings": args.max_seq_len,
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": False,
-    }
-    (path / "config.json").write_text(json.dumps(config))
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    config = llama_config(
+        args,
+        architectures=["MixtralForCausalLM"],
+        model_type="mixtral",
+        intermediate_size=moe.expert_size,
+        num_local_experts=moe.n_experts,
+        num_experts_per_tok=moe.top_k,
+    )
+    shapes = moe_tensors(args, moe, ())  # one tensor per expert
+    total = write_checkpoint(path, config, shapes)
+    expert = sum(4 * math.prod(s) for name, s in shapes.items() if ".experts." in name)
     return expert, total - expert
 
 

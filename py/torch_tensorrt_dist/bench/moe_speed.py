@@ -9,9 +9,10 @@ one thread. For each: the last position's logits of a prefill of 256 and of 1000
 ``DECODE`` greedy decode steps after the 256-token prompt, timed for
 
 - transformers (eager; its default ``experts_implementation``, ``grouped_mm`` in 5.x), and
-- ours: ``load_moe`` of the same files, each step compiled by our backend (``inductor``):
-  prefill runs the sorted, grouped experts (``ops/experts.py``); decode the "auto" choice
-  (the gathered, fused "routed" form), and for comparison the grouped form forced.
+- ours: the MoE family's rank of the same files (``bench_rank``: as the commands build it),
+  each step compiled by our backend (``inductor``): prefill runs the sorted, grouped experts
+  (``ops/experts.py``); decode the "auto" choice (the gathered, fused "routed" form), and for
+  comparison the grouped form forced.
 
 Also the first MoE block alone (transformers' block, our SparseMoE in plain PyTorch), and the
 Qwen3-MoE-shaped checkpoint again at EP 2 x TP 1 on 2 gloo ranks (each its 32 experts, one
@@ -52,10 +53,10 @@ _COMMON: dict[str, Any] = dict(
     eos_token_id=None,
     pad_token_id=None,
 )
-#: name -> (transformers class prefix, config)
+#: name -> (model_type, config)
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_moe 64 experts top 8": (
-        "Qwen3Moe",
+        "qwen3_moe",
         dict(
             _COMMON,
             head_dim=32,
@@ -67,7 +68,7 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
         ),
     ),
     "mixtral 8 experts top 2": (
-        "Mixtral",
+        "mixtral",
         dict(_COMMON, intermediate_size=512, num_local_experts=8, num_experts_per_tok=2),
     ),
 }
@@ -79,16 +80,12 @@ TOLERANCE = 1e-5
 
 
 def hf_checkpoint(name: str, path: Path) -> Any:
-    """Save a transformers model of shape ``SHAPES[name]`` (seed 0) at ``path``; return it."""
-    import transformers
+    """Save a transformers model of shape ``SHAPES[name]`` (seed 0, transformers'
+    initialisation) at ``path``; return it."""
+    from torch_tensorrt_dist.testing.checkpoints import hf_checkpoint as write
 
-    cls, cfg = SHAPES[name]
-    torch.manual_seed(0)
-    model = getattr(transformers, f"{cls}ForCausalLM")(
-        getattr(transformers, f"{cls}Config")(**cfg)
-    ).eval()
-    model.save_pretrained(path)
-    return model
+    model_type, cfg = SHAPES[name]
+    return write(path, model_type, std=None, **cfg)
 
 
 Times = dict[str, list[float]]
@@ -243,10 +240,9 @@ def measure(
 
 def speed_rank(rank: int, world: int, path: str) -> dict[str, Any]:
     """One rank of the EP run (``run_on_ranks(speed_rank, 2, path)``): ours only."""
-    from torch_tensorrt_dist.parallel.moe import make_moe_mesh, moe_groups
-    from torch_tensorrt_dist.parallel.moe_load import load_moe
+    from torch_tensorrt_dist.bench.common import bench_rank
 
-    model = load_moe(path, groups=moe_groups(make_moe_mesh(world, 1)), progress=False)
+    model = bench_rank(path, rank=rank, world=world, ep=world).model()
     _, out = measure(None, model, forms=("auto",))
     for key in [k for k in out if k.startswith("prefill_")]:  # plain lists through the pipe
         out[key]["logits"] = out[key]["logits"].tolist()  # (a tensor would be shared memory)
@@ -376,7 +372,7 @@ def _ep_result(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def moe_speed() -> list[Figure]:
-    from torch_tensorrt_dist.parallel.moe_load import load_moe
+    from torch_tensorrt_dist.bench.common import bench_rank
     from torch_tensorrt_dist.testing import run_on_ranks
 
     threads = torch.get_num_threads()
@@ -388,7 +384,7 @@ def moe_speed() -> list[Figure]:
                 path = Path(tmp) / str(i)
                 hf = hf_checkpoint(name, path)
                 torch._dynamo.reset()
-                ours = load_moe(path, progress=False)
+                ours = bench_rank(path).model()
                 figures += _block_figures(name, block_run(hf, ours))
                 dense = ("auto", "dense") if i == 0 else ("auto",)  # the old prefill, once
                 theirs, mine = measure(hf, ours, prefill_forms=dense)

@@ -26,20 +26,12 @@ from typing import Any
 
 import torch
 
-from torch_tensorrt_dist.bench.common import Figure
+from torch_tensorrt_dist.bench.common import Figure, bench_args
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 
 __all__ = ["ARGS", "quantize_figures", "quantize_rank"]
 
-ARGS = ModelArgs(
-    dim=1024,
-    n_layers=12,
-    n_heads=16,
-    n_kv_heads=8,
-    vocab_size=8192,
-    intermediate_size=2816,
-    max_seq_len=256,
-)
+ARGS = bench_args(12, dim=1024, vocab=8192, n_heads=16, intermediate_size=2816)
 #: name -> (model dtype, scheme, group size)
 CONFIGS: dict[str, tuple[torch.dtype, str | None, int | None]] = {
     "fp32": (torch.float32, None, None),

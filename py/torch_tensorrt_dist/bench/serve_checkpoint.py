@@ -37,18 +37,18 @@ CHECKPOINT: dict[str, Any] = dict(
 def bench_checkpoint(out_dir: str | Path, *, seed: int = 0) -> Path:
     """Write the benchmark checkpoint (fp32) and the demo tokenizer to ``out_dir``."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+    from torch_tensorrt_dist.testing.checkpoints import random_hf_model
 
     demo = Path(demo_checkpoint_path())
     special = json.loads((demo / "config.json").read_text())
     bos, eos = int(special["bos_token_id"]), int(special["eos_token_id"])
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    config = LlamaConfig(**CHECKPOINT, bos_token_id=bos, eos_token_id=eos, dtype="float32")
-    model = LlamaForCausalLM(config).eval()
+    model = random_hf_model(
+        "llama", seed=seed, std=None, **CHECKPOINT, bos_token_id=bos, eos_token_id=eos
+    )
     with torch.no_grad():
         model.lm_head.weight[eos].zero_()  # greedy never ends a request early (docstring)
     model.save_pretrained(out, safe_serialization=True)

@@ -49,28 +49,21 @@ def decode_step_times(
     (see the module docstring). Runs with one torch thread, as a server's rank does."""
     import torch
 
-    from torch_tensorrt_dist.generation.runner import ModelRunner
+    from torch_tensorrt_dist.bench.common import bench_rank
+    from torch_tensorrt_dist.generation.runner import StepRunner
     from torch_tensorrt_dist.generation.step_inputs import step_inputs
-    from torch_tensorrt_dist.parallel.llama_load import load_llama
 
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        runners = {
-            c: ModelRunner(
-                load_llama(path, progress=False),
-                engine=engine,
-                max_batch_size=max(rows),
-                cache_len=c,
-            )
-            for c in caches
-        }
+        rank = bench_rank(path, engine=engine)
+        runners = {c: rank.generator(rows=max(rows), cache_len=c).runner for c in caches}
         calls = {}
         for (c, run), r in ((g, r) for g in runners.items() for r in rows):
             n = blocks_for(live, run.block_size)
             spans = [([1], live - 1, list(range(1 + i * n, 1 + (i + 1) * n))) for i in range(r)]
 
-            def call(run: ModelRunner = run, spans: Any = spans) -> None:
+            def call(run: StepRunner = run, spans: Any = spans) -> None:
                 run.step(*step_inputs(spans, run.limits, run.device, mark_dynamic=run.mark_dynamic))
 
             with torch.no_grad():  # as timed below (and as the core calls it)
@@ -102,19 +95,13 @@ def server_generator(
     import torch
     from torch._dynamo.utils import counters
 
-    from torch_tensorrt_dist.generation.generate import Generator
-    from torch_tensorrt_dist.parallel.llama_load import load_llama
+    from torch_tensorrt_dist.bench.common import bench_rank
 
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        gen = Generator(
-            load_llama(path, progress=False),
-            engine=engine,
-            max_batch_size=max_batch_size,
-            cache_len=cache_len,
-            kv_cache_memory=kv_cache_memory,
-        )
+        rank = bench_rank(path, engine=engine, kv_cache_memory=kv_cache_memory)
+        gen = rank.generator(rows=max_batch_size, cache_len=cache_len)
         before = counters["stats"]["unique_graphs"]
         gen.warmup_all()
         return gen, counters["stats"]["unique_graphs"] - before

@@ -32,6 +32,7 @@ from torch_tensorrt_dist.validation import parse_size
 
 __all__ = [
     "absent",
+    "add_command",
     "add_engine",
     "add_kv_cache",
     "add_layout",
@@ -57,6 +58,14 @@ _ABSENT: dict[str, Any] = {
     "max_prefill_tokens": None,
     "prefix_caching": True,
 }
+
+
+def add_command(subparsers: Any, name: str, help: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of command ``name`` (its module docstring ``doc`` as its description,
+    printed as written)."""
+    return subparsers.add_parser(
+        name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
 
 
 def absent(p: argparse.ArgumentParser, *names: str) -> None:

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from torch_tensorrt_dist.cli._options import add_threads
+from torch_tensorrt_dist.cli._options import add_command, add_threads
 
 __all__ = ["register"]
 
@@ -24,11 +24,8 @@ __all__ = ["register"]
 def register(sub: Any) -> None:
     from torch_tensorrt_dist.bench import SECTIONS
 
-    p = sub.add_parser(
-        "bench",
-        help="measure communication, compile overhead, decode speed and memory",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = add_command(
+        sub, "bench", "measure communication, compile overhead, decode speed and memory", __doc__
     )
     p.add_argument(
         "--section",

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from torch_tensorrt_dist.cli._options import add_command
 from torch_tensorrt_dist.errors import ConfigError
 
 __all__ = ["register"]
@@ -66,11 +67,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "build-plugins",
-        help="build our TensorRT collective plugins (csrc/) with CMake",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = add_command(
+        sub, "build-plugins", "build our TensorRT collective plugins (csrc/) with CMake", __doc__
     )
     p.add_argument("--build-dir", help="where to build (default: the folder the loader searches)")
     p.add_argument("--source", help="the source checkout (default: this package's)")

@@ -15,15 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from torch_tensorrt_dist.cli._options import (
-    absent,
-    add_engine,
-    add_kv_cache,
-    add_layout,
-    add_model,
-    add_quantize,
-    add_threads,
-)
+from torch_tensorrt_dist.cli import _options as opt
 from torch_tensorrt_dist.cli._rank import start
 from torch_tensorrt_dist.config.jobs import CompileJob
 from torch_tensorrt_dist.errors import ConfigError
@@ -32,16 +24,12 @@ __all__ = ["register", "run"]
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "compile",
-        help="compile per-rank artifacts (graphs + weight shard + manifest) for generate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_model(p)
-    add_layout(p, pp="pipeline stages (only 1 so far)", ep=False)
-    add_engine(p, choices=("inductor", "tensorrt"), default="inductor", verify=False)
-    add_kv_cache(
+    summary = "compile per-rank artifacts (graphs + weight shard + manifest) for generate"
+    p = opt.add_command(subparsers, "compile", summary, __doc__)
+    opt.add_model(p)
+    opt.add_layout(p, pp="pipeline stages (only 1 so far)", ep=False)
+    opt.add_engine(p, choices=("inductor", "tensorrt"), default="inductor", verify=False)
+    opt.add_kv_cache(
         p,
         max_batch_size="rows computed together (default 8)",
         max_seq_len="the longest request: prompt + generated tokens (default 256, at most the "
@@ -50,11 +38,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--max-batch", dest="max_batch_size", type=int, help=argparse.SUPPRESS)
     p.add_argument("--buckets", default=None, help=argparse.SUPPRESS)  # refused: see _job
-    add_quantize(p)
-    add_threads(p)
+    opt.add_quantize(p)
+    opt.add_threads(p)
     p.add_argument("--out", required=True, help="artifact directory to write")
     p.add_argument("--json", action="store_true", help="print one JSON object on rank 0")
-    absent(p, "prefix_caching")
+    opt.absent(p, "prefix_caching")
     p.set_defaults(func=run)
 
 

@@ -16,14 +16,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from torch_tensorrt_dist.cli._options import (
-    add_engine,
-    add_kv_cache,
-    add_layout,
-    add_model,
-    add_quantize,
-    add_threads,
-)
+from torch_tensorrt_dist.cli import _options as opt
 from torch_tensorrt_dist.cli._rank import start
 from torch_tensorrt_dist.config.jobs import EvalJob
 
@@ -31,11 +24,8 @@ __all__ = ["register", "run"]
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "eval",
-        help="perplexity of a (sharded, quantized) model over a text file",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = opt.add_command(
+        subparsers, "eval", "perplexity of a (sharded, quantized) model over a text file", __doc__
     )
     p.add_argument(
         "--perplexity",
@@ -44,14 +34,14 @@ def register(subparsers: Any) -> None:
         help="text file (paragraphs separated by blank lines), or 'demo' for the demo model's "
         "held-out text",
     )
-    add_model(p)
-    add_layout(p, pp=None, ep=True)
-    add_engine(p, default="none", verify=False)
+    opt.add_model(p)
+    opt.add_layout(p, pp=None, ep=True)
+    opt.add_engine(p, default="none", verify=False)
     p.add_argument("--window", type=int, default=256, help="tokens per window (default 256)")
     p.add_argument("--stride", type=int, default=128, help="tokens a window advances (default 128)")
-    add_kv_cache(p, max_seq_len=None)
-    add_quantize(p)
-    add_threads(p)
+    opt.add_kv_cache(p, max_seq_len=None)
+    opt.add_quantize(p)
+    opt.add_threads(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on rank 0")
     p.set_defaults(func=run)
 

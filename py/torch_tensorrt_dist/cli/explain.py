@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from torch_tensorrt_dist.cli._options import add_command
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.validation import check_int
 
@@ -91,8 +92,6 @@ def check_fits(shapes: dict[str, tuple[int, ...]], checkpoint: str) -> None:
 
 
 def _llama_args(args: argparse.Namespace) -> Any:
-    from torch_tensorrt_dist.models.llama_args import ModelArgs
-
     if args.checkpoint:
         from torch_tensorrt_dist.models.llama_args import read_config
         from torch_tensorrt_dist.models.weights_check import llama_tensors
@@ -100,6 +99,13 @@ def _llama_args(args: argparse.Namespace) -> Any:
         margs = read_config(args.checkpoint)
         check_fits(llama_tensors(margs), args.checkpoint)
         return margs
+    return _random_args(args)
+
+
+def _random_args(args: argparse.Namespace) -> Any:
+    """The random-weight model of ``--dim`` and ``--layers`` (8 heads, a vocabulary of 512)."""
+    from torch_tensorrt_dist.models.llama_args import ModelArgs
+
     return ModelArgs(
         dim=args.dim,
         n_layers=args.layers,
@@ -145,12 +151,8 @@ BUILTIN_MODELS: dict[str, tuple[str, Callable[[Any, argparse.Namespace], Any]]] 
 def register(sub: Any) -> None:
     models = "; ".join(f"{k}: {v[0]}" for k, v in BUILTIN_MODELS.items())
     models += f"; moe: {_MOE_HELP}"
-    p = sub.add_parser(
-        "explain",
-        help="show graphs, graph breaks and collectives of a sharded model (fake process group)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    summary = "show graphs, graph breaks and collectives of a sharded model (fake process group)"
+    p = add_command(sub, "explain", summary, __doc__)
     p.add_argument("--model", default="mlp", choices=sorted([*BUILTIN_MODELS, "moe"]), help=models)
     p.add_argument("--world-size", type=int, default=2, help="ranks in the job (default 2)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default: all)")
@@ -280,23 +282,24 @@ def _run_pipeline(args: argparse.Namespace) -> int:
             f"--pp {args.pp} x --tp {tp} = {args.pp * tp} ranks does not match --world-size "
             f"{args.world_size}"
         )
-    report = explain_pipeline(
-        _llama_args(args),
-        pp=args.pp,
-        tp=tp,
-        rank=args.rank,
-        batch=args.batch,
-        dtype=_DTYPES[args.dtype],
-        lm_head=args.lm_head,
-        embedding=args.embedding,
-    )
+    report = explain_pipeline(_llama_args(args), pp=args.pp, tp=tp, **_rank_options(args))
     print(json.dumps(report.as_dict(), indent=2) if args.json else report)
     return 0
 
 
+def _rank_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The explained rank, its batch, dtype and vocabulary layout (every explain of a model)."""
+    return {
+        "rank": args.rank,
+        "batch": args.batch,
+        "dtype": _DTYPES[args.dtype],
+        "lm_head": args.lm_head,
+        "embedding": args.embedding,
+    }
+
+
 def _run_moe(args: argparse.Namespace) -> int:
     from torch_tensorrt_dist.generation.moe_explain import explain_moe
-    from torch_tensorrt_dist.models.llama_args import ModelArgs
     from torch_tensorrt_dist.models.moe_args import MoEArgs
 
     if args.pp > 1:
@@ -314,27 +317,8 @@ def _run_moe(args: argparse.Namespace) -> int:
         margs, moe = read_moe_config(args.checkpoint)
         check_fits(moe_tensors(margs, moe, ()), args.checkpoint)  # per-expert layout: same count
     else:
-        margs = ModelArgs(
-            dim=args.dim,
-            n_layers=args.layers,
-            n_heads=8,
-            n_kv_heads=8,
-            vocab_size=512,
-            intermediate_size=4 * args.dim,
-            max_seq_len=256,
-        )
+        margs = _random_args(args)
         moe = MoEArgs(8, 2, 4 * args.dim, sparse_layers=tuple(range(args.layers)))
-    report = explain_moe(
-        margs,
-        moe,
-        ep=ep,
-        tp=tp,
-        rank=args.rank,
-        batch=args.batch,
-        dtype=_DTYPES[args.dtype],
-        lm_head=args.lm_head,
-        embedding=args.embedding,
-        prefill=args.seq,
-    )
+    report = explain_moe(margs, moe, ep=ep, tp=tp, prefill=args.seq, **_rank_options(args))
     print(json.dumps(report.as_dict(), indent=2) if args.json else report)
     return 0

@@ -18,14 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from torch_tensorrt_dist.cli._options import (
-    add_engine,
-    add_kv_cache,
-    add_layout,
-    add_model,
-    add_quantize,
-    add_threads,
-)
+from torch_tensorrt_dist.cli import _options as opt
 from torch_tensorrt_dist.cli._rank import start
 from torch_tensorrt_dist.config.jobs import GenerateJob
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
@@ -34,22 +27,18 @@ __all__ = ["register", "run"]
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "generate",
-        help="generate text with a tensor-parallel Llama/Mistral/Qwen2 model",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_model(
+    summary = "generate text with a tensor-parallel Llama/Mistral/Qwen2 model"
+    p = opt.add_command(subparsers, "generate", summary, __doc__)
+    opt.add_model(
         p, artifacts="start from `torchtrt-dist compile` artifacts (no checkpoint read, no compile)"
     )
-    add_layout(
+    opt.add_layout(
         p,
         pp="pipeline stages (default 1); the job has pp x tp ranks, TP inner",
         ep=True,
         pipeline=True,
     )
-    add_engine(p)
+    opt.add_engine(p)
     p.add_argument(
         "--prompt",
         action="append",
@@ -61,7 +50,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0, help="sampling seed (the same on every rank)")
-    add_kv_cache(
+    opt.add_kv_cache(
         p,
         max_seq_len="the longest request: prompt + new tokens, the KV cache's length per row "
         "(default: what the prompts and new tokens need)",
@@ -72,8 +61,8 @@ def register(subparsers: Any) -> None:
         help="time the first call too (compilation lands in ttft_s)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on rank 0")
-    add_quantize(p)
-    add_threads(p)
+    opt.add_quantize(p)
+    opt.add_threads(p)
     p.set_defaults(func=run)
 
 

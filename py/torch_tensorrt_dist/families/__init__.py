@@ -1,15 +1,20 @@
-"""A spec per model family (dense Llama, mixture of experts, and pipeline stages of either;
-compiled artifacts in ``artifacts/spec.py``): each owns reading its configuration, the layout check,
-loading a rank's slices and quantizing them (``spec.py`` says what a spec does).
+"""A spec per model family (dense Llama, mixture of experts, a toy parallel-block decoder,
+pipeline stages of any, transformers' own classes; compiled artifacts in ``artifacts/spec.py``):
+each owns reading its configuration, the layout check, loading a rank's slices and quantizing
+them (``spec.py`` says what a spec does).
 
     spec = checkpoint_spec(config)          # the family of --model (or the demo / preset)
+    rank = rank_for(config, index=0, world=1)   # a rank of it, as rank_main builds one
 
-``NATIVE_MODEL_TYPES`` says which family runs each ``config.json`` ``model_type``; any other
-is refused by name before a weight is read.
+Every module of this package is imported here, so a family is its spec module alone: a spec
+class naming ``model_types`` runs them (``MODEL_TYPES``); any other ``model_type`` is refused by
+name before a weight is read (or runs through transformers' class, ``--model-impl``).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
 from torch_tensorrt_dist.config.run import RunConfig
@@ -18,6 +23,7 @@ from torch_tensorrt_dist.families.dense import DenseSpec
 from torch_tensorrt_dist.families.moe import MoESpec
 from torch_tensorrt_dist.families.pipeline import PipelineSpec
 from torch_tensorrt_dist.families.spec import (
+    MODEL_TYPES,
     ModelPlan,
     ModelSpec,
     Rank,
@@ -27,10 +33,9 @@ from torch_tensorrt_dist.families.spec import (
 )
 from torch_tensorrt_dist.families.transformers import TransformersSpec
 from torch_tensorrt_dist.models.checkpoint_files import load_config_json
-from torch_tensorrt_dist.models.llama_args import DENSE_MODEL_TYPES
-from torch_tensorrt_dist.models.moe_args import MOE_MODEL_TYPES
 
 __all__ = [
+    "MODEL_TYPES",
     "NATIVE_MODEL_TYPES",
     "DenseSpec",
     "MoESpec",
@@ -42,28 +47,29 @@ __all__ = [
     "build_generator",
     "check_kv_cache",
     "checkpoint_spec",
-    "native_family",
+    "native_spec",
+    "rank_for",
     "resolve_model",
 ]
 
+for _module in pkgutil.iter_modules(__path__):  # each family's spec registers its model_types
+    importlib.import_module(f"{__name__}.{_module.name}")
+
 #: config.json ``model_type`` -> the native family that runs it
-NATIVE_MODEL_TYPES: dict[str, str] = {
-    **dict.fromkeys(DENSE_MODEL_TYPES, "dense"),
-    **dict.fromkeys(MOE_MODEL_TYPES, "moe"),
-}
+NATIVE_MODEL_TYPES: dict[str, str] = {kind: spec.family for kind, spec in MODEL_TYPES.items()}
 
 
-def native_family(cfg: dict[str, Any]) -> str:
-    """The native family ("dense" or "moe") of a ``config.json``; ConfigError naming its
-    ``model_type`` and the ones the native families run otherwise (no weight read)."""
+def native_spec(cfg: dict[str, Any]) -> type[ModelSpec]:
+    """The spec of the native family that runs a ``config.json``'s ``model_type``; ConfigError
+    naming it and the ones the native families run otherwise (no weight read)."""
     kind = cfg.get("model_type", "llama")  # transformers' Llama configs once omitted it
-    family = NATIVE_MODEL_TYPES.get(kind) if isinstance(kind, str) else None
+    family = MODEL_TYPES.get(kind) if isinstance(kind, str) else None
     if family is None:
-        dense = ", ".join(DENSE_MODEL_TYPES)
-        moe = ", ".join(MOE_MODEL_TYPES)
+        specs = list(dict.fromkeys(MODEL_TYPES.values()))
+        runs = [f"{', '.join(spec.model_types)} ({spec.describe})" for spec in specs]
         raise ConfigError(
             f"config.json has model_type={kind!r}, which no native model family runs; they run "
-            f"{dense} (dense) and {moe} (mixture of experts); --model-impl auto (the default) "
+            f"{', '.join(runs[:-1])} and {runs[-1]}; --model-impl auto (the default) "
             "or transformers runs other model types through transformers' own model class"
         )
     return family
@@ -71,30 +77,41 @@ def native_family(cfg: dict[str, Any]) -> str:
 
 def checkpoint_spec(config: RunConfig) -> ModelSpec:
     """The spec of ``--model``'s family: transformers' model class where no native family
-    runs its ``model_type`` (or ``--model-impl transformers``); MoE where its ``config.json``
-    says so, else dense;
-    for ``--pp`` > 1 (or ``--split``), the pipeline stages of that family. ``--ep`` needs a MoE
-    model."""
+    runs its ``model_type`` (or ``--model-impl transformers``); else the native family that
+    names it (a preset: dense); for ``--pp`` > 1 (or ``--split``), the pipeline stages of that
+    family. ``--ep`` needs a family whose experts it splits."""
     path, preset = resolve_model(config.model.model)
     p = config.parallel
-    spec: ModelSpec
     impl = config.model.model_impl
+    # a preset, or a folder without config.json (the dense reader says so): dense
+    family: type[ModelSpec] = DenseSpec
     if impl == "transformers":
         return TransformersSpec(path)
     if path is not None and (path / "config.json").is_file():
         cfg = load_config_json(path)
         if impl == "auto" and cfg.get("model_type", "llama") not in NATIVE_MODEL_TYPES:
             return TransformersSpec(path)  # no native family runs it: transformers' class does
-        family = native_family(cfg)  # --model-impl native: refused by name
-    else:  # a preset (or a folder without config.json: the dense reader says so)
-        family = "dense"
-    if path is not None and family == "moe":
-        spec = MoESpec(path)
-    elif p.ep != 1:
+        family = native_spec(cfg)  # --model-impl native: refused by name
+    if p.ep != 1 and not family.expert_parallel:
         raise ConfigError(
             f"--ep {p.ep} needs a mixture-of-experts checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE); "
-            f"{'the default model' if path is None else path} is a dense model: drop --ep"
+            f"{'the default model' if path is None else path} is a {family.describe} model: "
+            "drop --ep"
         )
-    else:
-        spec = DenseSpec(path, preset)
+    spec = family(path, preset)
     return PipelineSpec(spec) if p.pp > 1 or p.split else spec
+
+
+def rank_for(
+    config: RunConfig,
+    *,
+    index: int = 0,
+    world: int = 1,
+    device: Any = "cpu",
+    group: Any = None,
+) -> Rank:
+    """This process's rank of ``config`` (planned by its family): what ``rank_main`` builds,
+    for code that joined the world itself (the benchmarks, the tests)."""
+    spec = checkpoint_spec(config)
+    plan = spec.plan(config)
+    return Rank(config.with_(parallel=plan.parallel), spec, plan, index, world, device, group)

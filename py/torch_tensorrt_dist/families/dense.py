@@ -1,22 +1,28 @@
 """The dense Llama family (Llama 2/3, Mistral, Qwen2, Qwen3): ``config.json`` or a preset, the TP
-layout of ``parallel/llama.py``, each rank's slices read by ``parallel/llama_load.py`` (only
-its pipeline stage's, when ``families/pipeline.py`` gives the rank one)."""
+layout of ``parallel/llama.py``, each rank's slices read by the generic loader
+(``parallel/sharded_load.py``) with the names and slices of ``parallel/llama_load.py`` (only its
+pipeline stage's, when ``families/pipeline.py`` gives the rank one)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch_tensorrt_dist.config.run import RunConfig
-from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Rank, quantize_shard
-from torch_tensorrt_dist.models.dtypes import DTYPES
-from torch_tensorrt_dist.models.llama import Transformer
-from torch_tensorrt_dist.models.llama_args import ModelArgs, read_config
+from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Rank
+from torch_tensorrt_dist.models.llama_args import DENSE_MODEL_TYPES, ModelArgs, read_config
 from torch_tensorrt_dist.models.weights_check import check_checkpoint
 from torch_tensorrt_dist.parallel.llama import tp_layout
+
+if TYPE_CHECKING:
+    from torch_tensorrt_dist.parallel.llama_load import DenseShards
 
 __all__ = ["DenseSpec"]
 
 
 class DenseSpec(ModelSpec):
     family = "dense"
+    model_types = DENSE_MODEL_TYPES
+    describe = "dense"
 
     def read_args(self) -> ModelArgs:
         """``config.json`` checked against the weights' headers (no tensor read), or the
@@ -34,34 +40,9 @@ class DenseSpec(ModelSpec):
         tp_layout(args, 0, p.tp or 1, config.model.lm_head, config.model.embedding)
         return self.checkpoint_plan(config, args)
 
-    def load(self, rank: Rank, *, progress: bool = False) -> Transformer:
-        from torch_tensorrt_dist.parallel.llama_load import load_llama, random_llama
+    def shards(self, rank: Rank) -> DenseShards:
+        from torch_tensorrt_dist.parallel.llama_load import DenseShards
 
-        config, plan, place = rank.config, rank.plan, rank.stage
-        dtype, layout = DTYPES[config.model.dtype], config.model
+        place, layout = rank.stage, rank.config.model
         group = rank.group if place is None else place.tp_group
-        stage = None if place is None else place.role
-        if plan.path is not None:
-            model = load_llama(
-                plan.path,
-                group=group,
-                dtype=dtype,
-                device=rank.device,
-                lm_head=layout.lm_head,
-                embedding=layout.embedding,
-                max_seq_len=plan.args.max_seq_len,
-                progress=progress,
-                stage=stage,
-            )
-        else:
-            model = random_llama(
-                plan.args,
-                seed=0,
-                group=group,
-                dtype=dtype,
-                lm_head=layout.lm_head,
-                embedding=layout.embedding,
-                stage=stage,
-            ).to(rank.device)
-        quantize_shard(model, config)
-        return model
+        return DenseShards(rank.plan.args, group, layout.lm_head, layout.embedding)

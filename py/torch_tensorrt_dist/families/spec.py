@@ -32,10 +32,13 @@ from torch_tensorrt_dist.quantization.scheme import check_engine_group, check_gr
 
 if TYPE_CHECKING:
     from torch_tensorrt_dist.parallel.pipeline import StagePlace
+    from torch_tensorrt_dist.parallel.sharded_load import Shards
 
 __all__ = [
+    "MODEL_TYPES",
     "ModelPlan",
     "ModelSpec",
+    "Prompts",
     "Rank",
     "build_generator",
     "check_kv_cache",
@@ -47,6 +50,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+Prompts = Sequence[Sequence[int]]
+"""A batch of token-id prompts."""
 
 
 def resolve_model(model: str | Path | None) -> tuple[Path | None, str | None]:
@@ -147,14 +153,33 @@ class Rank:
         return load_tokenizer(self.plan.tokenizer_dir, vocab_size=self.plan.args.vocab_size)
 
 
+#: config.json ``model_type`` -> the native family's spec that runs it (each spec class that
+#: names ``model_types`` adds itself; ``families/__init__.py`` imports every family module)
+MODEL_TYPES: dict[str, type[ModelSpec]] = {}
+
+
 class ModelSpec:
     """A model family: how it reads its configuration, checks the layout, loads a rank's
-    slices and quantizes them. Subclasses set ``family`` and implement :meth:`plan` and
-    :meth:`load`; :meth:`generator` builds on :meth:`load` unless the family has its own."""
+    slices and quantizes them. Subclasses set ``family`` and implement :meth:`plan` and either
+    :meth:`shards` (the generic sharded loader, ``parallel/sharded_load.py``, then does the
+    rest) or :meth:`load`; :meth:`generator` builds on :meth:`load` unless the family has its
+    own. A native family names the ``model_types`` it runs: ``checkpoint_spec`` picks it by
+    ``config.json``."""
 
     family: ClassVar[str]
+    #: config.json ``model_type``s this family runs (a native family's; others: none)
+    model_types: ClassVar[tuple[str, ...]] = ()
+    #: what the family is, in refusals that list the native families
+    describe: ClassVar[str] = ""
+    #: whether ``--ep`` splits its experts
+    expert_parallel: ClassVar[bool] = False
     #: commands this family cannot run yet -> the refusal (its fix included)
     refused: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for kind in cls.__dict__.get("model_types", ()):
+            MODEL_TYPES[kind] = cls
 
     def __init__(self, path: Path | None = None, preset: str | None = None) -> None:
         self.path, self.preset = path, preset
@@ -162,18 +187,34 @@ class ModelSpec:
     def plan(self, config: RunConfig) -> ModelPlan:
         raise NotImplementedError
 
-    def load(self, rank: Rank, *, progress: bool = False) -> Transformer:
+    def shards(self, rank: Rank) -> Shards:
+        """The family's part of the generic loader for this rank: its model, its TP plan over
+        the rank's groups (``rank.stage``'s when it is a pipeline stage), its tensors."""
         raise NotImplementedError
+
+    def load(self, rank: Rank, *, progress: bool = False) -> Transformer:
+        """This rank's shard by the generic loader: the checkpoint's slices (random weights
+        for a preset), only its pipeline stage's parts, then quantized."""
+        from torch_tensorrt_dist.models.dtypes import DTYPES
+        from torch_tensorrt_dist.parallel.sharded_load import load_sharded, random_sharded
+
+        config, plan = rank.config, rank.plan
+        dtype, shards = DTYPES[config.model.dtype], self.shards(rank)
+        stage = None if rank.stage is None else rank.stage.role
+        if plan.path is not None:
+            model = load_sharded(
+                plan.path, shards, dtype=dtype, device=rank.device, stage=stage, progress=progress
+            )
+        else:
+            model = random_sharded(shards, seed=0, dtype=dtype, stage=stage).to(rank.device)
+        quantize_shard(model, config)
+        return model  # type: ignore[return-value]  # a family's decoder: Transformer's steps
 
     def generator(self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False) -> Any:
         return build_generator(rank.model(progress=progress), rank.config, rows, cache_len)
 
     def request_len(
-        self,
-        config: RunConfig,
-        plan: ModelPlan,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
+        self, config: RunConfig, plan: ModelPlan, prompts: Prompts, max_new_tokens: int
     ) -> int:
         """The longest sequence a batch of token-id prompts needs, every length and id checked
         before the model is loaded: ``--max-seq-len``, else the longest prompt and its new

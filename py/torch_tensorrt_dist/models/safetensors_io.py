@@ -19,7 +19,6 @@ import math
 import os
 import struct
 from pathlib import Path
-from types import TracebackType
 
 import torch
 
@@ -139,10 +138,5 @@ class SafetensorsReader:
     def __enter__(self) -> SafetensorsReader:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -1,4 +1,6 @@
-"""Small reference models for tests, examples and ``explain`` (not LLMs: see ``llama``)."""
+"""Small reference models for tests, examples and ``explain`` (not LLMs: see ``llama``), and
+:class:`ToyLM`, the decoder of the toy family (``families/toy.py``: docs/families.md's example
+of a family that is its model file, its TP plan and its spec)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MLP", "NormMLP"]
+from torch_tensorrt_dist.models.llama import ModelArgs, Transformer, TransformerBlock
+from torch_tensorrt_dist.models.paged import PagedSlots
+
+__all__ = ["MLP", "NormMLP", "ParallelBlock", "ToyLM"]
 
 
 class MLP(nn.Module):
@@ -71,3 +76,32 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
+
+
+class ParallelBlock(TransformerBlock):
+    """GPT-J's block: attention and MLP side by side on one norm,
+    ``x + attention(norm(x)) + mlp(norm(x))`` (no ``ffn_norm``)."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__(args)
+        del self.ffn_norm
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        where: torch.Tensor | PagedSlots,
+    ) -> torch.Tensor:
+        h = self.attention_norm(x)  # [B, S, dim]
+        return x + self.attention(h, cos, sin, mask, where) + self.feed_forward(h)
+
+
+class ToyLM(Transformer):
+    """A decoder of :class:`ParallelBlock` layers; everything else (embedding, RoPE, the paged
+    KV cache, the LM head, pipeline stages) is :class:`Transformer`'s."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__(args)
+        self.layers = nn.ModuleList(ParallelBlock(args) for _ in range(args.n_layers))

@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from tqdm import tqdm
 
 from torch_tensorrt_dist.errors import CheckpointError
-from torch_tensorrt_dist.models.checkpoint_files import weight_map
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.models.llama_args import read_config
-from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
-from torch_tensorrt_dist.models.stage import StageRole, cut_stage
+from torch_tensorrt_dist.models.stage import StageRole
 from torch_tensorrt_dist.models.weights_check import check_checkpoint
 from torch_tensorrt_dist.parallel.llama import (
     Embedding,
@@ -39,8 +39,15 @@ from torch_tensorrt_dist.parallel.llama import (
     shard_slice,
     tp_layout,
 )
+from torch_tensorrt_dist.parallel.sharded_load import (
+    Read,
+    checkpoint_dir,
+    load_sharded,
+    param_reads,
+    random_sharded,
+)
 
-__all__ = ["fill_parameters", "hf_name", "load_into", "load_llama", "random_llama"]
+__all__ = ["DenseShards", "hf_name", "load_llama", "random_llama", "tp_slice"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,66 +84,45 @@ def hf_name(name: str, args: ModelArgs) -> str:
     return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
 
 
-def load_into(
-    param: torch.Tensor, reader: SafetensorsReader, name: str, sl: ShardSlice | None
-) -> None:
-    """Fill ``param`` with the tensor or its slice; straight into its memory when it can be
-    (shared with ``moe_load``)."""
-    dim, start, stop = (None, 0, None) if sl is None else (sl.dim, sl.start, sl.stop)
-    rows = param
-    if sl is not None and sl.padded > sl.stop - sl.start:
-        # the last vocab shard: zero rows, sliced off after the gather
-        param[sl.stop - sl.start :].zero_()
-        rows = param[: sl.stop - sl.start]
-    if rows.device.type == "cpu" and rows.dtype == reader.info(name).dtype:
-        reader.read_into(rows, name, dim, start, stop)
-    else:  # another dtype or device: one tensor-sized temporary
-        rows.copy_(reader.read(name, dim, start, stop))
+@dataclass(frozen=True)
+class DenseShards:
+    """The dense family's part of the generic loader (``sharded_load.py``): the Llama decoder,
+    its TP plan (``llama.py`` beside it), one checkpoint tensor per parameter."""
+
+    args: ModelArgs
+    group: dist.ProcessGroup | None = None
+    lm_head: LMHead = "vocab_parallel"
+    embedding: Embedding = "vocab_parallel"
+
+    def build(self) -> Transformer:
+        return Transformer(self.args)
+
+    def shard(self, model: nn.Module) -> None:
+        assert isinstance(model, Transformer)
+        apply_tp(model, self.group, lm_head=self.lm_head, embedding=self.embedding)
+
+    def layout(self) -> TPLayout:
+        pg = self.group
+        rank, size = (dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else (0, 1)
+        return tp_layout(self.args, rank, size, self.lm_head, self.embedding)
+
+    def reads(
+        self, model: nn.Module, names: dict[str, Path], full: dict[str, tuple[int, ...]]
+    ) -> list[Read]:
+        layout = self.layout()
+        full = {**full, "output.weight": (self.args.vocab_size, self.args.dim)}
+        return param_reads(model, full, self.key, lambda n: tp_slice(n, layout))
+
+    def key(self, name: str) -> str:
+        """The checkpoint tensor of parameter ``name``."""
+        return hf_name(name, self.args)
 
 
-def fill_parameters(
-    model: torch.nn.Module,
-    root: Path,
-    args: ModelArgs,
-    layout: TPLayout,
-    full_shapes: dict[str, tuple[int, ...]],
-    *,
-    progress: bool = True,
-) -> int:
-    """Fill every parameter of a sharded, materialised ``model`` with this rank's slice of its
-    checkpoint tensor (``full_shapes``: the unsharded shapes, checked against the files);
-    returns the checkpoint bytes read."""
-    names = weight_map(root)
-    by_file: dict[Path, list[tuple[str, torch.nn.Parameter, str]]] = {}
-    for name, param in model.named_parameters():
-        key = hf_name(name, args)
-        if key not in names:
-            raise CheckpointError(
-                f"{root} lacks tensor {key!r} (for {name}); the checkpoint "
-                "is incomplete or not a Llama/Mistral/Qwen2/Qwen3 model"
-            )
-        by_file.setdefault(names[key], []).append((name, param, key))
-    show = progress and (not dist.is_initialized() or dist.get_rank() == 0)
-    bar = tqdm(total=sum(map(len, by_file.values())), desc=f"loading {root.name}", disable=not show)
-    total = 0
-    with bar, torch.no_grad():
-        for file, entries in by_file.items():
-            with SafetensorsReader(file) as reader:
-                for name, param, key in entries:
-                    shape = reader.info(key).shape
-                    if shape != full_shapes[name]:
-                        raise CheckpointError(
-                            f"{file.name}: tensor {key!r} has shape {list(shape)}, but "
-                            f"config.json implies {list(full_shapes[name])}; the config and "
-                            "weights do not match"
-                        )
-                    sl = shard_slice(name, layout)
-                    if sl is not None and name.endswith(".bias") and sl.dim == 1:
-                        sl = None  # a row-parallel bias stays whole (added after the reduce)
-                    load_into(param, reader, key, sl)
-                    bar.update(1)
-                total += reader.bytes_read
-    return total
+def tp_slice(name: str, layout: TPLayout) -> ShardSlice | None:
+    """This rank's slice of the checkpoint tensor of parameter ``name``: the TP plan's, but a
+    row-parallel bias stays whole (added after the reduce)."""
+    sl = shard_slice(name, layout)
+    return None if sl is not None and name.endswith(".bias") and sl.dim == 1 else sl
 
 
 def load_llama(
@@ -155,25 +141,14 @@ def load_llama(
     """Build the (sharded) model of checkpoint ``path``, reading only this rank's slices
     (``stage``: only a pipeline stage's parts, ``models/stage.py``). ``model.bytes_read`` says
     how many checkpoint bytes this rank read."""
-    root = Path(path)
-    if not root.is_dir():
-        raise CheckpointError(f"checkpoint directory {root} does not exist")
+    root = checkpoint_dir(path)
     args = read_config(root, max_seq_len=max_seq_len)
-    check_checkpoint(root, args)  # names, shapes, layer count, dtypes: before any allocation
-    pg = resolve_tp_group(group, mesh_dim)
-    rank, size = (dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else (0, 1)
-    layout = tp_layout(args, rank, size, lm_head, embedding)
-    with torch.device("meta"):
-        model = Transformer(args)
-    full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    full_shapes["output.weight"] = (args.vocab_size, args.dim)
-    apply_tp(model, pg, lm_head=lm_head, embedding=embedding)
-    if stage is not None:
-        cut_stage(model, stage)
-    model = model.to(dtype).to_empty(device=device)
-    model.bytes_read = fill_parameters(model, root, args, layout, full_shapes, progress=progress)
-    logger.info("loaded %s (tp rank %d of %d, %s)", root, rank, size, dtype)
-    return model.requires_grad_(False).eval()
+    check_checkpoint(root, args)  # names, shapes, layers, dtypes: before any allocation
+    shards = DenseShards(args, resolve_tp_group(group, mesh_dim), lm_head, embedding)
+    model = load_sharded(root, shards, dtype=dtype, device=device, stage=stage, progress=progress)
+    layout = shards.layout()
+    logger.info("loaded %s (tp rank %d of %d, %s)", path, layout.rank, layout.size, dtype)
+    return cast(Transformer, model)
 
 
 def random_llama(
@@ -189,15 +164,5 @@ def random_llama(
 ) -> Transformer:
     """A model with deterministic random weights (same on every rank), then sharded (and cut to
     a pipeline ``stage``: the whole model's weights, so a stage equals its part of it)."""
-    gen = torch.Generator().manual_seed(seed)
-    model = Transformer(args)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5 / p.shape[-1] ** 0.5)
-    apply_tp(model, resolve_tp_group(group, mesh_dim), lm_head=lm_head, embedding=embedding)
-    if stage is not None:
-        cut_stage(model, stage)
-    return model.to(dtype).requires_grad_(False).eval()
+    shards = DenseShards(args, resolve_tp_group(group, mesh_dim), lm_head, embedding)
+    return cast(Transformer, random_sharded(shards, seed=seed, dtype=dtype, stage=stage))

@@ -156,6 +156,25 @@ class MoEGroups:
     moe_group: dist.ProcessGroup | None
     """The MoE all-reduce: every rank of the EP x TP group (None at ep x tp = 1)."""
 
+    def layout(
+        self,
+        args: ModelArgs,
+        moe: MoEArgs,
+        lm_head: LMHead = "vocab_parallel",
+        embedding: Embedding = "vocab_parallel",
+    ) -> MoELayout:
+        """This rank's :func:`moe_layout` (checked: ConfigError names the numbers)."""
+        return moe_layout(
+            args,
+            moe,
+            ep=self.ep,
+            tp=self.tp,
+            ep_rank=self.ep_rank,
+            tp_rank=self.tp_rank,
+            lm_head=lm_head,
+            embedding=embedding,
+        )
+
 
 def make_moe_mesh(ep: int, tp: int, device_type: str | None = None) -> DeviceMesh:
     """``init_device_mesh(device, (ep, tp), mesh_dim_names=("ep", "tp"))`` after checking sizes."""
@@ -194,16 +213,7 @@ def apply_moe_parallel(
 ) -> MoETransformer:
     """Shard ``model`` in place (meta or real weights): attention and dense MLPs over TP
     (the Llama plan), experts over EP and TP, the shared expert over EP x TP."""
-    layout = moe_layout(
-        model.args,
-        model.moe,
-        ep=groups.ep,
-        tp=groups.tp,
-        ep_rank=groups.ep_rank,
-        tp_rank=groups.tp_rank,
-        lm_head=lm_head,
-        embedding=embedding,
-    )
+    layout = groups.layout(model.args, model.moe, lm_head, embedding)
     apply_tp(model, groups.tp_group, lm_head=lm_head, embedding=embedding)
     for moe in model.sparse_blocks:
         first, count = layout.expert_start, layout.local_experts

@@ -16,32 +16,36 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
-import torch.distributed as dist
-from tqdm import tqdm
+from torch import nn
 
-from torch_tensorrt_dist.errors import CheckpointError
-from torch_tensorrt_dist.models.checkpoint_files import weight_map
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.moe import MoETransformer, SparseMoE
 from torch_tensorrt_dist.models.moe_args import MoEArgs, read_moe_config
-from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader, TensorInfo
-from torch_tensorrt_dist.models.stage import StageRole, cut_stage
+from torch_tensorrt_dist.models.stage import StageRole
 from torch_tensorrt_dist.models.weights_check import check_checkpoint
-from torch_tensorrt_dist.parallel.llama import Embedding, LMHead, ShardSlice, shard_slice, tp_layout
-from torch_tensorrt_dist.parallel.llama_load import hf_name, load_into
+from torch_tensorrt_dist.parallel.llama import Embedding, LMHead, ShardSlice, tp_layout
+from torch_tensorrt_dist.parallel.llama_load import hf_name, tp_slice
 from torch_tensorrt_dist.parallel.moe import (
     MoEGroups,
     MoELayout,
     apply_moe_parallel,
     expert_slice,
-    moe_layout,
     shared_slice,
 )
+from torch_tensorrt_dist.parallel.sharded_load import (
+    Read,
+    checkpoint_dir,
+    load_sharded,
+    param_reads,
+    random_sharded,
+)
 
-__all__ = ["expert_key", "load_moe", "moe_hf_name", "random_moe"]
+__all__ = ["MoEShards", "expert_key", "load_moe", "moe_hf_name", "random_moe"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +85,6 @@ def moe_hf_name(name: str, args: ModelArgs, moe: MoEArgs) -> str | None:
     return f"{block}.shared_expert.{_SHARED[shared]}.weight"
 
 
-Job = tuple[str, torch.Tensor, str, "ShardSlice | None", tuple[int, ...]]
-"""(our name, destination, checkpoint key, slice, the checkpoint tensor's expected shape)"""
-
-
 def _fused_slice(kind: str, layout: MoELayout, expert_size: int) -> ShardSlice | None:
     """The slice of one expert's ``gate_up_proj`` [2I, D] (w1: rows of the first half, w3: of
     the second) or ``down_proj`` [D, I] (w2: columns) this rank reads."""
@@ -96,13 +96,11 @@ def _fused_slice(kind: str, layout: MoELayout, expert_size: int) -> ShardSlice |
     return ShardSlice(0, offset + start, offset + stop, stop - start)
 
 
-def _expert_jobs(
-    model: MoETransformer, layout: MoELayout, names: dict[str, Path], root: Path
-) -> list[Job]:
-    """The jobs of every local expert tensor: one checkpoint tensor per expert, or (experts
+def _expert_reads(model: MoETransformer, layout: MoELayout, names: dict[str, Path]) -> list[Read]:
+    """The reads of every local expert tensor: one checkpoint tensor per expert, or (experts
     fused on disk, transformers' in-memory layout) expert ``e`` of ``experts.gate_up_proj``
     [E, 2I, D] / ``experts.down_proj`` [E, D, I], read as ``key@e``."""
-    jobs: list[Job] = []
+    reads: list[Read] = []
     moe, d, size = model.moe, model.args.dim, model.moe.expert_size
     for i, layer in enumerate(model.layers):  # global indices (a pipeline stage holds some)
         ffn = getattr(layer, "feed_forward", None)
@@ -119,106 +117,62 @@ def _expert_jobs(
                     part = "down_proj" if kind == "w2" else "gate_up_proj"
                     want = (d, size) if kind == "w2" else (2 * size, d)
                     sl = _fused_slice(kind, layout, size)
-                    jobs.append((name, stacked[j], f"{fused}.{part}@{e}", sl, want))
+                    reads.append(Read(name, stacked[j], f"{fused}.{part}@{e}", sl, want))
                     continue
-                key = expert_key(i, e, kind, moe)
-                if key not in names:
-                    raise CheckpointError(_missing_expert(root, names, i, e, key, moe))
                 want = (d, size) if kind == "w2" else (size, d)
-                jobs.append((name, stacked[j], key, expert_slice(kind, layout), want))
-    return jobs
+                key = expert_key(i, e, kind, moe)
+                reads.append(Read(name, stacked[j], key, expert_slice(kind, layout), want))
+    return reads
 
 
-def _missing_expert(
-    root: Path, names: dict[str, Path], layer: int, e: int, key: str, moe: MoEArgs
-) -> str:
-    prefix = f"model.layers.{layer}.{_BLOCK[moe.style]}.experts."
-    ids = [k[len(prefix) :].split(".")[0] for k in names if k.startswith(prefix)]
-    have = sorted({int(x) for x in ids if x.isdigit()})
-    return (
-        f"{root} lacks expert {e} of layer {layer} ({key!r}); config.json says "
-        f"{moe.n_experts} experts, the checkpoint has {len(have)} for that layer "
-        f"({have[:8]}{'...' if len(have) > 8 else ''})"
-    )
+@dataclass(frozen=True)
+class MoEShards:
+    """The MoE family's part of the generic loader (``sharded_load.py``): the decoder with
+    sparse layers, its EP x TP plan (``moe.py`` beside it), one checkpoint tensor per dense
+    parameter and per expert (or per expert block of a fused tensor)."""
 
+    args: ModelArgs
+    moe: MoEArgs
+    groups: MoEGroups = _SINGLE
+    lm_head: LMHead = "vocab_parallel"
+    embedding: Embedding = "vocab_parallel"
 
-def _expert_view(reader: SafetensorsReader, key: str) -> None:
-    """Make ``base@e`` readable: expert ``e``'s [2I, D] or [D, I] block of a fused tensor."""
-    if key in reader.tensors:
-        return
-    base, e = key.rsplit("@", 1)
-    t = reader.info(base)
-    if not t.shape or not 0 <= int(e) < t.shape[0]:
-        raise CheckpointError(
-            f"{reader.path.name}: tensor {base!r} of shape {list(t.shape)} has no expert {e}"
-        )
-    stride = (t.end - t.begin) // t.shape[0]
-    begin = t.begin + int(e) * stride
-    reader.tensors[key] = TensorInfo(t.dtype, t.shape[1:], begin, begin + stride)
+    def build(self) -> MoETransformer:
+        return MoETransformer(self.args, self.moe)
 
+    def shard(self, model: nn.Module) -> None:
+        assert isinstance(model, MoETransformer)
+        apply_moe_parallel(model, self.groups, lm_head=self.lm_head, embedding=self.embedding)
 
-def fill_moe_parameters(
-    model: MoETransformer,
-    root: Path,
-    layout: MoELayout,
-    full_shapes: dict[str, tuple[int, ...]],
-    *,
-    lm_head: LMHead,
-    embedding: Embedding,
-    progress: bool = True,
-) -> int:
-    """Fill every parameter of a sharded, materialised MoE model with this rank's slice of its
-    checkpoint tensor (``full_shapes``: the unsharded shapes); return the bytes read."""
-    args, moe = model.args, model.moe
-    names = weight_map(root)
-    tpl = tp_layout(args, layout.tp_rank, layout.tp, lm_head, embedding)
-    jobs: list[Job] = []
-    for name, param in model.named_parameters():
-        key = moe_hf_name(name, args, moe)
-        if key is None:
-            continue
-        # transformers' in-memory names (router under .mlp) where a checkpoint keeps them
-        alt = key.replace(f".{_BLOCK[moe.style]}.", ".mlp.")
-        key = alt if key not in names and alt in names else key
-        if key not in names:
-            raise CheckpointError(f"{root} lacks tensor {key!r} (for {name})")
-        sm = _MOE_RE.match(name)
-        if sm is not None and sm.group(3) in ("w1", "w2", "w3"):
-            sl = shared_slice(sm.group(3), layout)
-        elif sm is not None:
-            sl = None  # router, shared-expert gate: replicated
-        else:
-            sl = shard_slice(name, tpl)
-            if sl is not None and name.endswith(".bias") and sl.dim == 1:
-                sl = None
-        jobs.append((name, param, key, sl, full_shapes[name]))
-    jobs += _expert_jobs(model, layout, names, root)
-    by_file: dict[Path, list[Job]] = {}
-    for job in jobs:
-        by_file.setdefault(names[job[2].split("@")[0]], []).append(job)
-    show = progress and (not dist.is_initialized() or dist.get_rank() == 0)
-    total = 0
-    with (
-        tqdm(total=len(jobs), desc=f"loading {root.name}", disable=not show) as bar,
-        torch.no_grad(),
-    ):
-        for file, entries in by_file.items():
-            with SafetensorsReader(file) as reader:
-                for _, dest, key, sl, want in entries:
-                    if "@" in key:
-                        _expert_view(reader, key)
-                    if reader.info(key).shape != want:
-                        base = key.split("@")[0]
-                        raise CheckpointError(
-                            f"{file.name}: tensor {base!r} has shape "
-                            f"{list(reader.info(base).shape)}, but config.json implies "
-                            f"{list(want)} (per expert where experts are fused); the config "
-                            "and weights do not match"
-                        )
-                    load_into(dest, reader, key, sl)
-                    bar.update(1)
-                total += reader.bytes_read
-    return total
+    def layout(self) -> MoELayout:
+        return self.groups.layout(self.args, self.moe, self.lm_head, self.embedding)
+
+    def key(self, name: str, names: dict[str, Path]) -> str | None:
+        """:func:`moe_hf_name`, or transformers' in-memory name (router under ``.mlp``)
+        where the checkpoint keeps that one."""
+        key = moe_hf_name(name, self.args, self.moe)
+        if key is None or key in names:
+            return key
+        alt = key.replace(f".{_BLOCK[self.moe.style]}.", ".mlp.")
+        return alt if alt in names else key
+
+    def slice(self, name: str, layout: MoELayout) -> ShardSlice | None:
+        m = _MOE_RE.match(name)
+        if m is None:  # attention, dense MLP, embedding, head: the dense plan's
+            tpl = tp_layout(self.args, layout.tp_rank, layout.tp, self.lm_head, self.embedding)
+            return tp_slice(name, tpl)
+        if m.group(3) in ("w1", "w2", "w3"):
+            return shared_slice(m.group(3), layout)
+        return None  # router, shared-expert gate: replicated
+
+    def reads(
+        self, model: nn.Module, names: dict[str, Path], full: dict[str, tuple[int, ...]]
+    ) -> list[Read]:
+        assert isinstance(model, MoETransformer)
+        layout = self.layout()
+        full = {**full, "output.weight": (self.args.vocab_size, self.args.dim)}
+        key_of, slice_of = (lambda n: self.key(n, names)), (lambda n: self.slice(n, layout))
+        return param_reads(model, full, key_of, slice_of) + _expert_reads(model, layout, names)
 
 
 def load_moe(
@@ -236,35 +190,15 @@ def load_moe(
     """Build the (sharded) MoE model of checkpoint ``path``, reading only this rank's bytes
     (``stage``: only a pipeline stage's parts, ``models/stage.py``). ``model.bytes_read`` says
     how many bytes of the checkpoint this rank read."""
-    root = Path(path)
-    if not root.is_dir():
-        raise CheckpointError(f"checkpoint directory {root} does not exist")
+    root = checkpoint_dir(path)
     args, moe = read_moe_config(root, max_seq_len=max_seq_len)
-    check_checkpoint(root, args, moe)  # names, shapes, counts, dtypes: before any allocation
+    check_checkpoint(root, args, moe)  # names, shapes, counts, dtypes: before allocating
     g = groups or _SINGLE
-    layout = moe_layout(
-        args,
-        moe,
-        ep=g.ep,
-        tp=g.tp,
-        ep_rank=g.ep_rank,
-        tp_rank=g.tp_rank,
-        lm_head=lm_head,
-        embedding=embedding,
-    )
-    with torch.device("meta"):
-        model = MoETransformer(args, moe)
-    full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    full_shapes["output.weight"] = (args.vocab_size, args.dim)
-    apply_moe_parallel(model, g, lm_head=lm_head, embedding=embedding)
-    if stage is not None:
-        cut_stage(model, stage)
-    model = model.to(dtype).to_empty(device=device)
-    model.bytes_read = fill_moe_parameters(
-        model, root, layout, full_shapes, lm_head=lm_head, embedding=embedding, progress=progress
-    )
-    logger.info("loaded %s (ep %d/%d, tp %d/%d)", root, g.ep_rank, g.ep, g.tp_rank, g.tp)
-    return model.requires_grad_(False).eval()
+    shards = MoEShards(args, moe, g, lm_head, embedding)
+    shards.layout()  # the split checked before any allocation
+    model = load_sharded(root, shards, dtype=dtype, device=device, stage=stage, progress=progress)
+    logger.info("loaded %s (ep %d/%d, tp %d/%d)", path, g.ep_rank, g.ep, g.tp_rank, g.tp)
+    return cast(MoETransformer, model)
 
 
 def random_moe(
@@ -280,15 +214,5 @@ def random_moe(
 ) -> MoETransformer:
     """A MoE model with deterministic random weights (the same on every rank), then sharded
     (and cut to a pipeline ``stage``)."""
-    gen = torch.Generator().manual_seed(seed)
-    model = MoETransformer(args, moe)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5 / p.shape[-1] ** 0.5)
-    apply_moe_parallel(model, groups or _SINGLE, lm_head=lm_head, embedding=embedding)
-    if stage is not None:
-        cut_stage(model, stage)
-    return model.to(dtype).requires_grad_(False).eval()
+    shards = MoEShards(args, moe, groups or _SINGLE, lm_head, embedding)
+    return cast(MoETransformer, random_sharded(shards, seed=seed, dtype=dtype, stage=stage))

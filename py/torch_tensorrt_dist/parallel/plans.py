@@ -19,7 +19,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from torch_tensorrt_dist.models.toy import MLP, Block, NormMLP
+from torch_tensorrt_dist.models.toy import MLP, Block, NormMLP, ToyLM
+from torch_tensorrt_dist.parallel.llama import Embedding, LMHead, apply_tp
 
 __all__ = [
     "FunctionalTPMLP",
@@ -27,6 +28,7 @@ __all__ = [
     "sequence_parallel_block",
     "tensor_parallel_block",
     "tensor_parallel_mlp",
+    "toy_lm_tp",
 ]
 
 
@@ -135,3 +137,17 @@ class ShardSwap(nn.Module):
 
 def replicate(t: torch.Tensor, mesh: DeviceMesh) -> DTensor:
     return DTensor.from_local(t, mesh, [Replicate()], run_check=False)
+
+
+def toy_lm_tp(
+    model: ToyLM,
+    group: torch.distributed.ProcessGroup | None,
+    *,
+    lm_head: LMHead = "vocab_parallel",
+    embedding: Embedding = "vocab_parallel",
+) -> ToyLM:
+    """The toy family's plan: its modules are the Llama decoder's (q/k/v and gate/up column-,
+    o and down row-parallel, the vocabulary split), so it is the Llama plan; the parallel block
+    still reduces twice (after attention and after the MLP), each on this ``group``."""
+    apply_tp(model, group, lm_head=lm_head, embedding=embedding)
+    return model

@@ -25,7 +25,6 @@ import selectors
 import socket
 import threading
 import time
-from types import TracebackType
 
 from torch_tensorrt_dist.runtime._rank_entry import EXIT_SOCKET_NAME
 from torch_tensorrt_dist.runtime.failures import ExitEvent
@@ -118,12 +117,7 @@ class ExitWatch:
         self._thread.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._thread is not None:
             self._wake_w.send(b"x")
             self._thread.join(5)
