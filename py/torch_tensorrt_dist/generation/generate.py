@@ -29,6 +29,7 @@ from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for
 from torch_tensorrt_dist.generation.kv_memory import kv_layout
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
 from torch_tensorrt_dist.generation.scheduler import Scheduler, attention_span
+from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
 from torch_tensorrt_dist.generation.step_dispatch import StepDispatch, shape_class
 from torch_tensorrt_dist.generation.step_inputs import (
     DEFAULT_BLOCK_SIZE,
@@ -99,6 +100,25 @@ def paged_step(model: Transformer) -> StepFn:
         return model.paged_step(*inputs)
 
     return step
+
+
+def verify_step(
+    model: Transformer, engine: str, verify: bool | None, cpu_gemm: str, device: torch.device
+) -> StepFn:
+    """The verify call of speculative decoding (``Transformer.paged_verify``: the logits of
+    every token), compiled as the step is (:func:`compile_paged_step`)."""
+
+    def step(*inputs: Tensor) -> Tensor:
+        return model.paged_verify(*inputs)
+
+    return compile_paged_step(
+        step,
+        engine,
+        verify=verify,
+        cpu_gemm=cpu_gemm,
+        device=device,
+        version=lambda: model.paged_version,
+    )
 
 
 def compile_step(fn: F, engine: str, *, verify: bool | None = None, cpu_gemm: str = "aten") -> F:
@@ -232,13 +252,16 @@ class Generator:
         prefix_caching: bool = True,
         salt: bytes = b"",
         cpu_gemm: str = "reduce",
+        speculative: SpeculativeConfig | None = None,
     ) -> None:
         """``max_batch_size``: rows run together; ``cache_len``: the longest sequence (prompt
         and generated tokens; default the model's); ``kv_cache_memory``: KV bytes on this rank
         (default: ``max_batch_size`` sequences of ``cache_len`` tokens); ``max_prefill_tokens``:
         prompt tokens per step; ``salt``: the model's identity in prefix-cache keys;
         ``cpu_gemm``: the Inductor engine's products with CPU weights (``compile_paged_step``:
-        ``reduce``, the default, or ``aten``, the reference the tests compare it with)."""
+        ``reduce``, the default, or ``aten``, the reference the tests compare it with);
+        ``speculative``: speculative decoding (``speculative/``; a second compiled step, the
+        verify call, which returns the logits of every token)."""
         self.model, self.args, self.engine = model, model.args, engine
         #: a mixture of experts' MLP (``models/moe.py``), None for a dense model
         self.moe: MoEArgs | None = getattr(model, "moe", None)
@@ -288,6 +311,10 @@ class Generator:
             device=self.device,
             version=lambda: model.paged_version,  # setup_paged again: other pools, other keys
         )
+        self.speculative = speculative
+        self._verify: StepFn | None = None
+        if speculative is not None:
+            self._verify = verify_step(model, engine, verify, cpu_gemm, self.device)
 
     def core(self, *, tokenizer: Tokenizer | None = None, text: bool = False) -> GenerationCore:
         """The generation core over this generator's graph and a fresh block pool (the cache
@@ -304,6 +331,8 @@ class Generator:
             salt=self.salt,
             mark_dynamic=self.mark_dynamic,
             pack=self.pack,
+            speculative=getattr(self, "speculative", None),
+            verify_fn=getattr(self, "_verify", None),
         )
 
     def scheduler(self, core: GenerationCore) -> Scheduler:

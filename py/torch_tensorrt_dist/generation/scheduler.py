@@ -215,7 +215,13 @@ class Scheduler:
                 i += 1
                 continue
             need = blocks_for(seq.computed + n, bs) - len(seq.blocks)
-            while need > ledger.avail:
+            k = core.draft_size(seq) if core.speculative is not None else 0
+            if k:  # a draft's blocks, where they leave a block for each row after this one
+                more = blocks_for(seq.computed + n + k, bs) - len(seq.blocks)
+                if more + len(running) - i - 1 <= ledger.avail:
+                    need = more
+                    plan.drafts.append((seq.rid, k))
+            while need > ledger.avail:  # never with a draft (it fits, with room)
                 victim = running.pop()
                 plan.preempts.append(victim.rid)
                 self.preemptions += 1
