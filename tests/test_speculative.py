@@ -284,3 +284,40 @@ def test_two_ranks_agree_and_equal_plain_decoding(tok: Any) -> None:
     # TP 2 sums in another order than TP 1: compared with TP 2 without speculation
     assert result["tokens"] == plain["tokens"]
     assert json.dumps(result["finish"]) == json.dumps(plain["finish"])
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--speculative", "ngram", "--num-speculative-tokens", "17"], "--num-speculative-tokens"),
+        (["--speculative", "ngram", "--num-speculative-tokens", "0"], "--num-speculative-tokens"),
+        (["--speculative", "medusa"], "--speculative 'medusa'"),
+        (["--num-speculative-tokens", "3"], "needs --speculative"),
+    ],
+)
+def test_bad_speculative_options_are_refused_naming_the_option(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torch_tensorrt_dist.cli import main
+
+    args = ["generate", "--engine", "none", "--max-new-tokens", "4", "--prompt", "The", *extra]
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_generate_command_with_prompt_lookup_gives_the_plain_tokens(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from torch_tensorrt_dist.cli import main
+
+    args = ["generate", "--engine", "none", "--max-new-tokens", "24", "--json"]
+    args += ["--prompt", QUOTE]
+    outs = []
+    for extra in ([], ["--speculative", "ngram", "--num-speculative-tokens", "4"]):
+        assert main([*args, *extra]) == 0
+        out = capsys.readouterr().out
+        outs.append(json.loads(out[out.index("{") :])["tokens"])
+    assert outs[0] == outs[1] and len(outs[0][0]) > 5

@@ -24,6 +24,7 @@ from torch_tensorrt_dist.cli._options import (
     add_layout,
     add_model,
     add_quantize,
+    add_speculative,
     add_threads,
 )
 from torch_tensorrt_dist.cli._rank import start
@@ -73,6 +74,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on rank 0")
     add_quantize(p)
+    add_speculative(p)
     add_threads(p)
     p.set_defaults(func=run)
 

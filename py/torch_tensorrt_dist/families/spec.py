@@ -244,6 +244,7 @@ def build_generator(
         from torch_tensorrt_dist.generation.pipeline import PipelineGenerator
 
         make = partial(PipelineGenerator, place=stage)
+    extra = {} if config.speculative is None else {"speculative": config.speculative}
     return make(
         model,
         engine=config.engine,
@@ -255,6 +256,7 @@ def build_generator(
         max_prefill_tokens=cache.prefill_budget,
         prefix_caching=cache.prefix_caching,
         salt=model_salt(config),
+        **extra,
     )
 
 
