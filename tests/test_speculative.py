@@ -255,7 +255,8 @@ def test_sampled_tokens_follow_plain_sampling(tok: Any, model: Any) -> None:
     frequent pair equally frequent within 5 standard deviations."""
     quote = tok.encode(QUOTE)
     n, counts = 80, []
-    for spec in (None, SPEC):
+    # 1-grams too: the lookup proposes after almost every first token
+    for spec in (None, SpeculativeConfig(num_tokens=4, min_n=1)):
         gen = Generator(model, max_batch_size=8, cache_len=CACHE, speculative=spec)
         jobs = [Job(0, quote, 3, sampling={"temperature": 0.7, "seed": i}) for i in range(n)]
         result = run_schedule(gen, jobs, EOS)
@@ -321,3 +322,52 @@ def test_generate_command_with_prompt_lookup_gives_the_plain_tokens(
         out = capsys.readouterr().out
         outs.append(json.loads(out[out.index("{") :])["tokens"])
     assert outs[0] == outs[1] and len(outs[0][0]) > 5
+
+
+@pytest.mark.slow
+def test_served_at_tp2_with_prompt_lookup(tok: Any, model: Any) -> None:
+    """``serve --tp 2 --speculative ngram``: rank 0 plans the drafts, the other rank proposes
+    alike; the greedy text is plain decoding's and /metrics counts the proposals."""
+    import httpx
+
+    from ._serve import start_server
+
+    plain = Generator(model, max_batch_size=1, cache_len=CACHE)
+    want = plain.generate([tok.encode(QUOTE)], max_new_tokens=24, stop_ids=EOS).tokens[0]
+    args = ["--model", str(DEMO), "--served-model-name", "demo", "--tp", "2", "--engine", "none"]
+    args += ["--max-batch-size", "2", "--max-seq-len", str(CACHE)]
+    args += ["--speculative", "ngram", "--num-speculative-tokens", "4"]
+    server = start_server(args)
+    try:
+        body = {"model": "demo", "prompt": QUOTE, "max_tokens": 24, "temperature": 0}
+        got = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+        metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+    finally:
+        server.stop()
+    assert got["choices"][0]["text"] == tok.decode(want)
+    counts = {
+        line.split()[0]: float(line.split()[1])
+        for line in metrics.splitlines()
+        if line.startswith("torchtrt_spec_decode")
+    }
+    assert counts["torchtrt_spec_decode_num_accepted_tokens_total"] > 0
+    assert counts["torchtrt_spec_decode_mean_accepted_length"] > 1
+
+
+@pytest.mark.slow
+def test_compiled_verify_call_never_recompiles_after_warm_up(tok: Any, model: Any) -> None:
+    from torch_tensorrt_dist.backend import recording
+
+    torch._dynamo.reset()
+    gen = make_generator(model, engine="eager", speculative=SPEC, cache_len=CACHE)
+    with recording() as warm:
+        gen.warmup_all()
+    assert len(warm) >= 6  # the step's 4 shape classes and the verify call's 2
+    quote = tok.encode(QUOTE)
+    jobs = [Job(0, quote, 20), Job(1, tok.encode("The return statement"), 12), Job(2, quote, 8)]
+    with recording() as later:
+        result = run_schedule(gen, jobs, EOS)
+    assert later == []
+    assert result["speculated"][1] > 0
+    plain = run_schedule(make_generator(model, cache_len=CACHE), jobs, EOS)
+    assert result["tokens"] == plain["tokens"]

@@ -444,4 +444,22 @@ class Generator:
             with torch.no_grad():  # as the core's steps; reads and writes the null block only
                 inputs = step_inputs(null, self.limits, self.device, mark_dynamic=mark, pack=pack)
                 self._step(*inputs)
+        self._warm_verify(stop)
         return time.perf_counter() - start
+
+    def _warm_verify(self, stop: Callable[[], bool] | None) -> None:
+        """Speculative decoding's verify call: one row, two, and the most, of k + 1 tokens
+        (its shape classes, on each side of the products' split), on the null block."""
+        verify, spec = getattr(self, "_verify", None), getattr(self, "speculative", None)
+        if verify is None or spec is None:
+            return
+        s = min(spec.num_tokens + 1, self.limits.tokens)
+        for r in sorted({1, min(2, self.max_batch_size), self.max_batch_size}):
+            if stop is not None and stop():
+                return
+            null = [([0] * s, 0, [NULL_BLOCK] * blocks_for(s, self.block_size))] * r
+            with torch.no_grad():
+                inputs = step_inputs(
+                    null, self.limits, self.device, mark_dynamic=self.mark_dynamic, pack=self.pack
+                )
+                verify(*inputs)

@@ -22,8 +22,9 @@ class SpeculativeConfig:
     """``ngram``: prompt lookup over the row's prompt and output (:class:`NgramProposer`)."""
     num_tokens: int = 4
     """k, the most tokens proposed for a row in one step (``--num-speculative-tokens``)."""
-    min_n: int = 1
-    """The shortest suffix the lookup matches (vLLM's ``prompt_lookup_min``)."""
+    min_n: int = 2
+    """The shortest suffix the lookup matches (vLLM's ``prompt_lookup_min``; a single token
+    matches too often on text that does not repeat)."""
     max_n: int = 3
     """The longest suffix the lookup tries first (vLLM's ``prompt_lookup_max``)."""
 
