@@ -18,6 +18,12 @@ the step's own, so a step costs what is live; the second call, with ``pack``, al
 ``live [N]``, its real tokens, so that padding costs no products). A row that reaches the end
 of its tokens samples the next one.
 
+Speculative decoding (``speculative``, ``speculative/``): a decode row the plan gives a draft
+of k tokens (``StepPlan.drafts``; every rank's proposer gives the same tokens) runs as k + 1
+tokens in the step's verify call, with every other one-token row (``verify_fn``: the logits
+of every token); :meth:`GenerationCore._accept` walks its positions, emits each accepted token
+and the target's own, and rewinds the blocks that hold only refused tokens.
+
 Everything here is a function of the plans and the logits, with a generator per request seeded
 from its :class:`SamplingConfig`: ranks that apply the same plans hold the same sequences and
 blocks and sample the same tokens, without communicating.
