@@ -100,6 +100,7 @@ def run_schedule(
         "logprobs": [logprobs[i] for i in range(len(jobs))],
         "finish": [finish.get(i) for i in range(len(jobs))],
         "joined": [joined.get(i) for i in range(len(jobs))],
+        "speculated": (core.spec_proposed, core.spec_accepted),
     }
 
 
@@ -142,7 +143,13 @@ def rank_schedules(rank: int, world: int, spec: list[dict[str, Any]]) -> list[di
             model = load_moe(case["path"], groups=groups, progress=False)
         else:
             model = load_llama(case["path"], group=dist.group.WORLD, progress=False)
-        gen = make_generator(model, case.get("kv_blocks"))
+        spec = case.get("speculative")  # SpeculativeConfig's fields
+        if spec is not None:
+            from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
+
+            spec = SpeculativeConfig(**spec)
+        size = {"cache_len": case["cache_len"]} if "cache_len" in case else {}
+        gen = make_generator(model, case.get("kv_blocks"), speculative=spec, **size)
         jobs = [Job(**j) for j in case["jobs"]]
         grammars = None
         if case.get("tokenizer"):  # structured output over the checkpoint's tokenizer

@@ -112,10 +112,12 @@ def test_control_payload_round_trip() -> None:
         resumes=[8],
         cached={7: 2, 8: 5},
         chunks=[(8, 16), (7, 3)],
+        drafts=[(3, 4), (9, 1)],
     )
     back = control.decode_plan(control.encode_plan(plan), stop=True)
     assert back == StepPlan(**{**plan.__dict__, "stop": True})
     assert StepPlan().steady and not StepPlan(cancels=[1]).steady
+    assert not StepPlan(drafts=[(3, 2)]).steady  # every rank must know the drafts' sizes
     assert control.decode_plan(b"") == StepPlan()
 
 

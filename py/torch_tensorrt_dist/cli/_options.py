@@ -26,6 +26,8 @@ from torch_tensorrt_dist.config.run import (
     RunConfig,
     parse_split,
 )
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.generation.speculative.config import SpeculativeConfig
 from torch_tensorrt_dist.models.dtypes import DTYPES
 from torch_tensorrt_dist.quantization.scheme import quant_config
 from torch_tensorrt_dist.validation import parse_size
@@ -38,6 +40,7 @@ __all__ = [
     "add_layout",
     "add_model",
     "add_quantize",
+    "add_speculative",
     "add_threads",
     "run_config",
 ]
@@ -253,6 +256,37 @@ def add_kv_cache(
     )
 
 
+def add_speculative(p: argparse.ArgumentParser) -> None:
+    """``--speculative`` and ``--num-speculative-tokens`` (generate, serve)."""
+    p.add_argument(
+        "--speculative",
+        default=None,
+        metavar="METHOD",
+        help="speculative decoding: ngram (prompt lookup: a row's last tokens matched in its "
+        "prompt and output propose the tokens that followed; the model verifies them in one "
+        "step, exactly; default off)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help="most tokens proposed per row and step, in [1, 16] (default 4; lower where a "
+        "row's proposals are refused)",
+    )
+
+
+def speculative_config(ns: argparse.Namespace) -> SpeculativeConfig | None:
+    """The ``--speculative`` options of a command line (None: off; ConfigError naming the
+    option)."""
+    method, k = getattr(ns, "speculative", None), getattr(ns, "num_speculative_tokens", None)
+    if method is None:
+        if k is not None:
+            raise ConfigError("--num-speculative-tokens needs --speculative ngram")
+        return None
+    return SpeculativeConfig(method=method, num_tokens=4 if k is None else k)
+
+
 def add_threads(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads",
@@ -310,6 +344,7 @@ def run_config(ns: argparse.Namespace, job: Job) -> RunConfig:
         engine=fastest_engine() if ns.engine == "auto" else ns.engine,
         verify=ns.verify,
         quantize=quant_config(ns.quantize, ns.group_size, ns.quantize_embeddings),
+        speculative=speculative_config(ns),
         cache=cache,
         threads=ns.threads,
     )

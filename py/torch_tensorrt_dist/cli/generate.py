@@ -62,6 +62,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on rank 0")
     opt.add_quantize(p)
+    opt.add_speculative(p)
     opt.add_threads(p)
     p.set_defaults(func=run)
 

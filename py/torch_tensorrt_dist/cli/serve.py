@@ -33,6 +33,7 @@ from torch_tensorrt_dist.cli._options import (
     add_layout,
     add_model,
     add_quantize,
+    add_speculative,
     add_threads,
 )
 from torch_tensorrt_dist.cli._rank import start
@@ -127,6 +128,7 @@ def register(subparsers: Any) -> None:
         help="split <think>...</think> into reasoning_content (default: off)",
     )
     add_quantize(p)
+    add_speculative(p)
     add_threads(p)
     p.set_defaults(func=run)
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from torch_tensorrt_dist.config.jobs import CompileJob, EvalJob, GenerateJob, Job, ServeJob
 from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.generation.speculative.config import SpeculativeConfig
 from torch_tensorrt_dist.models.dtypes import DTYPES
 from torch_tensorrt_dist.quantization.scheme import QuantConfig
 from torch_tensorrt_dist.validation import check_int
@@ -206,6 +207,8 @@ class RunConfig:
     """Check each compiled graph's first call against eager (None: on for tensorrt only)."""
     quantize: QuantConfig | None = None
     cache: CacheOptions = field(default_factory=CacheOptions)
+    speculative: SpeculativeConfig | None = None
+    """``--speculative`` / ``--num-speculative-tokens`` (generate, serve; None: off)."""
     threads: int | None = None
     """``--threads``: each rank's intra-op threads (None: ``OMP_NUM_THREADS``, else the cores
     given / the ranks on the node; ``runtime/threads.py``)."""
@@ -220,6 +223,14 @@ class RunConfig:
             raise ConfigError("--verify checks a compiled engine; --engine none compiles nothing")
         if self.threads is not None:
             check_int(self.threads, name="--threads", low=1)
+        if self.speculative is not None:
+            if self.command not in ("generate", "serve"):
+                raise ConfigError(f"--speculative is for generate and serve, not {self.command}")
+            if self.parallel.pp > 1 or self.model.artifacts is not None:
+                raise ConfigError(
+                    "--speculative runs a second step graph (the verify call); pipeline stages "
+                    "(--pp) and --artifacts do not have it: leave --speculative out there"
+                )
 
     def with_(self, **changes: Any) -> RunConfig:
         return replace(self, **changes)

@@ -285,6 +285,7 @@ def build_generator(
         from torch_tensorrt_dist.generation.pipeline import PipelineGenerator
 
         make = partial(PipelineGenerator, place=stage)
+    extra = {} if config.speculative is None else {"speculative": config.speculative}
     return make(
         model,
         engine=config.engine,
@@ -296,6 +297,7 @@ def build_generator(
         max_prefill_tokens=cache.prefill_budget,
         prefix_caching=cache.prefix_caching,
         salt=model_salt(config),
+        **extra,
     )
 
 

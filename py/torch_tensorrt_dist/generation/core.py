@@ -18,6 +18,12 @@ the step's own, so a step costs what is live; the second call, with ``pack``, al
 ``live [N]``, its real tokens, so that padding costs no products). A row that reaches the end
 of its tokens samples the next one.
 
+Speculative decoding (``speculative``, ``speculative/``): a decode row the plan gives a draft
+of k tokens (``StepPlan.drafts``; every rank's proposer gives the same tokens) runs as k + 1
+tokens in the step's verify call, with every other one-token row (``verify_fn``: the logits
+of every token); :meth:`GenerationCore._accept` walks its positions, emits each accepted token
+and the target's own, and rewinds the blocks that hold only refused tokens.
+
 Everything here is a function of the plans and the logits, with a generator per request seeded
 from its :class:`SamplingConfig`: ranks that apply the same plans hold the same sequences and
 blocks and sample the same tokens, without communicating.
@@ -64,6 +70,12 @@ from torch_tensorrt_dist.generation.sampler import (
     StepMasks,
     sample_step,
 )
+from torch_tensorrt_dist.generation.speculative import (
+    NgramProposer,
+    RowSpeculation,
+    SpeculativeConfig,
+)
+from torch_tensorrt_dist.generation.speculative.verify import verify_pick
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.generation.stops import StopText
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
@@ -110,7 +122,13 @@ class Emitted:
 class Sequence:
     """A request's state on this rank: its tokens, blocks and sampling state."""
 
-    def __init__(self, req: Request, text: StopText | None, grammars: Grammars | None) -> None:
+    def __init__(
+        self,
+        req: Request,
+        text: StopText | None,
+        grammars: Grammars | None,
+        speculative: SpeculativeConfig | None = None,
+    ) -> None:
         self.req, self.rid, self.text = req, req.rid, text
         self.tokens: list[int] = list(req.prompt)
         """The prompt, then every token produced (the last one's K/V is not computed yet)."""
@@ -123,6 +141,9 @@ class Sequence:
         self.cached = 0
         self.sampling = RowSampling(req, grammars)
         """Generator, penalty state, grammar matcher: kept across preemption."""
+        self.spec = None if speculative is None else RowSpeculation(speculative.num_tokens)
+        """Adaptive k of speculative decoding (None: the core does not speculate)."""
+        self._proposal: tuple[int, int, list[int]] | None = None  # (tokens, k, proposal)
 
     @property
     def to_compute(self) -> int:
@@ -150,15 +171,28 @@ class GenerationCore:
         salt: bytes = b"",
         mark_dynamic: bool = True,
         pack: bool = False,
+        speculative: SpeculativeConfig | None = None,
+        verify_fn: StepFn | None = None,
     ) -> None:
         """``limits``: the largest rows / tokens / blocks a call may have (the step graph's
         dynamic dimensions); ``text``: produce each request's text (rank 0 of a server);
         ``salt``: the model's identity, part of every prefix-cache key; ``mark_dynamic``:
         mark the step's dynamic dimensions for Dynamo (``step_inputs``; off where the step
         is not traced by Dynamo); ``pack``: the step takes packed prefill steps (``live``,
-        ``step_inputs``)."""
+        ``step_inputs``); ``speculative``: speculative decoding, its verify calls through
+        ``verify_fn`` (the step with the logits of every token, ``Transformer.paged_verify``)."""
         if text and tokenizer is None:
             raise ConfigError("GenerationCore(text=True) needs a tokenizer")
+        if speculative is not None and verify_fn is None:
+            raise ConfigError("speculative decoding needs the verify step (verify_fn)")
+        self.speculative, self._verify = speculative, verify_fn
+        self.proposer = (
+            None
+            if speculative is None
+            else NgramProposer(min_n=speculative.min_n, max_n=speculative.max_n)
+        )
+        #: speculative decoding's counts: tokens proposed and accepted, rows verified
+        self.spec_proposed = self.spec_accepted = self.spec_rows = 0
         self._step, self.pool, self.limits = step_fn, pool, limits
         self.block_size, self.max_seq_len = pool.block_size, max_seq_len
         self.device, self.tokenizer, self.text, self.salt = (
@@ -225,10 +259,17 @@ class GenerationCore:
         for rid in plan.resumes:
             self._admit(self.preempted.pop(rid), plan.cached.get(rid, 0))
         rows = self._rows(chunks)
+        drafts = self._drafts(plan.drafts)
         for seq, n in rows:  # every rank allocates in this order: the same ids everywhere
-            self._grow(seq, seq.computed + n)
+            self._grow(seq, seq.computed + n + len(drafts.get(seq.rid, ())))
         ones = [(s, n) for s, n in rows if n == 1]
         many = [(s, n) for s, n in rows if n > 1]
+        verifying: list[tuple[Sequence, int]] = []
+        if drafts:  # the one-token rows verify: one call, the rows without a draft in it too
+            verifying, ones = ones, []
+        for seq, _ in verifying + ones:
+            if seq.spec is not None and seq.rid not in drafts:
+                seq.spec.tick()
         # the rows that sample this step, in the order _run returns them: their grammar
         # masks are computed while the graph runs
         sampling = [s for s, n in ones + many if s.computed + n == len(s.tokens)]
@@ -239,7 +280,107 @@ class GenerationCore:
             if group:
                 done += self._run(group, hook)
                 hook = None
-        return emitted + self._sample(done, masks)
+        verified = self._run_verify(verifying, drafts, hook) if verifying else []
+        emitted += self._sample(done, masks)
+        for seq, draft, logits in verified:
+            emitted += self._accept(seq, draft, logits)
+        return emitted
+
+    def draft_size(self, seq: Sequence) -> int:
+        """The tokens the proposer offers ``seq`` at this step (0: it decodes one token):
+        at most its adaptive k, the tokens it may still produce less one, and the step's
+        longest row less one. The scheduler sizes the row's blocks by it."""
+        if seq.spec is None or not seq.decoding:
+            return 0
+        left = seq.req.max_new_tokens - len(seq.out) - 1
+        k = min(seq.spec.k(), left, self.limits.tokens - 1)
+        return len(self._propose(seq, k))
+
+    def _propose(self, seq: Sequence, k: int) -> list[int]:
+        if k < 1 or self.proposer is None:
+            return []
+        key = (len(seq.tokens), k)
+        if seq._proposal is None or seq._proposal[:2] != key:
+            seq._proposal = (*key, self.proposer.propose(seq.tokens, k))
+        return seq._proposal[2]
+
+    def _drafts(self, planned: list[tuple[int, int]]) -> dict[int, list[int]]:
+        """Each planned row's proposal (every rank proposes the same tokens)."""
+        out = {}
+        for rid, k in planned:
+            seq = self.sequences.get(rid)
+            if seq is None or seq not in self.running or not seq.decoding or seq.spec is None:
+                raise CoreError(f"a draft of {k} tokens for request {rid}, which is not decoding")
+            draft = self._propose(seq, k)
+            if len(draft) != k:
+                raise CoreError(
+                    f"request {rid}: rank 0 planned a draft of {k} tokens, this rank proposes "
+                    f"{len(draft)}: the ranks' sequences differ"
+                )
+            out[rid] = draft
+        return out
+
+    def _run_verify(
+        self,
+        rows: list[tuple[Sequence, int]],
+        drafts: dict[int, list[int]],
+        before: Callable[[], None] | None,
+    ) -> list[tuple[Sequence, list[int], Tensor]]:
+        """One verify call over the one-token rows, each with its draft (maybe none): the
+        rows that sample, with their draft and the logits of each position [1 + k, V]."""
+        spans = [
+            (
+                seq.tokens[seq.computed : seq.computed + n] + drafts.get(seq.rid, []),
+                seq.computed,
+                seq.blocks,
+            )
+            for seq, n in rows
+        ]
+        inputs = step_inputs(
+            spans, self.limits, self.device, mark_dynamic=self.mark_dynamic, pack=self.pack
+        )
+        if before is not None:
+            before()
+        assert self._verify is not None  # checked in __init__
+        logits = self._verify(*inputs)  # [R, S, V], or packed [N, V]
+        out, at = [], 0
+        for i, ((seq, n), (ids, _, _)) in enumerate(zip(rows, spans)):
+            row = logits[i, : len(ids)] if logits.dim() == 3 else logits[at : at + len(ids)]
+            at += len(ids)
+            seq.computed += n  # the drafts' K/V count once accepted (_accept)
+            if seq.computed == len(seq.tokens):
+                out.append((seq, drafts.get(seq.rid, []), row))
+            else:  # a prompt's chunk of one token, not its last
+                self._commit(seq)
+        return out
+
+    def _accept(self, seq: Sequence, draft: list[int], logits: Tensor) -> list[Emitted]:
+        """Walk the row's positions: each accepted draft token, then the target's own token
+        (where a draft token is refused, or after the last); then rewind the blocks that hold
+        only refused tokens' K/V."""
+        out, accepted, base = [], 0, seq.computed
+        for j in range(len(draft) + 1):
+            proposed = draft[j] if j < len(draft) else None
+            pick, held = verify_pick(logits[j], seq.sampling, self.grammars, proposed)
+            e = self._next(seq, pick)
+            out.append(e)
+            if e.finish is not None or not held:
+                break
+            accepted += 1
+        if draft:
+            self.spec_rows += 1
+            self.spec_proposed += len(draft)
+            self.spec_accepted += accepted
+            if seq.spec is not None:
+                seq.spec.update(len(draft), accepted)
+        if self.sequences.get(seq.rid) is seq and seq in self.running:
+            seq.computed = base + accepted  # the last token's and the accepted drafts' K/V
+            keep = blocks_for(seq.computed + 1, self.block_size)
+            if len(seq.blocks) > keep:  # what is beyond holds refused tokens only: never read
+                self.pool.release(seq.blocks[keep:])
+                del seq.blocks[keep:]
+            self._commit(seq)
+        return out
 
     def _join(self, req: Request, cached: int) -> Emitted | None:
         self.check(req)
@@ -248,7 +389,7 @@ class GenerationCore:
         needs_text = self.text or bool(req.stop)
         text = StopText(self.tokenizer, req.stop) if needs_text else None  # type: ignore[arg-type]
         try:
-            seq = Sequence(req, text, self.grammars)
+            seq = Sequence(req, text, self.grammars, self.speculative)
         except MemoryError:
             raise
         except Exception as exc:  # a grammar that does not compile: the same on every rank

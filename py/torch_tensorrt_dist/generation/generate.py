@@ -29,6 +29,7 @@ from torch_tensorrt_dist.generation.kv_blocks import BlockPool, blocks_for
 from torch_tensorrt_dist.generation.runner import ModelRunner, StepRunner
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
 from torch_tensorrt_dist.generation.scheduler import Scheduler, attention_span
+from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
 from torch_tensorrt_dist.generation.step_inputs import past_split, step_inputs, warmup_prompts
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.llama_args import ModelArgs
@@ -88,7 +89,8 @@ class Generator:
     :class:`ModelRunner` of the model with the options (:class:`RunnerOptions`);
     ``Generator(runner)`` takes a runner built already (a pipeline stage's, loaded artifacts').
     ``prefix_caching``: reuse the full blocks of earlier prompts; ``salt``: the model's
-    identity in prefix-cache keys."""
+    identity in prefix-cache keys; ``speculative``: speculative decoding (``speculative/``:
+    the runner compiles a second step, the verify call, which returns every token's logits)."""
 
     def __init__(
         self,
@@ -96,6 +98,7 @@ class Generator:
         *,
         prefix_caching: bool = True,
         salt: bytes = b"",
+        speculative: SpeculativeConfig | None = None,
         **options: Unpack[RunnerOptions],
     ) -> None:
         if isinstance(model, StepRunner):
@@ -104,10 +107,16 @@ class Generator:
                     f"the options {sorted(options)} are a model's: a runner built already has "
                     "its own; give them to its constructor"
                 )
+            if speculative is not None and model.verify is None:
+                raise ConfigError(
+                    "speculative decoding needs the runner's verify call: build the runner "
+                    "with verify_call=True"
+                )
             self.runner = model
         else:
-            self.runner = ModelRunner(model, **options)
+            self.runner = ModelRunner(model, verify_call=speculative is not None, **options)
         self.prefix_caching, self.salt = prefix_caching, salt
+        self.speculative = speculative
 
     def core(self, *, tokenizer: Tokenizer | None = None, text: bool = False) -> GenerationCore:
         """The generation core over the runner's step and a fresh block pool (the cache
@@ -124,6 +133,8 @@ class Generator:
             salt=self.salt,
             mark_dynamic=run.mark_dynamic,
             pack=run.pack,
+            speculative=self.speculative,
+            verify_fn=run.verify if self.speculative is not None else None,
         )
 
     def scheduler(self, core: GenerationCore) -> Scheduler:
@@ -233,7 +244,26 @@ class Generator:
                         )
                     )
                 bar.update()
+        self._warm_verify(stop)
         return time.perf_counter() - start
+
+    def _warm_verify(self, stop: Callable[[], bool] | None) -> None:
+        """Speculative decoding's verify call: one row, two, and the most, of k + 1 tokens
+        (its shape classes, on each side of the products' split), on the null block."""
+        run, spec = self.runner, self.speculative
+        if run.verify is None or spec is None:
+            return
+        s = min(spec.num_tokens + 1, run.limits.tokens)
+        for r in sorted({1, min(2, run.max_batch_size), run.max_batch_size}):
+            if stop is not None and stop():
+                return
+            null = [([0] * s, 0, [NULL_BLOCK] * blocks_for(s, run.block_size))] * r
+            with torch.no_grad():
+                run.verify(
+                    *step_inputs(
+                        null, run.limits, run.device, mark_dynamic=run.mark_dynamic, pack=run.pack
+                    )
+                )
 
     def _bar(self, total: int, progress: bool) -> tqdm[None]:
         """A warm-up's progress bar (shown where ``progress`` is asked, on rank 0 only)."""

@@ -54,9 +54,19 @@ class StepPlan:
     """Admitted request -> prefix blocks taken from the prefix cache (checked on every rank)."""
     chunks: list[tuple[int, int]] = field(default_factory=list)
     """(request, tokens) of this step's prefill rows, in order."""
+    drafts: list[tuple[int, int]] = field(default_factory=list)
+    """(request, k) of the decode rows that verify k proposed tokens this step (speculative
+    decoding: every rank's proposer gives the same k tokens)."""
     stop: bool = False
 
     @property
     def steady(self) -> bool:
         """Only decode rows: nothing to tell the other ranks but the step itself."""
-        return not (self.cancels or self.preempts or self.joins or self.resumes or self.chunks)
+        return not (
+            self.cancels
+            or self.preempts
+            or self.joins
+            or self.resumes
+            or self.chunks
+            or self.drafts
+        )

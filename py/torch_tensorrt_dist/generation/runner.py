@@ -58,6 +58,7 @@ __all__ = [
     "compile_step",
     "decode_example",
     "paged_step",
+    "paged_verify",
     "prefill_example",
     "setup_example",
 ]
@@ -84,6 +85,16 @@ def paged_step(model: Transformer) -> StepFn:
 
     def step(*inputs: Tensor) -> Tensor:
         return model.paged_step(*inputs)
+
+    return step
+
+
+def paged_verify(model: Transformer) -> StepFn:
+    """Speculative decoding's verify call over the paged cache: the step's inputs, the
+    logits of every token ``[R, S, V]`` (``Transformer.paged_verify``)."""
+
+    def step(*inputs: Tensor) -> Tensor:
+        return model.paged_verify(*inputs)
 
     return step
 
@@ -257,6 +268,8 @@ class StepRunner:
     prefill steps (``step_inputs``)."""
 
     step: StepFn
+    #: speculative decoding's verify call (the logits of every token), where it was built
+    verify: StepFn | None = None
     args: ModelArgs
     #: a mixture of experts' MLP (``models/moe.py``), None for a dense model
     moe: MoEArgs | None
@@ -312,11 +325,13 @@ class ModelRunner(StepRunner):
         block_size: int = DEFAULT_BLOCK_SIZE,
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         cpu_gemm: str = "reduce",
+        verify_call: bool = False,
     ) -> None:
         """``max_batch_size``: rows run together; ``cache_len``: the longest sequence (prompt
         and generated tokens; default the model's); ``kv_cache_memory``: KV bytes on this rank
         (default: ``max_batch_size`` sequences of ``cache_len`` tokens); ``max_prefill_tokens``:
-        prompt tokens per step; ``cpu_gemm``: :func:`backend_for`'s."""
+        prompt tokens per step; ``cpu_gemm``: :func:`backend_for`'s; ``verify_call``: compile
+        speculative decoding's verify call too (``Transformer.paged_verify``, as the step)."""
         self.model, self.args, self.engine = model, model.args, engine
         self.moe = getattr(model, "moe", None)
         self.max_batch_size = max_batch_size
@@ -351,3 +366,7 @@ class ModelRunner(StepRunner):
             verify=verify,
             version=lambda: model.paged_version,  # setup_paged again: other pools, other keys
         )
+        if verify_call:
+            self.verify = self.backend.compile(
+                paged_verify(model), verify=verify, version=lambda: model.paged_version
+            )

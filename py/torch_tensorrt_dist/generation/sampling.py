@@ -32,6 +32,7 @@ __all__ = [
     "check_top_p",
     "make_generator",
     "sample",
+    "sample_probs",
     "sample_rows",
 ]
 
@@ -277,6 +278,13 @@ def sample(logits: Tensor, cfg: SamplingConfig, generator: torch.Generator) -> T
     always keeps the most likely token (a top_p below float32's resolution keeps only it)."""
     if cfg.greedy:
         return logits.argmax(dim=-1)
+    probs = sample_probs(logits, cfg)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+
+
+def sample_probs(logits: Tensor, cfg: SamplingConfig) -> Tensor:
+    """What :func:`sample` draws from (a temperature > 0): [B, V] -> float32 CPU probabilities
+    after temperature, top-k and top-p (speculative verification accepts by them)."""
     scores = logits.float().cpu()  # [B, V]
     scores = (scores - scores.max(dim=-1, keepdim=True).values) / cfg.temperature
     if cfg.top_k:
@@ -290,8 +298,7 @@ def sample(logits: Tensor, cfg: SamplingConfig, generator: torch.Generator) -> T
         drop[:, 0] = False  # the most likely token always stays
         sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
         scores = scores.scatter(-1, order, sorted_scores)
-    probs = scores.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+    return scores.softmax(dim=-1)
 
 
 def sample_rows(

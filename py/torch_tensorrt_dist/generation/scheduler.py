@@ -21,6 +21,10 @@ Another choice of a prompt (``Request.follows``: ``n`` > 1) is held back until t
 follows has computed its prompt: it then takes the prompt's full blocks from the prefix cache
 and computes only the last, partial block (requests behind it are not held with it).
 
+With speculative decoding a decoding row asks the core for its proposal's length
+(``GenerationCore.draft_size``) and gets the blocks for it where they leave a block for each
+row after it; otherwise it decodes one token: a draft never preempts anyone.
+
 When a step cannot get the blocks it needs (a sequence crosses into a new block and none is
 free), the newest running sequence is preempted: its blocks are released (its full blocks stay
 in the prefix cache) and it waits at the head of the queue, to be prefilled again from its
@@ -215,7 +219,13 @@ class Scheduler:
                 i += 1
                 continue
             need = blocks_for(seq.computed + n, bs) - len(seq.blocks)
-            while need > ledger.avail:
+            k = core.draft_size(seq) if core.speculative is not None else 0
+            if k:  # a draft's blocks, where they leave a block for each row after this one
+                more = blocks_for(seq.computed + n + k, bs) - len(seq.blocks)
+                if more + len(running) - i - 1 <= ledger.avail:
+                    need = more
+                    plan.drafts.append((seq.rid, k))
+            while need > ledger.avail:  # never with a draft (it fits, with room)
                 victim = running.pop()
                 plan.preempts.append(victim.rid)
                 self.preemptions += 1

@@ -413,6 +413,31 @@ class Transformer(nn.Module):
             out = self._logits(x)[:, 0]
         else:
             out = x if live is None else unpack_rows(x, live, dest.shape[0], dest.shape[1])
+        self._write_pages(slots)
+        return out
+
+    def paged_verify(
+        self,
+        tokens: Tensor,
+        start: Tensor,
+        last: Tensor,
+        past: Tensor,
+        dest: Tensor,
+        live: Tensor | None = None,
+    ) -> Tensor:
+        """:meth:`paged_step` with the logits of every token (speculative decoding verifies
+        each position of a row): [R, S, V] (padding positions' logits are never used); packed
+        (``live`` [N]): [N, V], the real tokens row by row. The last pipeline stage only."""
+        if not self.stage.last:
+            raise ValueError("paged_verify runs on a model with the LM head (the last stage)")
+        x, slots = self._paged_hidden(tokens, start, last, past, dest, live)  # [R | 1, S | N, dim]
+        out = self._logits(x)
+        if live is not None:
+            out = out[0]  # [N, V]
+        self._write_pages(slots)
+        return out
+
+    def _write_pages(self, slots: PagedSlots) -> None:
         # the step's K/V into the pools, last: nothing above reads them, and every write comes
         # after every op that is not one (one TensorRT engine, then these writes in place)
         flat = [
@@ -423,7 +448,6 @@ class Transformer(nn.Module):
             pages = block.attention.kv_pages
             assert pages is not None  # checked by every layer above
             pages(slots.blocks, slots.offsets, k, v)
-        return out
 
     def paged_scores(
         self,

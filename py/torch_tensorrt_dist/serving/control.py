@@ -87,6 +87,7 @@ def encode_plan(plan: StepPlan) -> bytes:
         "resumes": plan.resumes,
         "cached": [[rid, n] for rid, n in plan.cached.items()],
         "chunks": [list(c) for c in plan.chunks],
+        "drafts": [list(d) for d in plan.drafts],
     }
     return json.dumps(data, separators=(",", ":")).encode()
 
@@ -103,6 +104,7 @@ def decode_plan(payload: bytes, *, stop: bool = False) -> StepPlan:
         resumes=list(data["resumes"]),
         cached={rid: n for rid, n in data["cached"]},
         chunks=[(rid, n) for rid, n in data["chunks"]],
+        drafts=[(rid, k) for rid, k in data["drafts"]],
         stop=stop,
     )
 

@@ -1,7 +1,8 @@
 """The server's Prometheus metrics (``GET /metrics``), in a registry of its own.
 
 Requests by status, prompt and generated tokens, queue depth, running and waiting requests, KV
-blocks (used, cached, free), preemptions, prefix-cache hits, time to first token, inter-token
+blocks (used, cached, free), preemptions, prefix-cache hits, speculative decoding's proposed and
+accepted tokens and mean accepted length, time to first token, inter-token
 latency, the time from a token's step to the write of its text to the client (kept by the
 process that writes: with HTTP in a process of its own, ``ClientMetrics`` there), step time
 and the control channel's time per step (rank 0's exchange, and the one-way latency measured at
@@ -135,6 +136,21 @@ class Metrics:
         self.prefix_hit_rate = Gauge(
             f"{p}_prefix_cache_hit_rate",
             "Prompt blocks found in the prefix cache / blocks looked up, since the start",
+            registry=r,
+        )
+        self.spec_proposed = Counter(
+            f"{p}_spec_decode_num_draft_tokens",
+            "Tokens proposed for verification (speculative decoding)",
+            registry=r,
+        )
+        self.spec_accepted = Counter(
+            f"{p}_spec_decode_num_accepted_tokens",
+            "Proposed tokens the target accepted (speculative decoding)",
+            registry=r,
+        )
+        self.spec_accepted_length = Gauge(
+            f"{p}_spec_decode_mean_accepted_length",
+            "Tokens a verified row produced per step, accepted ones and its own, since the start",
             registry=r,
         )
         self.ttft = Histogram(

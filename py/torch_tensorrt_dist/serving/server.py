@@ -431,6 +431,12 @@ def _observe(leader: Leader, metrics: Metrics) -> None:
     metrics.set_total(metrics.prefix_queries, pool.queries)
     metrics.set_total(metrics.prefix_hits, pool.hits)
     metrics.prefix_hit_rate.set(pool.hits / pool.queries if pool.queries else 0.0)
+    core = loop.core
+    if core.speculative is not None:
+        metrics.set_total(metrics.spec_proposed, core.spec_proposed)
+        metrics.set_total(metrics.spec_accepted, core.spec_accepted)
+        rows = core.spec_rows
+        metrics.spec_accepted_length.set(1 + core.spec_accepted / rows if rows else 0.0)
     if loop.last is not None:  # the step ran rows
         step_s, control_s = loop.last
         metrics.step.observe(step_s)

@@ -1,0 +1,203 @@
+"""Speculative decoding (prompt lookup) on the demo model, TP 1, in one process.
+
+    speculative_figures()                    # Inductor, as generate and serve run on a CPU
+    speculative_figures(engine="none")       # plain PyTorch
+    speculative_figures(cpu_time=True)       # the process's CPU time, not the wall clock
+
+Figures, each from blocks alternated in the same run (each variant's best block: load only
+ever slows one):
+
+- the verify call of R rows x (k + 1) tokens against a decode step of R rows (k = 4, R = 1
+  and 8), the compiled graphs the core calls, at position 64 of each row;
+- ``generate``'s decode speed (tokens after the first / time after the first) with and
+  without prompt lookup, on quoting prompts (a pydoc passage the model was trained on, then
+  its first words again) and on text that matches nothing, with the mean tokens a step;
+- (the ``generate`` figures count every token over the whole calls with ``cpu_time``: on a
+  machine shared with other busy processes the wall clock measures the load)
+- whether speculation turns 0.8 of its tokens per step into speed-up (speed-up >= 0.8 x
+  tokens a step / verify-cost ratio at R = 1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torch_tensorrt_dist.bench.common import Figure
+from torch_tensorrt_dist.generation.generate import Generator
+from torch_tensorrt_dist.generation.sampling import SamplingConfig
+from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
+from torch_tensorrt_dist.generation.step_inputs import step_inputs
+
+__all__ = ["speculative_figures"]
+
+SECTION = "speculative"
+K = 4
+CACHE = 256
+#: the first characters of a pydoc topic, then its first words again
+TOPICS = ("for", "while", "return", "if")
+OTHER = (
+    "zebra quantum pickle harmonica velvet 7 lantern",
+    "orbit marmalade cactus 42 trombone glacier",
+    "whisker saxophone nebula 9 porcelain meadow",
+    "kayak tundra bagel 3 lighthouse xylophone",
+)
+
+
+def _best_blocks(
+    fns: list[Callable[[], Any]], blocks: int, calls: int, clock: Callable[[], float]
+) -> list[float]:
+    """Each function's best block of ``calls`` calls (s per call), blocks alternated."""
+    best = [float("inf")] * len(fns)
+    for _ in range(blocks):
+        for i, fn in enumerate(fns):
+            start = clock()
+            for _ in range(calls):
+                fn()
+            best[i] = min(best[i], (clock() - start) / calls)
+    return best
+
+
+def _step_costs(
+    gen: Generator, rows: int, blocks: int, calls: int, clock: Callable[[], float]
+) -> tuple[float, float]:
+    """(decode step s, verify call s) of ``rows`` rows at position 64, k = :data:`K`."""
+    run = gen.runner
+    bs, pos = run.block_size, 64
+    per = -(-(pos + K + 1) // bs)
+    tables = [list(range(1 + i * per, 1 + (i + 1) * per)) for i in range(rows)]
+    dev, lim, mark, pack = run.device, run.limits, run.mark_dynamic, run.pack
+    one = step_inputs([([5], pos, t) for t in tables], lim, dev, mark_dynamic=mark, pack=pack)
+    many = step_inputs(
+        [([5] * (K + 1), pos, t) for t in tables], lim, dev, mark_dynamic=mark, pack=pack
+    )
+    verify = run.verify
+    assert verify is not None
+    with torch.no_grad():
+        for _ in range(3):  # compile and confirm both shape classes
+            run.step(*one)
+            verify(*many)
+        decode_s, verify_s = _best_blocks(
+            [lambda: run.step(*one), lambda: verify(*many)], blocks, calls, clock
+        )
+    return decode_s, verify_s
+
+
+def _prompts(tok: Any) -> tuple[list[list[int]], list[list[int]]]:
+    import pydoc_data.topics as topics
+
+    quoting = []
+    for name in TOPICS:
+        text = topics.topics[name].strip()
+        quoting.append(tok.encode(text[:160] + "\n\n" + text[:30]))
+    return quoting, [tok.encode(t) for t in OTHER]
+
+
+def _generate(
+    gen: Generator,
+    spec: SpeculativeConfig | None,
+    prompts: list[list[int]],
+    tokens: int,
+    cpu_time: bool = False,
+) -> tuple[float, float]:
+    """(decode tokens / s, tokens a step) over ``prompts`` one at a time; ``cpu_time``:
+    every token / the calls' CPU time."""
+    gen.speculative = spec  # the next core speculates, or not (the verify graph stays)
+    out, seconds, steps = 0, 0.0, 0
+    start = time.process_time()
+    for ids in prompts:
+        res = gen.generate([ids], max_new_tokens=tokens, sampling=SamplingConfig())
+        out += len(res.tokens[0]) - 1
+        seconds += res.decode_s
+        steps += res.decode_steps
+    if cpu_time:
+        return (out + len(prompts)) / (time.process_time() - start), out / max(steps, 1)
+    return out / seconds, out / max(steps, 1)
+
+
+def speculative_figures(
+    *,
+    engine: str = "inductor",
+    blocks: int = 3,
+    calls: int = 10,
+    tokens: int = 32,
+    cpu_time: bool = False,
+) -> list[Figure]:
+    from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+    from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+    from torch_tensorrt_dist.parallel.llama_load import load_llama
+
+    path = demo_checkpoint_path()
+    tok = load_tokenizer(path, vocab_size=1024)
+    model = load_llama(path, progress=False)
+    spec = SpeculativeConfig(num_tokens=K)
+    gen = Generator(model, engine=engine, max_batch_size=8, cache_len=CACHE, speculative=spec)
+    clock = time.process_time if cpu_time else time.perf_counter
+    where = f"demo model, {engine}, TP 1, {torch.get_num_threads()} threads"
+    where += ", CPU time" if cpu_time else ""
+    figures = []
+    ratios = {}
+    for rows in (1, 8):
+        decode_s, verify_s = _step_costs(gen, rows, blocks, calls, clock)
+        ratio = verify_s / decode_s
+        ratios[rows] = ratio
+        figures.append(
+            Figure(
+                SECTION,
+                f"verify call / decode step, {rows} row{'s' * (rows > 1)} x {K + 1} tokens",
+                round(ratio, 3),
+                "x",
+                "<= 1.3",
+                ratio <= 1.3,
+                f"{1e3 * verify_s:.2f} ms vs {1e3 * decode_s:.2f} ms ({where})",
+            )
+        )
+    quoting, other = _prompts(tok)
+    for name, prompts, goal in (("quoting", quoting, 1.15), ("non-matching", other, 0.95)):
+        for _ in range(2):  # warm: every graph both runs take compiled
+            _generate(gen, spec, prompts[:1], 8)
+            _generate(gen, None, prompts[:1], 8)
+        plain_best, spec_best, per_step = 0.0, 0.0, 0.0
+        for _ in range(blocks // 2 + 1):  # alternated, the best of each
+            plain_best = max(plain_best, _generate(gen, None, prompts, tokens, cpu_time)[0])
+            rate, per_step = _generate(gen, spec, prompts, tokens, cpu_time)
+            spec_best = max(spec_best, rate)
+        speedup = spec_best / plain_best
+        figures.append(
+            Figure(
+                SECTION,
+                f"generate decode speed-up with prompt lookup, {name} prompts",
+                round(speedup, 3),
+                "x",
+                f">= {goal}",
+                speedup >= goal,
+                f"{spec_best:.1f} vs {plain_best:.1f} tok/s; {per_step:.2f} tokens a step "
+                f"(n 2-3, k {K}; {len(prompts)} prompts x {tokens} tokens; {where})",
+            )
+        )
+        if name == "quoting":
+            figures.append(
+                Figure(
+                    SECTION,
+                    "mean tokens a step with prompt lookup, quoting prompts",
+                    round(per_step, 3),
+                    "tokens",
+                    note=f"accepted proposals + 1, greedy, k {K}",
+                )
+            )
+            turned = speedup / (per_step / ratios[1])
+            figures.append(
+                Figure(
+                    SECTION,
+                    "speed-up / (tokens a step / verify ratio), quoting prompts",
+                    round(turned, 3),
+                    "",
+                    ">= 0.8",
+                    turned >= 0.8,
+                    f"{speedup:.2f} / ({per_step:.2f} / {ratios[1]:.2f}), 1 row",
+                )
+            )
+    return figures
