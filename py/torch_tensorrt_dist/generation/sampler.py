@@ -60,6 +60,11 @@ from torch_tensorrt_dist.generation.sampling import make_generator, sample
 
 __all__ = ["Failure", "NoTokenLeft", "Pick", "RowSampling", "StepMasks", "sample_step"]
 
+#: a step's masks are computed in the calling thread, not a :class:`MaskFiller`, up to this
+#: many rows x vocabulary tokens: 8 rows of the demo's 1,024 tokens took 0.13 ms (median, load
+#: 12 on 2 cores), where handing them to the thread and back took 0.4-2.8 ms; a 32,000-token
+#: vocabulary's masks take 0.1-0.3 ms a row: they overlap with the graph in the thread
+INLINE_MASK_TOKENS = 16_384
 #: the logprob JSON shows for a token the model gives no chance (-inf is not JSON): vLLM's
 LOGPROB_FLOOR = -9999.0
 
@@ -138,7 +143,10 @@ class Failure:
 
 
 class StepMasks:
-    """The grammar masks of a step's sampling rows, computed while its graph runs."""
+    """The grammar masks of a step's sampling rows, computed while its graph runs (in a
+    :class:`MaskFiller`), or, where they are few and small (``INLINE_MASK_TOKENS``), at
+    :meth:`start`, in the calling thread: a handful of microseconds, less than handing them
+    to a thread and back, which on a busy machine waits for a core."""
 
     def __init__(
         self,
@@ -148,6 +156,7 @@ class StepMasks:
         job: Future[None] | None = None,
     ) -> None:
         self._grammars, self.bitmask, self.rows, self._job = grammars, bitmask, list(rows), job
+        self._inline_error: Exception | None = None  # a mask computed here that raised
 
     @classmethod
     def start(
@@ -159,16 +168,28 @@ class StepMasks:
         if not rows or grammars is None:
             return cls()
         bitmask = new_bitmask(len(states), grammars.vocab_size)
+        if len(rows) * grammars.vocab_size <= INLINE_MASK_TOKENS:
+            out = cls(grammars, bitmask, rows)
+            try:
+                grammars.fill_bitmask_here(rows, bitmask)
+            except MemoryError:
+                raise
+            except Exception as exc:  # which rows: each alone, at wait()
+                out._inline_error = exc
+            return out
         return cls(grammars, bitmask, rows, filler.submit(grammars, rows, bitmask))
 
     def wait(self) -> tuple[Tensor | None, dict[int, Exception]]:
         """The filled bitmask [N, W] (None: no grammar row), and the rows whose mask failed.
         A failed batch is computed again row by row, so that only the rows that raise fail."""
         failed: dict[int, Exception] = {}
-        if self._job is None or self._grammars is None or self.bitmask is None:
+        if self._grammars is None or self.bitmask is None:
             return self.bitmask, failed
         try:
-            self._job.result()
+            if self._job is not None:
+                self._job.result()
+            elif self._inline_error is not None:
+                raise self._inline_error
         except MemoryError:
             raise
         except Exception:  # which rows: each alone
@@ -245,10 +266,16 @@ def _sample_processed(
     mask_failures: dict[int, Exception],
     out: list[Pick | Failure | None],
 ) -> None:
-    x = logits[special].float()  # [M, V]: float32, a copy (never the graph's own output)
-    grammar = [k for k, i in enumerate(special) if states[i].matcher is not None]
-    if grammar and bitmask is not None:
-        apply_bitmask_(x, bitmask[special], grammar)
+    # no list indexing on this path: its CPU kernel goes parallel even for 8 rows and waits
+    # on a busy core for milliseconds (``apply_bitmask_``); every row is a slice, else one
+    # index_select
+    every = len(special) == logits.shape[0]
+    idx = None if every else torch.tensor(special, dtype=torch.long)
+    rows_of = (lambda t: t) if idx is None else (lambda t: t.index_select(0, idx.to(t.device)))
+    # [M, V]: float32, a copy (never the graph's own output)
+    x = rows_of(logits).to(torch.float32, copy=True)
+    if bitmask is not None and any(states[i].matcher is not None for i in special):
+        apply_bitmask_(x, rows_of(bitmask))  # rows without a grammar allow every token
     asking = [k for k, i in enumerate(special) if states[i].cfg.logprobs is not None]
     lp = log_probs(x, asking) if asking else None  # raw logprobs: after the mask, before the rest
     tokens: dict[int, int] = {}
@@ -270,10 +297,10 @@ def _sample_processed(
             continue
         drawing.append(k)
     # a row with no finite logit has no token to draw (argmax would give id 0, the softmax NaN)
-    left = torch.isfinite(x[drawing]).any(dim=-1).tolist() if drawing else []
-    for k, ok in zip(drawing, left):
+    finite = torch.isfinite(x).any(dim=-1).tolist() if drawing else []
+    for k in drawing:
         i, state = special[k], states[special[k]]
-        if not ok:
+        if not finite[k]:
             out[i] = Failure("masked", NoTokenLeft(_no_token(state)))
             continue
         pick = _draw(x[k : k + 1], state)
