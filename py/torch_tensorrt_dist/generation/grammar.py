@@ -505,19 +505,6 @@ class Grammars:
                 [(m._m, i) for m, i in rows], bitmask.data_ptr(), w * 4, b
             )
 
-    def fill_bitmask_here(self, rows: Sequence[tuple[Matcher, int]], bitmask: Tensor) -> None:
-        """:meth:`fill_bitmask` row by row in the calling thread, with no hand-over to the
-        engine's threads (for a few small masks, that hand-over costs more than they do)."""
-        self.fill_bitmask([], bitmask)  # the same checks of the bitmask
-        b, w = bitmask.shape
-        if any(not 0 <= i < b for _, i in rows):
-            raise ValueError(
-                f"bitmask {tuple(bitmask.shape)} does not fit rows {[i for _, i in rows]}"
-            )
-        ptr = bitmask.data_ptr()
-        for m, i in rows:
-            m._m.unsafe_compute_mask_ptr(ptr + i * w * 4, w * 4)
-
 
 class MaskFiller:
     """Computes a step's masks in a worker thread, so the core can run its graph meanwhile.

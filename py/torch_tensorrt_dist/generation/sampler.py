@@ -60,11 +60,6 @@ from torch_tensorrt_dist.generation.sampling import make_generator, sample
 
 __all__ = ["Failure", "NoTokenLeft", "Pick", "RowSampling", "StepMasks", "sample_step"]
 
-#: a step's masks are computed in the calling thread, not a :class:`MaskFiller`, up to this
-#: many rows x vocabulary tokens: 8 rows of the demo's 1,024 tokens took 0.13 ms (median, load
-#: 12 on 2 cores), where handing them to the thread and back took 0.4-2.8 ms; a 32,000-token
-#: vocabulary's masks take 0.1-0.3 ms a row: they overlap with the graph in the thread
-INLINE_MASK_TOKENS = 16_384
 #: the logprob JSON shows for a token the model gives no chance (-inf is not JSON): vLLM's
 LOGPROB_FLOOR = -9999.0
 
@@ -143,10 +138,7 @@ class Failure:
 
 
 class StepMasks:
-    """The grammar masks of a step's sampling rows, computed while its graph runs (in a
-    :class:`MaskFiller`), or, where they are few and small (``INLINE_MASK_TOKENS``), at
-    :meth:`start`, in the calling thread: a handful of microseconds, less than handing them
-    to a thread and back, which on a busy machine waits for a core."""
+    """The grammar masks of a step's sampling rows, computed while its graph runs."""
 
     def __init__(
         self,
@@ -156,7 +148,6 @@ class StepMasks:
         job: Future[None] | None = None,
     ) -> None:
         self._grammars, self.bitmask, self.rows, self._job = grammars, bitmask, list(rows), job
-        self._inline_error: Exception | None = None  # a mask computed here that raised
 
     @classmethod
     def start(
@@ -168,28 +159,16 @@ class StepMasks:
         if not rows or grammars is None:
             return cls()
         bitmask = new_bitmask(len(states), grammars.vocab_size)
-        if len(rows) * grammars.vocab_size <= INLINE_MASK_TOKENS:
-            out = cls(grammars, bitmask, rows)
-            try:
-                grammars.fill_bitmask_here(rows, bitmask)
-            except MemoryError:
-                raise
-            except Exception as exc:  # which rows: each alone, at wait()
-                out._inline_error = exc
-            return out
         return cls(grammars, bitmask, rows, filler.submit(grammars, rows, bitmask))
 
     def wait(self) -> tuple[Tensor | None, dict[int, Exception]]:
         """The filled bitmask [N, W] (None: no grammar row), and the rows whose mask failed.
         A failed batch is computed again row by row, so that only the rows that raise fail."""
         failed: dict[int, Exception] = {}
-        if self._grammars is None or self.bitmask is None:
+        if self._job is None or self._grammars is None or self.bitmask is None:
             return self.bitmask, failed
         try:
-            if self._job is not None:
-                self._job.result()
-            elif self._inline_error is not None:
-                raise self._inline_error
+            self._job.result()
         except MemoryError:
             raise
         except Exception:  # which rows: each alone
