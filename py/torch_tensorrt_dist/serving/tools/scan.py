@@ -7,6 +7,10 @@ and where each of its members' values does, without waiting for the text to be c
 
 A span is ``(start, end)`` with ``end`` one past the last character, or None while the text
 has not closed it. Text that cannot be JSON raises :class:`Malformed`.
+
+A stream reads the same as its text grows, each character once (:class:`Reader`: the objects
+and their members as the functions above give them on the text so far; :class:`ValueEnd`:
+:func:`value_end`); ``parse`` of a whole text uses the functions.
 """
 
 from __future__ import annotations
