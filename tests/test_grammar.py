@@ -255,6 +255,17 @@ def test_batched_masks_equal_each_matchers_own_and_are_the_same_every_time(
     assert torch.equal(torch.isfinite(y[3]), allowed[3]) and torch.equal(
         y[3][allowed[3]], x[3][allowed[3]]
     )
+    # every row at once (one add): row 2, without a grammar (all ones), stays as it was
+    z = x.clone()
+    apply_bitmask_(z, bitmask)
+    assert torch.equal(z, apply_rows(x, bitmask, [0, 1, 2, 3]))
+    assert torch.equal(z[2], x[2]) and torch.equal(z[3], y[3]) and not torch.equal(z[1], x[1])
+
+
+def apply_rows(x: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    out = x.clone()
+    apply_bitmask_(out, bitmask, rows)
+    return out
 
 
 def test_a_finished_grammar_and_a_fork(vocabs: dict[str, Vocab]) -> None:

@@ -560,17 +560,25 @@ def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:
 _FORBID = torch.where(_BITS, 0.0, float("-inf")).to(torch.float32)  # [256, 8]
 
 
-def apply_bitmask_(logits: Tensor, bitmask: Tensor, rows: Sequence[int]) -> None:
+def apply_bitmask_(logits: Tensor, bitmask: Tensor, rows: Sequence[int] | None = None) -> None:
     """Set to -inf, in place, the logits of the tokens row ``i`` of ``bitmask`` forbids, for
-    each ``i`` in ``rows`` (the rows of float32 ``logits`` [B, V] with a grammar).
+    each ``i`` in ``rows`` (the rows of float32 ``logits`` [B, V] with a grammar; None: every
+    row, ``bitmask`` [B, W] row for row: a row without a grammar is all ones, which adds 0).
 
     One table lookup per mask byte and one add (x + 0 is x; x - inf is -inf): ten times
-    faster on a CPU than unpacking bits into a bool mask and ``masked_fill``."""
-    if not rows:
+    faster on a CPU than unpacking bits into a bool mask and ``masked_fill``. Every row at
+    once is one ``add_``; no list indexing and no ``index_add_``, whose CPU kernels go
+    parallel even at 8 x 1,024 and wait on a busy core for milliseconds (median 16 us, mean
+    1.9-10 ms at load 14 on 2 cores, against 3 us for ``add_``)."""
+    if rows is not None and not len(rows):
         return
-    idx = torch.tensor(list(rows), dtype=torch.long)
-    dev, n, v = logits.device, len(idx), logits.shape[1]
-    as_bytes = bitmask.index_select(0, idx).contiguous().view(torch.uint8).flatten()
+    dev, v = logits.device, logits.shape[1]
     table = _FORBID if dev.type == "cpu" else _FORBID.to(dev)
-    add = table.index_select(0, as_bytes.to(dev).long()).view(n, -1)[:, :v]  # [n, V]
-    logits.index_add_(0, idx.to(dev), add)
+    if rows is None:
+        n = logits.shape[0]
+        as_bytes = bitmask.contiguous().view(torch.uint8).flatten()
+        logits.add_(table.index_select(0, as_bytes.to(dev).long()).view(n, -1)[:, :v])
+        return
+    for i in rows:
+        as_bytes = bitmask[i].contiguous().view(torch.uint8)
+        logits[i].add_(table.index_select(0, as_bytes.to(dev).long()).view(-1)[:v])

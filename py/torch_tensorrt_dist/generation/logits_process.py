@@ -237,7 +237,8 @@ class TokenLogprobs:
 
 def log_probs(logits: Tensor, rows: Sequence[int]) -> Tensor:
     """Log-softmax over the vocabulary of ``logits[rows]`` (float32 [B, V]) -> [len(rows), V]."""
-    return logits[list(rows)].float().log_softmax(dim=-1)
+    idx = torch.tensor(list(rows), dtype=torch.long, device=logits.device)
+    return logits.index_select(0, idx).float().log_softmax(dim=-1)  # no list indexing (sampler)
 
 
 def gather_logprobs(

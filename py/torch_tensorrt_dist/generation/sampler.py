@@ -245,10 +245,16 @@ def _sample_processed(
     mask_failures: dict[int, Exception],
     out: list[Pick | Failure | None],
 ) -> None:
-    x = logits[special].float()  # [M, V]: float32, a copy (never the graph's own output)
-    grammar = [k for k, i in enumerate(special) if states[i].matcher is not None]
-    if grammar and bitmask is not None:
-        apply_bitmask_(x, bitmask[special], grammar)
+    # no list indexing on this path: its CPU kernel goes parallel even for 8 rows and waits
+    # on a busy core for milliseconds (``apply_bitmask_``); every row is a slice, else one
+    # index_select
+    every = len(special) == logits.shape[0]
+    idx = None if every else torch.tensor(special, dtype=torch.long)
+    rows_of = (lambda t: t) if idx is None else (lambda t: t.index_select(0, idx.to(t.device)))
+    # [M, V]: float32, a copy (never the graph's own output)
+    x = rows_of(logits).to(torch.float32, copy=True)
+    if bitmask is not None and any(states[i].matcher is not None for i in special):
+        apply_bitmask_(x, rows_of(bitmask))  # rows without a grammar allow every token
     asking = [k for k, i in enumerate(special) if states[i].cfg.logprobs is not None]
     lp = log_probs(x, asking) if asking else None  # raw logprobs: after the mask, before the rest
     tokens: dict[int, int] = {}
@@ -270,10 +276,10 @@ def _sample_processed(
             continue
         drawing.append(k)
     # a row with no finite logit has no token to draw (argmax would give id 0, the softmax NaN)
-    left = torch.isfinite(x[drawing]).any(dim=-1).tolist() if drawing else []
-    for k, ok in zip(drawing, left):
+    finite = torch.isfinite(x).any(dim=-1).tolist() if drawing else []
+    for k in drawing:
         i, state = special[k], states[special[k]]
-        if not ok:
+        if not finite[k]:
             out[i] = Failure("masked", NoTokenLeft(_no_token(state)))
             continue
         pick = _draw(x[k : k + 1], state)

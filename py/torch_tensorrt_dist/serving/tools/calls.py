@@ -26,9 +26,9 @@ import secrets
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from torch_tensorrt_dist.serving.tools.scan import Malformed, members_of, objects
+from torch_tensorrt_dist.serving.tools.scan import Malformed, Member, Reader, members_of, objects
 
 __all__ = ["CallFormat", "CallStream", "Parsed", "ToolCall", "held_prefix", "openai_id"]
 
@@ -98,8 +98,14 @@ class CallFormat:
     args_keys: tuple[str, ...] = ("arguments",)
     new_id: Callable[[], str] = openai_id
     normalize: Callable[[str], str] | None = None
-    """Rewrites the calls' text (maybe cut short) into JSON call objects, keeping a prefix's
-    rewrite a prefix of the whole one's (a format whose calls are not JSON objects)."""
+    """Rewrites the calls' text (maybe cut short) into JSON call objects (a format whose
+    calls are not JSON objects); ``normalizer`` does it as the text streams."""
+    normalizer: Callable[[], Normalizer] | None = None
+    """A new :class:`Normalizer` of ``normalize``'s (for one stream)."""
+    anywhere: bool = False
+    """The calls may start anywhere in the text: ``split`` of the text from any point the
+    content was sent to is ``split`` of the whole text, shifted (a stream splits only the
+    text it has not sent)."""
 
     def region(self, text: str, start: int) -> str:
         """The calls' text from ``start``, as JSON call objects."""
@@ -124,7 +130,11 @@ class CallFormat:
         if call.args is None:
             return "{}"
         start, end = call.args
-        raw = obj[start:end]
+        return self.arguments_of(obj[start:end])
+
+    @staticmethod
+    def arguments_of(raw: str) -> str:
+        """The arguments text of a call whose arguments value is the JSON text ``raw``."""
         value = json.loads(raw)
         if isinstance(value, str):  # arguments sent as a JSON string
             json.loads(value)
@@ -163,8 +173,21 @@ class CallFormat:
         return CallStream(self)
 
 
+class Normalizer(Protocol):
+    """``CallFormat.normalize`` as the calls' text streams: ``feed`` the text that came, get
+    the JSON text it adds (only ever added to); ``flush`` once the text is complete."""
+
+    def feed(self, text: str) -> str: ...
+
+    def flush(self) -> str: ...
+
+
 class CallStream:
-    """One choice's text as it streams, turned into OpenAI's deltas (module docstring)."""
+    """One choice's text as it streams, turned into OpenAI's deltas (module docstring).
+
+    Each character is read once (``scan.Reader``), whatever the pieces: a piece costs the
+    same at the 2,000th as at the first. The deltas joined are those of the same text fed
+    one character at a time (and, where the whole text parses as calls, its ``parse``)."""
 
     def __init__(self, fmt: CallFormat) -> None:
         self.fmt = fmt
@@ -172,71 +195,112 @@ class CallStream:
         self.sent = 0  # content characters sent
         self.calls: list[list[Any]] = []  # per call: [id, arguments characters sent]
         self.broken = False  # the calls' text stopped being JSON: nothing more is sent
+        self._start: int | None = None  # where the calls start, once known
+        self._region = fmt.normalizer() if fmt.normalizer is not None else None
+        self._reader = Reader(fmt.depth)
+        self._next = 0  # the first call object not read to its end
+        self._names: dict[tuple[int, int], str] = {}
 
     @property
     def called(self) -> bool:
         return bool(self.calls)
 
+    def _split(self) -> tuple[int, int | None]:
+        if not self.fmt.anywhere:
+            return self.fmt.split(self.text)
+        at = self.sent  # nothing sent can begin the calls: split what was not
+        end, start = self.fmt.split(self.text[at:])
+        return at + end, (at + start if start is not None else None)
+
     def feed(self, piece: str) -> list[Delta]:
+        fed = len(self.text)
         self.text += piece
         out: list[Delta] = []
-        content_end, start = self.fmt.split(self.text)
-        if content_end > self.sent:
-            out.append({"content": self.text[self.sent : content_end]})
-            self.sent = content_end
-        if start is not None and not self.broken:
-            out += self._calls(self.fmt.region(self.text, start))
+        if self._start is None:
+            content_end, start = self._split()
+            if content_end > self.sent:
+                out.append({"content": self.text[self.sent : content_end]})
+                self.sent = content_end
+            if start is None:
+                return out
+            self._start = fed = start
+        if not self.broken:
+            new = self.text[fed:]
+            out += self._calls(self._region.feed(new) if self._region is not None else new)
         return out
 
     def finish(self) -> list[Delta]:
         """Once the text is complete: what was held back, and, where no call was sent, the
         text that looked like calls and was not (content, as the whole text's parse has it)."""
+        out: list[Delta] = []
+        if self._region is not None and not self.broken:
+            out += self._calls(self._region.flush())  # what it held, for a next call's tag
         if self.calls or len(self.text) <= self.sent:
-            return []
+            return out
         rest = self.text[self.sent :]
         self.sent = len(self.text)
-        return [{"content": rest}]
+        return [*out, {"content": rest}]
 
-    def _calls(self, region: str) -> list[Delta]:
-        """The deltas of the calls' text since the last feed. Where the text stops being a
-        call (``Malformed``), the deltas built before that point still go out (the counters
-        already count them) and nothing more is sent: a piece merged for a slow reader gives
-        the client what the same text fed token by token gives."""
+    def _calls(self, new: str) -> list[Delta]:
+        """The deltas of the calls' text ``new`` adds. Where the text stops being a call
+        (``Malformed``), the deltas of the text before that point still go out and nothing
+        more is sent: a piece merged for a slow reader gives the client what the same text
+        fed token by token gives."""
         out: list[Delta] = []
         try:
-            self._scan(region, out)
+            try:
+                self._reader.feed(new)
+            finally:
+                self._scan(out)
         except (Malformed, json.JSONDecodeError):
             self.broken = True
         return out
 
-    def _scan(self, region: str, out: list[Delta]) -> None:
-        for k, (s, e) in enumerate(objects(region, self.fmt.depth)):
-            obj = region[s:e]
-            call = self.fmt.read(obj)
-            if call.name is None or call.args is None:
-                if call.closed and call.name is not None:  # no arguments at all: "{}"
-                    call = _Call(call.name, None, True)
-                else:
+    def _name(self, obj: Member) -> str | None:
+        span = obj.members.get("name")
+        if span is None or span[1] is None:
+            return None
+        key = (span[0], span[1])
+        name = self._names.get(key)
+        if name is None:
+            value = json.loads(self._reader.text[key[0] : key[1]])
+            if not isinstance(value, str):
+                raise Malformed(f"a call's name must be a string, got {value!r}")
+            name = self._names[key] = value
+        return name
+
+    def _scan(self, out: list[Delta]) -> None:
+        objs, text, limit = self._reader.objects, self._reader.text, self._reader.pos
+        for k in range(self._next, len(objs)):
+            obj = objs[k]
+            name = self._name(obj)
+            args = next((obj.members[a] for a in self.fmt.args_keys if a in obj.members), None)
+            if name is None or args is None:
+                if not (obj.closed and name is not None):
                     break
+                args = None  # no arguments at all: "{}"
             if k == len(self.calls):
                 self.calls.append([self.fmt.new_id(), 0])
-                function = {"name": call.name, "arguments": ""}
+                function = {"name": name, "arguments": ""}
                 head = {"index": k, "id": self.calls[k][0], "type": "function"}
                 out.append({"tool_calls": [{**head, "function": function}]})
-            args = self._args(obj, call, self.calls[k][1])
-            if args:
-                self.calls[k][1] += len(args)
-                out.append({"tool_calls": [{"index": k, "function": {"arguments": args}}]})
-            if e is None:
+            end = obj.end if obj.end is not None else limit
+            piece = self._args(text, args, self.calls[k][1], end)
+            if piece:
+                self.calls[k][1] += len(piece)
+                out.append({"tool_calls": [{"index": k, "function": {"arguments": piece}}]})
+            if obj.end is None:
                 break
+            self._next = k + 1  # read to its end: nothing more comes of it
 
-    def _args(self, obj: str, call: _Call, sent: int) -> str:
-        """The arguments text not yet sent (all of it once known, where it is not an object)."""
-        if call.args is None:
+    def _args(self, text: str, args: list[Any] | None, sent: int, obj_end: int) -> str:
+        """The arguments text not yet sent (all of it once known, where it is not an object);
+        ``args`` its span in ``text``, the call object's text ending at ``obj_end``."""
+        if args is None:
             return "" if sent else "{}"
-        start, end = call.args
-        if obj[start] == "{":
-            return obj[start + sent : end if end is not None else len(obj)]
-        if end is None or sent:
+        start, end = args
+        if text[start] == "{":
+            return text[start + sent : min(end, obj_end) if end is not None else obj_end]
+        if end is None or end > obj_end or sent:
             return ""
-        return self.fmt.arguments(obj, call)
+        return self.fmt.arguments_of(text[start:end])

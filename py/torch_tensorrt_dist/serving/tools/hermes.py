@@ -17,4 +17,4 @@ def split(text: str) -> tuple[int, int | None]:
     return len(text) - held_prefix(text, START), None
 
 
-HERMES = CallFormat("hermes", split, depth=0)
+HERMES = CallFormat("hermes", split, depth=0, anywhere=True)

@@ -4,6 +4,8 @@ otherwise is content (the format Meta's templates ask for when tools are given).
 
 from __future__ import annotations
 
+import re
+
 from torch_tensorrt_dist.serving.tools.calls import CallFormat
 
 __all__ = ["LLAMA3_JSON", "PYTHON_TAG"]
@@ -11,14 +13,18 @@ __all__ = ["LLAMA3_JSON", "PYTHON_TAG"]
 PYTHON_TAG = "<|python_tag|>"
 
 
+_BLANKS = re.compile(r"\s*")
+
+
 def split(text: str) -> tuple[int, int | None]:
-    head = text.lstrip()
-    skipped = len(text) - len(head)
-    if not head or (PYTHON_TAG.startswith(head) and head != PYTHON_TAG):
+    # only the blanks at the start are read: a stream splits its whole text at every piece
+    skipped = _BLANKS.match(text).end()  # type: ignore[union-attr]
+    rest = len(text) - skipped
+    if not rest or (rest < len(PYTHON_TAG) and PYTHON_TAG.startswith(text[skipped:])):
         return 0, None  # undecided: hold
-    if head.startswith(PYTHON_TAG):
+    if text.startswith(PYTHON_TAG, skipped):
         return 0, skipped + len(PYTHON_TAG)
-    if head.startswith("{"):
+    if text.startswith("{", skipped):
         return 0, skipped
     return len(text), None
 

@@ -7,13 +7,18 @@ and where each of its members' values does, without waiting for the text to be c
 
 A span is ``(start, end)`` with ``end`` one past the last character, or None while the text
 has not closed it. Text that cannot be JSON raises :class:`Malformed`.
+
+A stream reads the same as its text grows, each character once (:class:`Reader`: the objects
+and their members as the functions above give them on the text so far; :class:`ValueEnd`:
+:func:`value_end`); ``parse`` of a whole text uses the functions.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
-__all__ = ["Malformed", "members_of", "objects", "value_end"]
+__all__ = ["Malformed", "Member", "Reader", "ValueEnd", "members_of", "objects", "value_end"]
 
 _WS = " \t\r\n"
 _SCALAR_END = set(_WS) | {",", "}", "]"}
@@ -135,3 +140,208 @@ def members_of(obj: str) -> tuple[dict[str, tuple[int, int | None]], bool]:
         if stop is None:
             return out, False
         i = stop
+
+
+# member phases of the object being read (``members_of`` step by step)
+_KEY, _AFTER_COMMA, _IN_KEY, _COLON, _VALUE, _IN_STRING, _IN_NEST, _IN_SCALAR, _DONE = range(9)
+
+
+def _after_value(text: str, j: int) -> None:
+    """Malformed where ``text[j]``, which ends a scalar, cannot follow a member (checked
+    before the member changes: a Malformed character changes nothing)."""
+    if text[j] == "]":
+        raise Malformed(f"expected a member name at {text[j : j + 20]!r}")
+
+
+class Member:
+    """One call object read as its text grows: what :func:`members_of` gives on its text so
+    far (``members``: key -> [start, end or None], positions in the whole text; ``closed``)."""
+
+    __slots__ = (
+        "_at",
+        "_depth",
+        "_esc",
+        "_key",
+        "_phase",
+        "_str",
+        "closed",
+        "end",
+        "members",
+        "start",
+    )
+
+    def __init__(self, start: int) -> None:
+        self.start: int = start
+        self.end: int | None = None
+        self.members: dict[str, list[Any]] = {}
+        self.closed = False
+        self._phase, self._at, self._key, self._depth = _KEY, 0, "", 0
+        self._esc = self._str = False
+
+    def step(self, text: str, j: int) -> None:
+        """Read ``text[j]``, the object's next character (Malformed: it cannot be one)."""
+        c, phase = text[j], self._phase
+        if phase in (_IN_STRING, _IN_KEY):
+            if self._esc:
+                self._esc = False
+            elif c == "\\":
+                self._esc = True
+            elif c == '"':
+                if phase == _IN_KEY:
+                    self._key = json.loads(text[self._at : j + 1])
+                    self._phase = _COLON
+                else:
+                    self.members[self._key][1] = j + 1
+                    self._phase = _KEY
+            return
+        if phase == _IN_NEST:
+            if self._str:  # a string inside the value
+                if self._esc:
+                    self._esc = False
+                elif c == "\\":
+                    self._esc = True
+                elif c == '"':
+                    self._str = False
+            elif c == '"':
+                self._str = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    self.members[self._key][1] = j + 1
+                    self._phase = _KEY
+            return
+        if phase == _IN_SCALAR:
+            if c not in _SCALAR_END:
+                return
+            _after_value(text, j)
+            self.members[self._key][1] = j
+            phase = self._phase = _KEY  # and this character is read as what follows it
+        if phase == _DONE or c in _WS:
+            return
+        if phase == _KEY:
+            if c == "}":
+                self.closed, self._phase = True, _DONE
+                return
+            if c == "," and self.members:
+                self._phase = _AFTER_COMMA
+                return
+            phase = _AFTER_COMMA
+        if phase == _AFTER_COMMA:
+            if c != '"':
+                raise Malformed(f"expected a member name at {text[j : j + 20]!r}")
+            self._phase, self._at = _IN_KEY, j
+        elif phase == _COLON:
+            if c != ":":
+                raise Malformed(f"expected ':' after {self._key!r}, got {text[j : j + 20]!r}")
+            self._phase = _VALUE
+        elif phase == _VALUE:
+            if c in _SCALAR_END:
+                _after_value(text, j)
+            self.members[self._key] = [j, None]
+            if c == '"':
+                self._phase = _IN_STRING
+            elif c in "{[":
+                self._phase, self._depth = _IN_NEST, 1
+            elif c in _SCALAR_END:  # an empty value, as value_end reads it
+                self.members[self._key][1] = j
+                self._phase = _KEY
+                self.step(text, j)
+            else:
+                self._phase = _IN_SCALAR
+
+
+class Reader:
+    """:func:`objects` and :func:`members_of` of a text that grows (``feed``), reading each
+    character once: the objects opening at ``depth`` (:class:`Member` each; ``end`` set once
+    closed), as the whole functions give them on the text so far. A Malformed character
+    raises, leaving ``pos`` at it and what came before it read."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth, self.text, self.pos = depth, "", 0
+        self.objects: list[Member] = []
+        self._level, self._in_string, self._esc = 0, False, False
+        self._open: Member | None = None
+
+    def feed(self, new: str) -> None:
+        self.text += new
+        text, n, depth = self.text, len(self.text), self.depth
+        j = self.pos
+        try:
+            while j < n:
+                c = text[j]
+                if self._open is not None:
+                    self._open.step(text, j)
+                if self._in_string:
+                    if self._esc:
+                        self._esc = False
+                    elif c == "\\":
+                        self._esc = True
+                    elif c == '"':
+                        self._in_string = False
+                elif c == '"':
+                    if self._level > 0:
+                        self._in_string = True
+                elif c in "{[":
+                    if c == "{" and self._level == depth:
+                        self._open = Member(j)
+                        self.objects.append(self._open)
+                    self._level += 1
+                elif c in "}]":
+                    if self._level == 0:
+                        raise Malformed(f"{c!r} at character {j} closes nothing")
+                    self._level -= 1
+                    if c == "}" and self._level == depth and self._open is not None:
+                        self._open.end, self._open = j + 1, None
+                j += 1
+        finally:
+            self.pos = j
+
+
+class ValueEnd:
+    """:func:`value_end` of a value (its text from its first character) that grows: ``feed``
+    more of it, get one past its end in all of it once it has ended (None: not yet)."""
+
+    def __init__(self) -> None:
+        self.length = 0
+        self.end: int | None = None
+        self._kind = ""  # '"', "{" (a list or object) or "s" (a scalar); "": nothing yet
+        self._depth, self._str, self._esc = 0, False, False
+
+    def feed(self, text: str) -> int | None:
+        j0, self.length = self.length, self.length + len(text)
+        for k, c in enumerate(text):
+            if self.end is not None:
+                break
+            j = j0 + k
+            if not self._kind:
+                if c == '"':
+                    self._kind, self._str = '"', True
+                    continue
+                if c not in "{[":
+                    self._kind = "s"
+                else:
+                    self._kind, self._depth = "{", 1
+                    continue
+            if self._kind == "s":
+                if c in _SCALAR_END:
+                    self.end = j
+            elif self._str:
+                if self._esc:
+                    self._esc = False
+                elif c == "\\":
+                    self._esc = True
+                elif c == '"':
+                    self._str = False
+                    if self._kind == '"':
+                        self.end = j + 1
+            elif c == '"':
+                self._str = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    self.end = j + 1
+        return self.end
