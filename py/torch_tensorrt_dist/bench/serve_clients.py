@@ -20,8 +20,8 @@ clients on other machines would not), and every client of a run sends at once. R
   (its event loop's thread: ``torchtrt_thread_cpu_seconds_total{thread="http"}``) for the
   hostile stream alone against a plain stream alone (the C = 1 long run).
 * a client that stops reading (4 KiB receive buffer; its request 8 choices with 20 logprobs a
-  token, so that its events outgrow the socket buffers) beside 7 plain ones, until they have
-  ended and two write timeouts more, the server's ``--write-timeout`` short
+  token, so that its events outgrow the socket buffers) beside 7 plain ones, until the server
+  counts a cut stream, the server's ``--write-timeout`` short
   (``ClientSizes.write_timeout_s``): the plain streams' largest gap against the 8 plain
   streams' run (the stalled request holds 8 rows more), and whether the stalled stream ended
   with the error event.
@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,7 @@ NICE = 10
 STALLED_CHOICES = 8
 CLIENT = Path(__file__).with_name("stream_client.py")
 _CPU = 'torchtrt_thread_cpu_seconds_total{thread="http"}'
+_CUT = 'torchtrt_requests_total{status="slow_client"}'
 
 
 @dataclass(frozen=True)
@@ -139,11 +140,11 @@ def run_client_processes(
     bodies: Sequence[dict[str, Any]],
     *,
     stalled: int | None = None,
-    resume_after_s: float = 0.0,
+    resume_when: Callable[[], bool] = lambda: False,
 ) -> list[dict[str, Any]]:
     """Each body streamed by a client process of its own (``stream_client.py``), all sent at
     once; their records. ``stalled``: the index of a client that stops reading after its
-    first event, until the others have ended and ``resume_after_s`` more seconds passed."""
+    first event until ``resume_when()`` (asked every 0.5 s) or the others have ended."""
     start = time.monotonic() + 1.0 + 0.1 * len(bodies)  # every process started by then
     with tempfile.TemporaryDirectory() as tmp:
         resume = Path(tmp) / "resume"
@@ -159,14 +160,12 @@ def run_client_processes(
                     text=True,
                 )
             )
-        outs: dict[int, str] = {}
-        for i, p in enumerate(procs):
-            if i != stalled:
-                outs[i] = p.communicate(timeout=1800)[0]
+        others = [p for i, p in enumerate(procs) if i != stalled]
         if stalled is not None:
-            time.sleep(resume_after_s)
+            while any(p.poll() is None for p in others) and not resume_when():
+                time.sleep(0.5)
             resume.touch()
-            outs[stalled] = procs[stalled].communicate(timeout=1800)[0]
+        outs = {i: p.communicate(timeout=1800)[0] for i, p in enumerate(procs)}
     records = []
     for i, p in enumerate(procs):
         if p.returncode != 0:
@@ -272,14 +271,18 @@ def _hostile(
 def _stalled(
     server: ServerProcess, sizes: ClientSizes, base: dict[str, float] | None, tp: int
 ) -> list[Figure]:
-    """7 plain streams and one whose client stops reading after its first event (for three
-    write timeouts), then reads what is left: an error event past the deadline."""
+    """7 plain streams and one whose client stops reading after its first event until the
+    server counts a cut stream (``/metrics``; its error event waits ``CLOSE_AFTER`` write
+    timeouts for the client), then reads what is left: the error event."""
     n, wt = sizes.long_tokens, sizes.write_timeout_s
     bodies = [_body(PROMPTS[i % len(PROMPTS)], n) for i in range(7)]
-    # 8 choices of 20 logprobs a token: about 9 MB, more than the socket buffers take (the
-    # kernel's send buffer grows to 4 MiB; 4 choices, about 4.5 MB, went through unblocked)
+    # 8 choices of 20 logprobs a token: more than the socket buffers take (the kernel's send
+    # buffer grows to 4 MiB; 2.9 MB had reached the client when a write blocked)
     bodies.append(_body(PROMPTS[0], n, logprobs=20, n=STALLED_CHOICES))
-    records = run_client_processes(server.url, bodies, stalled=7, resume_after_s=2 * wt)
+    before = server.metrics().get(_CUT, 0.0)
+    records = run_client_processes(
+        server.url, bodies, stalled=7, resume_when=lambda: server.metrics().get(_CUT, 0.0) > before
+    )
     streams = _streams(records[:7])
     plain_gap = max(g for s in streams for g in s.gaps)
     run = f"TP {tp}, 7 plain + 1 client that stops reading ({n} tokens, --write-timeout {wt:g} s)"
