@@ -373,3 +373,81 @@ def test_client_view_figures_by_hand() -> None:
     assert abs(view["gap_p50"] - 0.2) < 1e-9
     assert view["events_per_token"] == 5 / 7
     assert client_view([])["events_per_token"] == 0.0
+
+
+def test_continuation_ids_of_the_demo_tokenizer() -> None:
+    """The 64 single-byte tokens 0x80-0xBF of the demo's byte-level BPE, each alone U+FFFD;
+    ASCII and lead bytes are not among them."""
+    from tokenizers import Tokenizer
+
+    from torch_tensorrt_dist.bench.serve_clients import continuation_ids
+    from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+
+    path = Path(demo_checkpoint_path()) / "tokenizer.json"
+    ids = continuation_ids(path)
+    tok = Tokenizer.from_file(str(path))
+    assert len(ids) == 64 and {tok.decode([i]) for i in ids} == {"\ufffd"}
+    raw = "".join(tok.id_to_token(i) for i in ids)
+    assert len(raw) == 64  # one byte each
+    lead = tok.token_to_id("Ã")  # byte 0xC3, a lead byte: not a continuation
+    assert lead is not None and lead not in ids and tok.token_to_id("a") not in ids
+
+
+def test_a_client_process_records_events_and_an_error(tmp_path: Path) -> None:
+    """``stream_client.py`` as the bench runs it (its own process) against a local server that
+    streams three events, one empty, then an error event: their times, usage and error."""
+    import http.server
+    import json as _json
+    import subprocess
+    import sys
+    import threading
+    import time as _time
+
+    from torch_tensorrt_dist.bench.serve_clients import CLIENT
+
+    events = [
+        {"choices": [{"text": "a\ufffd"}]},
+        {"choices": [{"text": ""}]},
+        {"choices": [{"text": "b"}]},
+        {"choices": [], "usage": {"completion_tokens": 3}},
+        {"error": {"message": "the client did not read"}},
+    ]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # the handler method http.server calls
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for e in [*events, "[DONE]"]:
+                data = f"data: {e if isinstance(e, str) else _json.dumps(e)}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+                _time.sleep(0.05)
+            self.wfile.write(b"0\r\n\r\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        spec = {"url": url, "body": {"prompt": "x"}, "start": _time.monotonic()}
+        out = subprocess.run(
+            [sys.executable, str(CLIENT), _json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    finally:
+        server.shutdown()
+    record = _json.loads(out)
+    assert len(record["times"]) == 2 and record["times"][1] - record["times"][0] >= 0.09
+    assert record["times"][0] >= record["sent"]
+    assert (record["tokens"], record["chars"], record["fffd"]) == (3, 3, 1)
+    assert record["error"] == "the client did not read"

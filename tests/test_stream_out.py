@@ -88,7 +88,7 @@ class _Stalled:
         self.resume = asyncio.Event()
 
     async def __call__(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body" and len(self.sent) >= self.takes:
+        if len(self.sent) >= self.takes:  # the response's start too, where takes == 0
             await self.resume.wait()
         self.sent.append(message)
 
@@ -147,6 +147,35 @@ def test_a_client_that_stops_reading_is_cut_with_an_error_event() -> None:
     assert error["code"] == CUT_CODE
     assert "write timeout is 0.2 s" in error["message"]
     assert texts[3:] == ["data: [DONE]\n\n", ""]  # then the response's end
+
+
+def test_a_start_past_its_deadline_cuts_the_stream_and_cleans_up() -> None:
+    """The status line and headers are under the write deadline too; the request's cleanup
+    (``on_close``) runs although its events never started."""
+    stalled, cuts, closed = _Stalled(takes=0), [], []
+
+    async def body() -> float:
+        q = PieceQueue()
+
+        async def chunks() -> Any:
+            yield "data: 0\n\n", 1.0
+
+        stream = PacedStream(
+            chunks(),
+            q,
+            StreamLimits(write_timeout_s=0.2),
+            on_cut=cuts.append,
+            on_close=lambda: closed.append(list(cuts)),
+        )
+        start = time.monotonic()
+        await asyncio.wait_for(stream.stream_response(stalled), 5)  # type: ignore[arg-type]
+        return time.monotonic() - start
+
+    took = asyncio.run(body())
+    assert 0.2 <= took < 1.5  # cut at its deadline, not when the client reads again
+    assert len(cuts) == 1 and "did not read for 0.2 s" in cuts[0]
+    assert closed == [cuts]  # once, after the cut
+    assert stalled.sent == []  # nothing of it was sent
 
 
 def test_a_client_that_reads_is_not_cut() -> None:

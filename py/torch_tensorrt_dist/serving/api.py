@@ -169,8 +169,18 @@ class _Handler:
             def written(made: float) -> None:
                 self.metrics.write_delay.observe(time.monotonic() - made)
 
-            chunks = self.stream(answer, sink)
-            return PacedStream(chunks, sink.queue, self.stream_limits, on_cut=cut, on_write=written)
+            def closed() -> None:  # however the stream ended, its response started or not
+                self._leave(answer)
+                self.metrics.requests.labels(answer.status).inc()
+
+            return PacedStream(
+                self.stream(answer, sink),
+                sink.queue,
+                self.stream_limits,
+                on_cut=cut,
+                on_write=written,
+                on_close=closed,
+            )
         return await self.collect(request, answer, sink)
 
     async def tokens(self, request: Request, work: Any) -> Response:
@@ -220,21 +230,19 @@ class _Handler:
         """The stream's events, each with its text's step time (``Piece.made``; 0: none), then
         ``[DONE]``: also after an error event, whether the step loop failed the request
         (``Failed``) or producing an event raised (a bug: its headers have gone, so the error
-        is an event, not a 500 response)."""
+        is an event, not a 500 response). The request's cleanup is the ``PacedStream``'s
+        ``on_close``: it runs also where this never started (a start past its deadline, a
+        client gone before it)."""
         try:
-            try:
-                async for event in answer.events(sink.queue):
-                    yield event, answer.made
-                    answer.made = 0.0  # a piece's other events (deltas, its finish): counted once
-            except Exception as exc:
-                logger.exception("a stream failed")
-                answer.status = "500"
-                message = f"internal error: {type(exc).__name__}: {exc}"
-                yield sse(protocol.error_body(500, message)), 0.0
-            yield "data: [DONE]\n\n", 0.0
-        finally:  # also when the client went away (the stream is cancelled)
-            self._leave(answer)
-            self.metrics.requests.labels(answer.status).inc()
+            async for event in answer.events(sink.queue):
+                yield event, answer.made
+                answer.made = 0.0  # a piece's other events (deltas, its finish): counted once
+        except Exception as exc:
+            logger.exception("a stream failed")
+            answer.status = "500"
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            yield sse(protocol.error_body(500, message)), 0.0
+        yield "data: [DONE]\n\n", 0.0
 
 
 def create_app(

@@ -11,7 +11,8 @@ the earliest step time kept): a slow client gets fewer, larger events and the qu
 most one piece per sequence, never one per token. Its size (characters of text, plus
 ``LOGPROBS_COST`` per token with logprobs) is bounded by ``max_pending``; past it, or when one
 write to the client does not complete within ``write_timeout_s`` (a client that stopped
-reading: its socket and the server's write buffer are full), the stream ends: the request is
+reading: its socket and the server's write buffer are full; the response's start, its status
+line and headers, too), the stream ends: the request is
 cancelled on the ranks (``on_cut``), then an error event and ``data: [DONE]`` are written for
 the client to find when it reads again (if that cannot complete within ``CLOSE_AFTER`` write
 timeouts, the connection is closed). Other streams never wait on it: each is its own task, and
@@ -65,8 +66,10 @@ class PacedStream(StreamingResponse):
     """Server-sent events written with a deadline: ``chunks`` (``Answer.events`` and the
     closing ``[DONE]``) are written one by one; a write that does not complete within the
     write timeout, or a queue past its bound, cuts the stream (``on_cut``, then an error
-    event and ``[DONE]``). ``on_write(made)`` is told each event written after its text's
-    earliest step (``Piece.made``)."""
+    event and ``[DONE]``; a start that does not complete in time writes nothing more).
+    ``on_write(made)`` is told each event written after its text's earliest step
+    (``Piece.made``); ``on_close()`` once the stream ends, however it ends (its request's
+    cleanup: an async generator never started runs nothing of its own on ``aclose``)."""
 
     def __init__(
         self,
@@ -76,27 +79,35 @@ class PacedStream(StreamingResponse):
         *,
         on_cut: Callable[[str], None],
         on_write: Callable[[float], None] | None = None,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         # StreamingResponse's own writer is not used: ``stream_response`` reads ``chunks``
         super().__init__(cast(Any, chunks), media_type="text/event-stream")
         self._chunks, self._queue, self._limits = chunks, queue, limits
-        self._on_cut, self._on_write = on_cut, on_write
+        self._on_cut, self._on_write, self._on_close = on_cut, on_write, on_close
 
     async def stream_response(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        reason = None
+        start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+        reason, started = None, False
         try:
-            async for chunk, made in self._chunks:
-                reason = await self._write(send, chunk)
-                if reason is not None:
-                    break
-                if made and self._on_write is not None:
-                    self._on_write(made)
+            reason = await self._send(send, start)  # the status line too: under the deadline
+            started = reason is None
+            if started:
+                async for chunk, made in self._chunks:
+                    reason = await self._write(send, chunk)
+                    if reason is not None:
+                        break
+                    if made and self._on_write is not None:
+                        self._on_write(made)
         finally:
             if reason is not None:
                 self._on_cut(reason)  # before the handler's cleanup: the request is cancelled
             with anyio.CancelScope(shield=True):  # also when the client went away
                 await cast(Any, self._chunks).aclose()
+            if self._on_close is not None:  # also when ``chunks`` never started
+                self._on_close()
+        if not started:
+            return  # nothing was written: uvicorn closes the connection
         if reason is not None:
             error = protocol.error_body(CUT_STATUS, reason, code=CUT_CODE)
             for chunk in (f"data: {json.dumps(error)}\n\n", "data: [DONE]\n\n"):
@@ -107,12 +118,17 @@ class PacedStream(StreamingResponse):
     async def _write(self, send: Send, chunk: str, *, last: bool = False) -> str | None:
         """Write ``chunk``; None once written, else why the stream is cut. The ``last`` events
         of a cut stream wait ``CLOSE_AFTER`` write timeouts for the client, the queue unbounded
-        (its request is cancelled: nothing more comes). A timer, or the queue passing its
-        bound, cancels the waiting write (nothing of it is sent: uvicorn waits for the client
-        before it writes, and writes without waiting)."""
+        (its request is cancelled: nothing more comes)."""
+        message = {"type": "http.response.body", "body": chunk.encode(), "more_body": True}
+        return await self._send(send, message, last=last)
+
+    async def _send(self, send: Send, message: dict[str, Any], *, last: bool = False) -> str | None:
+        """Send ``message`` (the response's start or a body chunk) under the write deadline:
+        None once sent, else why the stream is cut. A timer, or the queue passing its bound,
+        cancels the waiting send (nothing of it is sent: uvicorn waits for the client before
+        it writes, and writes without waiting)."""
         loop, task = asyncio.get_running_loop(), asyncio.current_task()
         assert task is not None  # an ASGI app runs in a task
-        message = {"type": "http.response.body", "body": chunk.encode(), "more_body": True}
         cut: list[str] = []
 
         def expire(why: str) -> None:
