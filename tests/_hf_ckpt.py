@@ -35,8 +35,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "gpt_oss": dict(sliding_window=8, num_local_experts=4, num_experts_per_tok=2),
     "glm4": {},
     "mistral": dict(sliding_window=8),
-    # multi-head latent attention: K of 16 + 8, V of 12 (dense layers: the experts' checkpoint
-    # layout is transformers' conversion, refused in test_transformers_family)
+    # multi-head latent attention: K of 16 + 8, V of 12; layer 0 dense, layer 1 routed experts
+    # (stored one by one, fused by the loader as transformers' conversion does) and a router
+    # bias (a stored buffer)
+    # experts stored one by one (mixtral under its own names, block_sparse_moe.experts.{e}.w1):
+    # the loader fuses them as transformers' load-time conversion does
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
     "deepseek_v3": dict(
         kv_lora_rank=16,
         q_lora_rank=24,
@@ -48,7 +53,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         n_routed_experts=4,
         num_experts_per_tok=2,
         moe_intermediate_size=32,
-        first_k_dense_replace=2,
+        first_k_dense_replace=1,
         n_group=1,
         topk_group=1,
     ),
@@ -59,7 +64,8 @@ PROMPTS = [[1, 5, 7, 9, 11, 13, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [3,
 
 
 def hf_model(kind: str, seed: int = 0, **overrides: Any) -> Any:
-    """transformers' causal LM of ``kind``, fp32, weights of std 0.2 (clear argmax margins)."""
+    """transformers' causal LM of ``kind``, fp32, weights and stored buffers (deepseek_v3's
+    router bias) of std 0.2 (clear argmax margins)."""
     import transformers
 
     config = transformers.CONFIG_MAPPING[kind](**{**_COMMON, **CONFIGS[kind], **overrides})
@@ -70,6 +76,10 @@ def hf_model(kind: str, seed: int = 0, **overrides: Any) -> Any:
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.2)
+        stored = model.state_dict()
+        for name, b in model.named_buffers():
+            if name in stored and b.is_floating_point():
+                b.normal_(0.0, 0.2)
     return model
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import safetensors.torch
+import torch
 
 from tests import _hf_ckpt
 from torch_tensorrt_dist.config import GenerateJob, ModelOptions, Parallel, RunConfig
@@ -64,7 +66,9 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def test_exact_at_tp1(ckpts: Any, kind: str) -> None:
     """Chunked prefill (19 tokens, budget 8) over blocks of 4, three rows at once: HF's tokens
     (gemma2/3: soft-capping, sliding windows, query_pre_attn_scalar; granite: its multipliers;
-    gpt_oss: sinks, alternating windows, experts; deepseek_v3: K and V of different sizes)."""
+    gpt_oss: sinks, alternating windows, fused experts as stored; deepseek_v3: K and V of
+    different sizes, experts stored one by one and fused at load, a router bias buffer;
+    mixtral: its experts' names renamed and fused as transformers' conversion does)."""
     path, ref = ckpts(kind)
     res, model = _ours(path, "none")
     assert res.tokens == ref
@@ -169,10 +173,18 @@ def test_config_contradicting_weights(tmp_path: Path, ckpts: Any) -> None:
     (bad / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 96}))
     message = _plan_error(bad)
     assert "'model.layers.0.mlp.gate_proj.weight' has shape [128, 64]" in message
-    # experts stored one by one where transformers' class fuses them (its load-time
-    # conversion, which this reader does not do): refused naming the fused tensor
-    moe, _ = _hf_ckpt.save("deepseek_v3", tmp_path, first_k_dense_replace=1)
-    assert "lacks tensor 'model.layers.1.mlp.experts.gate_up_proj'" in _plan_error(moe)
+    # experts stored one by one, fused by the loader: a part of the wrong size is named
+    moe, _ = _hf_ckpt.save("deepseek_v3", tmp_path)
+    weights = moe / "model.safetensors"
+    state = safetensors.torch.load_file(weights)
+    state["model.layers.1.mlp.experts.3.up_proj.weight"] = torch.zeros(16, 64)
+    safetensors.torch.save_file(state, weights, metadata={"format": "pt"})
+    message = _plan_error(moe)
+    assert "'model.layers.1.mlp.experts.3.up_proj.weight' has shape [16, 64]" in message
+    assert "implies [32, 64] (its part of 'model.layers.1.mlp.experts.gate_up_proj')" in message
+    del state["model.layers.1.mlp.experts.3.up_proj.weight"]
+    safetensors.torch.save_file(state, weights, metadata={"format": "pt"})
+    assert "lacks tensor 'model.layers.1.mlp.experts.3.up_proj.weight'" in _plan_error(moe)
 
 
 def test_native_families_import_no_transformers() -> None:

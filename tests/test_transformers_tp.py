@@ -17,13 +17,15 @@ pytestmark = pytest.mark.transformers
 
 NEW = 8
 #: (model_type, engine). llama / qwen3: colwise-rowwise pairs; gemma2: a tied head,
-#: soft-capping, windows; phi3: fused qkv and gate_up gathered; llama again compiled through
-#: our backend (the plan's collectives in the graph, the head's logits gathered by the step)
+#: soft-capping, windows; phi3: fused qkv and gate_up gathered; deepseek_v3: MLA's split
+#: projections, its routed experts (replicated by its plan) fused at load; llama again compiled
+#: through our backend (the plan's collectives in the graph, the head's logits gathered)
 JOBS = (
     ("llama", "none"),
     ("qwen3", "none"),
     ("gemma2", "none"),
     ("phi3", "none"),
+    ("deepseek_v3", "none"),
     ("llama", "eager"),
 )
 

@@ -86,6 +86,12 @@ def _grammar() -> list[Figure]:
     return grammar_cost()
 
 
+def _hf_family() -> list[Figure]:
+    from torch_tensorrt_dist.bench.hf_family import hf_family
+
+    return hf_family()
+
+
 def _gpu() -> list[Figure]:
     from torch_tensorrt_dist.bench.gpu import gpu
 
@@ -106,6 +112,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "serve_control": _serve_control,
     "serve_clients": _serve_clients,
     "grammar": _grammar,
+    "hf_family": _hf_family,
     "gpu": _gpu,
 }
 #: sections with smaller counts under ``--quick`` (the same figures)
