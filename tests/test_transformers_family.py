@@ -196,23 +196,33 @@ def test_native_families_import_no_transformers() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_serve_gives_generate_tokens(ckpts: Any) -> None:
-    """``serve`` picks the family by itself (gemma2: no native family) and answers a greedy
-    completion of token ids with the text of HF's tokens."""
+def test_serve_tp2_gives_generate_tokens(ckpts: Any) -> None:
+    """``serve`` picks the family by itself (gemma2: no native family) and, at TP 2, answers
+    three greedy completions of token ids sent together (rows batched, joining and leaving at
+    different steps) each with the text of HF's tokens for that prompt alone."""
+    import concurrent.futures as cf
+
     import httpx
 
     from tests._serve import start_server
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 
     path, ref = ckpts("gemma2")
-    args = ["--model", str(path), "--engine", "none", "--max-seq-len", "64"]
-    server = start_server(args)  # started: ``with`` would start a second one (and leak this)
+    args = ["--model", str(path), "--engine", "none", "--max-seq-len", "64", "--tp", "2"]
+    server = start_server([*args, "--max-batch-size", "4"])  # started: no second ``with``
+
+    def ask(prompt: list[int]) -> dict[str, Any]:
+        body = {"model": "gemma2", "prompt": prompt, "max_tokens": NEW, "temperature": 0}
+        out: dict[str, Any] = httpx.post(
+            f"{server.url}/v1/completions", json=body, timeout=120
+        ).json()
+        return out
+
     try:
-        body = {"model": "gemma2", "prompt": _hf_ckpt.PROMPTS[0], "max_tokens": NEW}
-        body["temperature"] = 0
-        reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+        with cf.ThreadPoolExecutor(len(_hf_ckpt.PROMPTS)) as pool:
+            replies = list(pool.map(ask, _hf_ckpt.PROMPTS))
     finally:
         assert server.stop() == 0
-    text = load_tokenizer(path, vocab_size=256).decode(ref[0])
-    assert reply["choices"][0]["text"] == text
-    assert reply["usage"]["completion_tokens"] == NEW
+    tokenizer = load_tokenizer(path, vocab_size=256)
+    assert [r["choices"][0]["text"] for r in replies] == [tokenizer.decode(t) for t in ref]
+    assert [r["usage"]["completion_tokens"] for r in replies] == [NEW] * len(ref)
