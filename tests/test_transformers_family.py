@@ -21,6 +21,7 @@ from torch_tensorrt_dist.errors import CheckpointError, ConfigError
 from torch_tensorrt_dist.families import DenseSpec, Rank, TransformersSpec, checkpoint_spec
 from torch_tensorrt_dist.generation.core import GenerationCore
 from torch_tensorrt_dist.generation.generate import Generator
+from torch_tensorrt_dist.quantization.scheme import QuantConfig
 
 pytestmark = pytest.mark.transformers
 
@@ -108,6 +109,29 @@ def test_preemption_and_prefix_cache(ckpts: Any, monkeypatch: pytest.MonkeyPatch
     assert res.cached_tokens == [0, 16]
 
 
+def test_kv_estimate_is_the_pools(ckpts: Any) -> None:
+    """``check_kv_cache``'s estimate (``kv_layout_for`` over the plan's ModelArgs) is what a
+    rank's pools hold per token, for every model here at TP 1 and TP 2 (phi3, olmo2, gpt_oss:
+    a plan that keeps every KV head on every rank; deepseek_v3: K 24 and V 12 per head); the
+    built model's own layout (``kv_layout``) too."""
+    import transformers
+
+    from torch_tensorrt_dist.generation.kv_memory import kv_layout, kv_layout_for
+    from torch_tensorrt_dist.models.hf_config import kv_shape, model_args
+
+    for kind in _hf_ckpt.CONFIGS:
+        cfg = transformers.CONFIG_MAPPING[kind](**{**_hf_ckpt._COMMON, **_hf_ckpt.CONFIGS[kind]})
+        for tp in (1, 2):
+            kv = kv_shape(cfg, tp=tp)
+            pools = cfg.num_hidden_layers * kv.kv_heads * (kv.k_dim + kv.v_dim) * 4
+            layout = kv_layout_for(model_args(cfg, tp=tp), tp=tp, dtype=torch.float32, block_size=1)
+            assert layout.bytes_per_token == pools, (kind, tp)
+    path, _ = ckpts("deepseek_v3")
+    _, model = _ours(path, "none", prompts=[[1, 2]])
+    per_block = sum(p.k_pool[0].nbytes + p.v_pool[0].nbytes for p in model.kv_pools)
+    assert kv_layout(model, block_size=4).bytes_per_block == per_block == 2 * 4 * (24 + 12) * 16
+
+
 def test_selection(ckpts: Any) -> None:
     """auto: native where a native family runs the model_type, else transformers;
     --model-impl forces either (native refuses a model_type it does not run)."""
@@ -158,6 +182,14 @@ def test_refusals_before_any_weight(tmp_path: Path, ckpts: Any) -> None:
     assert "--tp 4 does not divide" in _plan_error(heads, tp=4)
     path, _ = ckpts("llama")
     assert "`compile` does not package" in _plan_error(path, command="compile")
+    for change in (
+        dict(quantize=QuantConfig("int8")),
+        dict(parallel=Parallel(tp=1, pp=2)),
+        dict(parallel=Parallel(tp=1, ep=2)),
+    ):
+        config = _config(path, impl="transformers").with_(**change)
+        with pytest.raises(ConfigError, match=r"--quantize is not applied|with --tp only"):
+            checkpoint_spec(config).plan(config)
 
 
 def test_config_contradicting_weights(tmp_path: Path, ckpts: Any) -> None:

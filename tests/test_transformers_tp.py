@@ -1,6 +1,7 @@
 """The transformers family at TP 2 (one spawn of two gloo ranks for every model): each model
-sharded by its own ``base_model_tp_plan`` gives HF's greedy tokens on both ranks, and a rank
-reads half the checkpoint plus what the plan replicates."""
+sharded by its own ``base_model_tp_plan`` gives HF's greedy tokens on both ranks, a rank
+reads half the checkpoint plus what the plan replicates, and the KV-cache estimate checked
+before the ranks start (``check_kv_cache``) is what a rank's pools hold."""
 
 from __future__ import annotations
 
@@ -57,5 +58,7 @@ def test_tp2_exact_and_half_the_bytes(tmp_path: Path) -> None:
         path = Path(job["path"])
         size = (path / "model.safetensors").stat().st_size
         assert r0["bytes_read"] == r1["bytes_read"] < size, kind
+        pools, estimate = r0["kv_bytes"]  # phi3: every KV head on every rank (gathered qkv)
+        assert pools == estimate == r1["kv_bytes"][0], kind
         if kind in ("llama", "qwen3"):  # every 2-D weight split in two, the norms whole
             assert r0["bytes_read"] <= size / 2 + _replicated_bytes(path), kind

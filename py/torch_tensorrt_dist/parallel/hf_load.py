@@ -105,8 +105,8 @@ def _conversions(model: nn.Module) -> tuple[list[tuple[str, str]], list[Any]]:
     renames, merges = [], []
     for t in get_model_conversion_mapping(model):  # type: ignore[arg-type]
         src, tgt = t._original_source_patterns, t._original_target_patterns
-        if type(t) is WeightRenaming and len(src) == len(tgt) == 1:
-            renames.append((src[0], tgt[0]))
+        if type(t) is WeightRenaming and len(tgt) == 1:
+            renames += [(pattern, tgt[0]) for pattern in src]
         elif isinstance(t, WeightConverter) and len(tgt) == 1:
             ops = [type(op) for op in t.operations]
             if ops in ([MergeModulelist], [MergeModulelist, Concatenate]):
@@ -374,7 +374,7 @@ def load_hf(
     if tp == 1:
         _retie(model)
     model.to(device)  # the buffers (RoPE frequencies)
-    paged = PagedHFModel(model, model_args(cfg), kv_shape(cfg, tp=tp))
+    paged = PagedHFModel(model, model_args(cfg, tp=tp), kv_shape(cfg, tp=tp))
     if tp > 1 and _head_split(model):
         paged.group = group
     paged.bytes_read = bytes_read
