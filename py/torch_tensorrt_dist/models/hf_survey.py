@@ -17,14 +17,23 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from torch_tensorrt_dist.errors import CheckpointError, ConfigError
 
-__all__ = ["BEGIN", "END", "causal_lm_types", "refusal", "survey", "tiny_config", "write_table"]
+__all__ = [
+    "BEGIN",
+    "END",
+    "causal_lm_types",
+    "read_table",
+    "refusal",
+    "survey",
+    "tiny_config",
+    "write_table",
+]
 
 BEGIN = "<!-- survey:begin (python -m torch_tensorrt_dist.models.hf_survey docs/models.md) -->"
 END = "<!-- survey:end -->"
@@ -49,6 +58,8 @@ TINY: dict[str, Any] = dict(
     eos_token_id=None,
 )
 PROMPTS = [[1, 5, 7, 9, 11, 13, 2, 3, 4, 5], [3, 4, 8]]
+#: a tiny model built has at most this many parameters (else it is not tried)
+MAX_PARAMETERS = 20_000_000
 NEW = 6
 
 
@@ -66,7 +77,10 @@ def tiny_config(kind: str) -> Any:
     from transformers import CONFIG_MAPPING
 
     cls: Any = CONFIG_MAPPING[kind]
-    default = cls()
+    try:
+        default = cls()
+    except Exception as exc:  # a class whose defaults do not validate
+        raise ConfigError(f"no tiny config of {kind!r}: {type(exc).__name__}") from None
     text = default.get_text_config()
     own = text.to_dict()
     fields = {k: v for k, v in TINY.items() if k in own}
@@ -79,7 +93,7 @@ def tiny_config(kind: str) -> Any:
             return cls(**fields) if sub is None else cls(**{sub: {**own, **fields}})
         except Exception as exc:  # each class validates its own way
             error = exc
-    raise ConfigError(f"no tiny config of {kind!r}: {type(error).__name__}: {error}")
+    raise ConfigError(f"no tiny config of {kind!r}: {type(error).__name__}")
 
 
 def _short(message: str) -> str:
@@ -90,11 +104,13 @@ def _short(message: str) -> str:
 
 
 def refusal(kind: str, tp: int) -> str | None:
-    """Why this family refuses ``kind`` at ``tp`` from its config alone (None: it plans)."""
+    """Why this family refuses ``kind`` at ``tp`` from its config alone (None: it plans;
+    ConfigError where no tiny config of it is made)."""
     from torch_tensorrt_dist.models.hf_config import check_runnable
 
+    cfg = tiny_config(kind)
     try:
-        check_runnable(tiny_config(kind), tp=tp)
+        check_runnable(cfg, tp=tp)
     except ConfigError as exc:
         return _short(str(exc))
     return None
@@ -114,6 +130,29 @@ def _deadline(seconds: int) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
+def _reference(cfg: Any, path: Path) -> list[list[int]]:
+    """transformers' model of ``cfg`` (random weights) saved at ``path``; its greedy tokens of
+    :data:`PROMPTS`."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0.0, 0.2)
+    hf.save_pretrained(path)
+    ref = []
+    for p in PROMPTS:
+        ids = hf.generate(
+            torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False
+        )
+        ref.append(ids[0, len(p) :].tolist())
+    return ref
+
+
 def _exact(kind: str, root: Path) -> str:
     """A tiny random checkpoint of ``kind`` through this family at TP 1 against
     transformers' greedy ``generate``: "exact", "differs" or the refusal / error."""
@@ -124,22 +163,18 @@ def _exact(kind: str, root: Path) -> str:
     from torch_tensorrt_dist.models.hf_config import read_hf_config
     from torch_tensorrt_dist.parallel.hf_load import build_meta, check_hf_checkpoint, load_hf
 
-    torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(
-        tiny_config(kind), dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.normal_(0.0, 0.2)
-    path = root / kind
-    hf.save_pretrained(path)
-    ref = []
-    for p in PROMPTS:
-        ids = hf.generate(
-            torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False
-        )
-        ref.append(ids[0, len(p) :].tolist())
-    cfg = read_hf_config(path)
+    cfg = tiny_config(kind)
+    with torch.device("meta"):  # its size first: a field the tiny sizes miss stays full size
+        meta = transformers.AutoModelForCausalLM.from_config(cfg)
+        size = sum(p.numel() for p in meta.parameters())
+    if size > MAX_PARAMETERS:
+        return f"not tried: {size:,} parameters at the tiny sizes (a size field of its own)"
+    try:  # transformers' own model at the tiny sizes (the reference)
+        path = root / kind
+        ref = _reference(cfg, path)
+    except Exception as exc:  # its own code refuses the tiny sizes: nothing of ours ran
+        return f"not tried: transformers' own model fails at the tiny sizes ({type(exc).__name__})"
+    cfg = read_hf_config(path)  # as saved
     try:
         check_hf_checkpoint(path, build_meta(cfg, torch.float32))
     except (ConfigError, CheckpointError) as exc:
@@ -151,7 +186,11 @@ def _exact(kind: str, root: Path) -> str:
 
 
 def survey(
-    kinds: list[str] | None = None, *, run: bool = True, seconds: int = 120
+    kinds: list[str] | None = None,
+    *,
+    run: bool = True,
+    seconds: int = 120,
+    on_row: Callable[[str, tuple[str, str]], None] | None = None,
 ) -> dict[str, tuple[str, str]]:
     """model_type -> (TP 1, TP 2): "native", "exact", "differs", "refused: why", "error: ...";
     TP 2 is the plan's checks only ("plans" or "refused: why"); ``run`` False: TP 1 too
@@ -162,9 +201,11 @@ def survey(
     with tempfile.TemporaryDirectory() as tmp:
         for kind in kinds or causal_lm_types():
             start = time.perf_counter()
+            tp2 = ""
             try:
                 with _deadline(seconds):
-                    tp2 = refusal(kind, 2)
+                    why2 = refusal(kind, 2)
+                    tp2 = "plans" if why2 is None else f"refused: {why2}"
                     if kind in NATIVE_MODEL_TYPES:
                         tp1 = f"native ({NATIVE_MODEL_TYPES[kind]})"
                     else:
@@ -174,12 +215,37 @@ def survey(
                         else:
                             tp1 = _exact(kind, Path(tmp)) if run else "plans"
             except Exception as exc:  # the table records what went wrong
-                tp1, tp2 = f"error: {type(exc).__name__}: {_short(str(exc))[:80]}", ""
-            else:
-                tp2 = "plans" if tp2 is None else f"refused: {tp2}"
+                tp1 = f"error: {type(exc).__name__}: {_short(str(exc))[:80]}"
+                if isinstance(exc, ConfigError) and "no tiny config" in str(exc):
+                    why = str(exc).rsplit(": ", 1)[1]
+                    tp1 = f"not tried: its config class validates no tiny config ({why})"
+                elif "text configs were found" in str(exc):
+                    tp1 = "not tried: several text configs (no single one to shrink)"
             out[kind] = (tp1, tp2)
+            if on_row is not None:
+                on_row(kind, (tp1, tp2))
             print(f"{kind}: {tp1} | {tp2} ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
     return out
+
+
+def read_table(doc: Path) -> dict[str, tuple[str, str]]:
+    """The rows written between :data:`BEGIN` and :data:`END` in ``doc``."""
+    section = doc.read_text().split(BEGIN, 1)[1].split(END, 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows[cells[0].strip("`")] = (cells[1], cells[2])
+    return rows
+
+
+def _counts(rows: dict[str, tuple[str, str]]) -> dict[str, int]:
+    """How many TP-1 cells begin with each answer ("exact", "refused", ...), most first."""
+    counts: dict[str, int] = {}
+    for tp1, _ in rows.values():
+        word = "not tried" if tp1.startswith("not tried") else re.split(r"[:( ]", tp1)[0]
+        counts[word] = counts.get(word, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def write_table(doc: Path, rows: dict[str, tuple[str, str]]) -> None:
@@ -189,7 +255,9 @@ def write_table(doc: Path, rows: dict[str, tuple[str, str]]) -> None:
     lines = [
         BEGIN,
         "",
-        f"transformers {transformers.__version__}: {len(rows)} causal-LM model types.",
+        f"transformers {transformers.__version__}: {len(rows)} causal-LM model types; TP 1: "
+        + ", ".join(f"{n} {word}" for word, n in _counts(rows).items())
+        + ".",
         "",
         "| model_type | TP 1 (tiny checkpoint, greedy vs transformers) | TP 2 (plan checks) |",
         "| --- | --- | --- |",
@@ -201,7 +269,19 @@ def write_table(doc: Path, rows: dict[str, tuple[str, str]]) -> None:
     doc.write_text(head + "\n".join(lines) + "\n\n" + END + tail)
 
 
+def main(argv: list[str]) -> None:
+    """``DOC [--plans-only] [MODEL_TYPE ...]``: the named types (default every one) walked,
+    their rows written into DOC's table as each finishes (the other rows kept)."""
+    target, args = Path(argv[0]), argv[1:]
+    rows = read_table(target)
+
+    def on_row(kind: str, row: tuple[str, str]) -> None:
+        rows[kind] = row
+        write_table(target, rows)
+
+    kinds = [a for a in args if a != "--plans-only"] or None
+    survey(kinds, run="--plans-only" not in args, on_row=on_row)
+
+
 if __name__ == "__main__":
-    target, args = Path(sys.argv[1]), sys.argv[2:]
-    run = "--plans-only" not in args
-    write_table(target, survey([a for a in args if a != "--plans-only"] or None, run=run))
+    main(sys.argv[1:])
