@@ -11,6 +11,11 @@ transformers' ``apply_tensor_parallelism`` applies the model's ``base_model_tp_p
 sharded parameter becomes a DTensor whose local shard's place in the full tensor gives the
 slice read (``compute_local_shape_and_global_offset``); its collectives are the plan's own
 (c10d calls that Dynamo captures and our lowering types, one graph per rank).
+
+Checkpoint names follow transformers' load-time conversions (``conversion_mapping``) where the
+class's names differ: its renamings, and experts stored one tensor per expert that the class
+holds fused (:class:`Fused`: each expert's tensor read into its place in the fused one). The
+checkpoint's stored buffers (a router's bias) are read too.
 """
 
 from __future__ import annotations
