@@ -42,7 +42,7 @@ def _replicated_bytes(path: Path) -> int:
     return total
 
 
-@pytest.mark.timeout(600)  # six models on two ranks: 62-80 s on a quiet machine, 375 s at load 10
+@pytest.mark.timeout(600)  # six models on two ranks: 375 s measured at load 10
 def test_tp2_exact_and_half_the_bytes(tmp_path: Path) -> None:
     jobs, refs, made = [], [], {}
     for kind, engine in JOBS:
