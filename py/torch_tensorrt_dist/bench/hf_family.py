@@ -5,8 +5,8 @@ backend's graphs run without Inductor) and the ``inductor`` engine.
 The checkpoint is a small Llama built with transformers' own ``LlamaConfig`` and saved as a
 checkpoint directory; both families load it (``--model-impl native`` / ``transformers``), decode
 the same prompts greedily and must give the same tokens. The figure is the ratio of their mean
-decode step times (``GenerationResult.decode_s / decode_steps``), each the best of a few runs
-after a warm-up run that compiles every shape class.
+decode step times (``GenerationResult.decode_s / decode_steps``), each the best of 5 runs,
+the two families' runs alternating, after a warm-up run that compiles every shape class.
 """
 
 from __future__ import annotations
@@ -63,21 +63,27 @@ def _model(path: Path, impl: str) -> Any:
 
 
 def step_ms(
-    model: Any, engine: str, rows: int, *, tokens: int = 32, repeats: int = 3
-) -> tuple[float, list[list[int]]]:
-    """The best mean decode step time (ms) of ``rows`` prompts decoding ``tokens`` tokens
-    together, and their tokens."""
+    models: dict[str, Any], engine: str, rows: int, *, tokens: int = 32, repeats: int = 5
+) -> dict[str, tuple[float, list[list[int]]]]:
+    """Per model: the best mean decode step time (ms) of ``rows`` prompts decoding ``tokens``
+    tokens together, and their tokens; the models' runs alternate (a burst of load on the
+    machine falls on both)."""
     from torch_tensorrt_dist.generation.generate import Generator
 
     prompts = [[1 + (7 * r + i) % 500 for i in range(6 + r)] for r in range(rows)]
-    gen = Generator(model, engine=engine, max_batch_size=rows, cache_len=128, block_size=16)
-    gen.generate(prompts, max_new_tokens=tokens)  # warm-up: every shape class compiled
-    best, out = float("inf"), []
+    gens = {
+        name: Generator(model, engine=engine, max_batch_size=rows, cache_len=128, block_size=16)
+        for name, model in models.items()
+    }
+    for gen in gens.values():
+        gen.generate(prompts, max_new_tokens=tokens)  # warm-up: every shape class compiled
+    out: dict[str, tuple[float, list[list[int]]]] = {n: (float("inf"), []) for n in gens}
     for _ in range(repeats):
-        res = gen.generate(prompts, max_new_tokens=tokens)
-        best = min(best, 1e3 * res.decode_s / max(res.decode_steps, 1))
-        out = res.tokens
-    return best, out
+        for name, gen in gens.items():
+            res = gen.generate(prompts, max_new_tokens=tokens)
+            ms = 1e3 * res.decode_s / max(res.decode_steps, 1)
+            out[name] = (min(out[name][0], ms), res.tokens)
+    return out
 
 
 def hf_family(
@@ -89,8 +95,8 @@ def hf_family(
         models = {impl: _model(path, impl) for impl in ("native", "transformers")}
         for engine in engines:
             for r in rows:
-                native, native_tokens = step_ms(models["native"], engine, r)
-                hf, hf_tokens = step_ms(models["transformers"], engine, r)
+                got = step_ms(models, engine, r)
+                (native, native_tokens), (hf, hf_tokens) = got["native"], got["transformers"]
                 ratio = hf / native
                 figures.append(
                     Figure(
