@@ -37,8 +37,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "gpt_oss": dict(sliding_window=8, num_local_experts=4, num_experts_per_tok=2),
     "glm4": {},
     "mistral": dict(sliding_window=8),
-    # multi-head latent attention: K of 16 + 8, V of 12 (dense layers: the experts' checkpoint
-    # layout is transformers' conversion, refused in test_transformers_family)
+    # multi-head latent attention: K of 16 + 8, V of 12; layer 0 dense, layer 1 routed experts
+    # (stored one by one, fused by the loader as transformers' conversion does) and a router
+    # bias (a stored buffer)
+    # experts stored one by one (mixtral under its own names, block_sparse_moe.experts.{e}.w1):
+    # the loader fuses them as transformers' load-time conversion does
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
     "deepseek_v3": dict(
         kv_lora_rank=16,
         q_lora_rank=24,
@@ -50,7 +55,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         n_routed_experts=4,
         num_experts_per_tok=2,
         moe_intermediate_size=32,
-        first_k_dense_replace=2,
+        first_k_dense_replace=1,
         n_group=1,
         topk_group=1,
     ),
@@ -61,7 +66,8 @@ PROMPTS = [[1, 5, 7, 9, 11, 13, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [3,
 
 
 def hf_model(kind: str, seed: int = 0, **overrides: Any) -> Any:
-    """transformers' causal LM of ``kind``, fp32, weights of std 0.2 (clear argmax margins)."""
+    """transformers' causal LM of ``kind``, fp32, weights and stored buffers (deepseek_v3's
+    router bias) of std 0.2 (clear argmax margins)."""
     cfg = {**_COMMON, **CONFIGS[kind], **overrides}
     return random_hf_model(kind, seed=seed, std=0.2, attn_implementation="eager", **cfg)
 
@@ -87,12 +93,14 @@ def hf_greedy(model: Any, prompts: list[list[int]], new: int) -> list[list[int]]
 
 def tp_rank_generate(rank: int, world: int, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """In a spawned gloo rank: each job's checkpoint through the transformers family at the
-    world's TP, its greedy tokens and the bytes this rank read."""
+    world's TP, its greedy tokens, the bytes this rank read, its pools' bytes per token and the
+    plan's estimate of them (``check_kv_cache``'s)."""
     import torch.distributed as dist
 
     from torch_tensorrt_dist.config import GenerateJob, ModelOptions, Parallel, RunConfig
     from torch_tensorrt_dist.families import Rank, checkpoint_spec
     from torch_tensorrt_dist.generation.generate import Generator
+    from torch_tensorrt_dist.generation.kv_memory import kv_layout_for
 
     out = []
     for job in jobs:
@@ -110,5 +118,13 @@ def tp_rank_generate(rank: int, world: int, jobs: list[dict[str, Any]]) -> list[
             max_prefill_tokens=8,
         )
         res = gen.generate(job["prompts"], max_new_tokens=job["new"])
-        out.append({"tokens": res.tokens, "bytes_read": model.bytes_read})
+        pools = sum(p.k_pool[0, 0].nbytes + p.v_pool[0, 0].nbytes for p in model.kv_pools)
+        estimate = kv_layout_for(place.plan.args, tp=world, dtype=torch.float32, block_size=1)
+        out.append(
+            {
+                "tokens": res.tokens,
+                "bytes_read": model.bytes_read,
+                "kv_bytes": (pools, estimate.bytes_per_token),
+            }
+        )
     return out

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from torch_tensorrt_dist.families import (
     MODEL_TYPES,
     NATIVE_MODEL_TYPES,
@@ -45,3 +47,39 @@ def test_the_columns_follow_the_specs() -> None:
         assert row["EP"] == ("yes" if spec is MoESpec else "no"), kind
         assert row["compile"] == ("no" if "compile" in spec.refused else "yes"), kind
         assert row["TP"] == row["PP"] == row["int8 / int4"] == "yes", kind
+
+
+#: the survey rows checked against the code (each kind of answer: native, plans, refused for
+#: its layers, for its attention, for no TP plan at TP 2)
+SAMPLE = (
+    "llama",
+    "qwen3_moe",
+    "gemma2",
+    "deepseek_v3",
+    "gpt_oss",
+    "gpt2",
+    "mamba",
+    "qwen3_next",
+    "falcon",
+)
+
+
+@pytest.mark.transformers
+def test_the_survey_table_covers_every_causal_lm_and_says_what_the_code_does() -> None:
+    """docs/models.md's survey table (written by ``python -m torch_tensorrt_dist.models.hf_survey
+    docs/models.md``) has a row for every causal-LM type of the installed transformers; for a
+    sample, its native / refused cells are what ``NATIVE_MODEL_TYPES`` and ``hf_survey.refusal``
+    say today, and the types the family's tests run exact say so."""
+    from torch_tensorrt_dist.models.hf_survey import causal_lm_types, read_table, refusal
+
+    rows = read_table(DOC)
+    assert sorted(rows) == causal_lm_types()
+    for kind in SAMPLE:
+        tp1, tp2 = rows[kind]
+        assert tp2 == ("plans" if refusal(kind, 2) is None else f"refused: {refusal(kind, 2)}")
+        if kind in NATIVE_MODEL_TYPES:
+            assert tp1 == f"native ({NATIVE_MODEL_TYPES[kind]})", kind
+        elif refusal(kind, 1) is not None:
+            assert tp1 == f"refused: {refusal(kind, 1)}", kind
+        else:  # run (exact / differs / an error) or not tried, never refused
+            assert not tp1.startswith(("refused", "native")), kind

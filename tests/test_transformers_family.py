@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import safetensors.torch
+import torch
 
 from tests import _hf_ckpt
 from torch_tensorrt_dist.config import GenerateJob, ModelOptions, Parallel, RunConfig
@@ -19,6 +21,7 @@ from torch_tensorrt_dist.errors import CheckpointError, ConfigError
 from torch_tensorrt_dist.families import DenseSpec, Rank, TransformersSpec, checkpoint_spec
 from torch_tensorrt_dist.generation.core import GenerationCore
 from torch_tensorrt_dist.generation.generate import Generator
+from torch_tensorrt_dist.quantization.scheme import QuantConfig
 
 pytestmark = pytest.mark.transformers
 
@@ -64,7 +67,9 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def test_exact_at_tp1(ckpts: Any, kind: str) -> None:
     """Chunked prefill (19 tokens, budget 8) over blocks of 4, three rows at once: HF's tokens
     (gemma2/3: soft-capping, sliding windows, query_pre_attn_scalar; granite: its multipliers;
-    gpt_oss: sinks, alternating windows, experts; deepseek_v3: K and V of different sizes)."""
+    gpt_oss: sinks, alternating windows, fused experts as stored; deepseek_v3: K and V of
+    different sizes, experts stored one by one and fused at load, a router bias buffer;
+    mixtral: its experts' names renamed and fused as transformers' conversion does)."""
     path, ref = ckpts(kind)
     res, model = _ours(path, "none")
     assert res.tokens == ref
@@ -102,6 +107,29 @@ def test_preemption_and_prefix_cache(ckpts: Any, monkeypatch: pytest.MonkeyPatch
     res, _ = _ours(path, "none", prompts=[prompt, prompt], max_batch_size=1)
     assert res.tokens == [ref[0], ref[0]]
     assert res.cached_tokens == [0, 16]
+
+
+def test_kv_estimate_is_the_pools(ckpts: Any) -> None:
+    """``check_kv_cache``'s estimate (``kv_layout_for`` over the plan's ModelArgs) is what a
+    rank's pools hold per token, for every model here at TP 1 and TP 2 (phi3, olmo2, gpt_oss:
+    a plan that keeps every KV head on every rank; deepseek_v3: K 24 and V 12 per head); the
+    built model's own layout (``kv_layout``) too."""
+    import transformers
+
+    from torch_tensorrt_dist.generation.kv_memory import kv_layout, kv_layout_for
+    from torch_tensorrt_dist.models.hf_config import kv_shape, model_args
+
+    for kind in _hf_ckpt.CONFIGS:
+        cfg = transformers.CONFIG_MAPPING[kind](**{**_hf_ckpt._COMMON, **_hf_ckpt.CONFIGS[kind]})
+        for tp in (1, 2):
+            kv = kv_shape(cfg, tp=tp)
+            pools = cfg.num_hidden_layers * kv.kv_heads * (kv.k_dim + kv.v_dim) * 4
+            layout = kv_layout_for(model_args(cfg, tp=tp), tp=tp, dtype=torch.float32, block_size=1)
+            assert layout.bytes_per_token == pools, (kind, tp)
+    path, _ = ckpts("deepseek_v3")
+    _, model = _ours(path, "none", prompts=[[1, 2]])
+    per_block = sum(p.k_pool[0].nbytes + p.v_pool[0].nbytes for p in model.kv_pools)
+    assert kv_layout(model, block_size=4).bytes_per_block == per_block == 2 * 4 * (24 + 12) * 16
 
 
 def test_selection(ckpts: Any) -> None:
@@ -154,6 +182,14 @@ def test_refusals_before_any_weight(tmp_path: Path, ckpts: Any) -> None:
     assert "--tp 4 does not divide" in _plan_error(heads, tp=4)
     path, _ = ckpts("llama")
     assert "`compile` does not package" in _plan_error(path, command="compile")
+    for change in (
+        dict(quantize=QuantConfig("int8")),
+        dict(parallel=Parallel(tp=1, pp=2)),
+        dict(parallel=Parallel(tp=1, ep=2)),
+    ):
+        config = _config(path, impl="transformers").with_(**change)
+        with pytest.raises(ConfigError, match=r"--quantize is not applied|with --tp only"):
+            checkpoint_spec(config).plan(config)
 
 
 def test_config_contradicting_weights(tmp_path: Path, ckpts: Any) -> None:
@@ -169,10 +205,18 @@ def test_config_contradicting_weights(tmp_path: Path, ckpts: Any) -> None:
     (bad / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 96}))
     message = _plan_error(bad)
     assert "'model.layers.0.mlp.gate_proj.weight' has shape [128, 64]" in message
-    # experts stored one by one where transformers' class fuses them (its load-time
-    # conversion, which this reader does not do): refused naming the fused tensor
-    moe, _ = _hf_ckpt.save("deepseek_v3", tmp_path, first_k_dense_replace=1)
-    assert "lacks tensor 'model.layers.1.mlp.experts.gate_up_proj'" in _plan_error(moe)
+    # experts stored one by one, fused by the loader: a part of the wrong size is named
+    moe, _ = _hf_ckpt.save("deepseek_v3", tmp_path)
+    weights = moe / "model.safetensors"
+    state = safetensors.torch.load_file(weights)
+    state["model.layers.1.mlp.experts.3.up_proj.weight"] = torch.zeros(16, 64)
+    safetensors.torch.save_file(state, weights, metadata={"format": "pt"})
+    message = _plan_error(moe)
+    assert "'model.layers.1.mlp.experts.3.up_proj.weight' has shape [16, 64]" in message
+    assert "implies [32, 64] (its part of 'model.layers.1.mlp.experts.gate_up_proj')" in message
+    del state["model.layers.1.mlp.experts.3.up_proj.weight"]
+    safetensors.torch.save_file(state, weights, metadata={"format": "pt"})
+    assert "lacks tensor 'model.layers.1.mlp.experts.3.up_proj.weight'" in _plan_error(moe)
 
 
 def test_native_families_import_no_transformers() -> None:
@@ -184,23 +228,33 @@ def test_native_families_import_no_transformers() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_serve_gives_generate_tokens(ckpts: Any) -> None:
-    """``serve`` picks the family by itself (gemma2: no native family) and answers a greedy
-    completion of token ids with the text of HF's tokens."""
+def test_serve_tp2_gives_generate_tokens(ckpts: Any) -> None:
+    """``serve`` picks the family by itself (gemma2: no native family) and, at TP 2, answers
+    three greedy completions of token ids sent together (rows batched, joining and leaving at
+    different steps) each with the text of HF's tokens for that prompt alone."""
+    import concurrent.futures as cf
+
     import httpx
 
     from tests._serve import start_server
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 
     path, ref = ckpts("gemma2")
-    args = ["--model", str(path), "--engine", "none", "--max-seq-len", "64"]
-    server = start_server(args)  # started: ``with`` would start a second one (and leak this)
+    args = ["--model", str(path), "--engine", "none", "--max-seq-len", "64", "--tp", "2"]
+    server = start_server([*args, "--max-batch-size", "4"])  # started: no second ``with``
+
+    def ask(prompt: list[int]) -> dict[str, Any]:
+        body = {"model": "gemma2", "prompt": prompt, "max_tokens": NEW, "temperature": 0}
+        out: dict[str, Any] = httpx.post(
+            f"{server.url}/v1/completions", json=body, timeout=120
+        ).json()
+        return out
+
     try:
-        body = {"model": "gemma2", "prompt": _hf_ckpt.PROMPTS[0], "max_tokens": NEW}
-        body["temperature"] = 0
-        reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+        with cf.ThreadPoolExecutor(len(_hf_ckpt.PROMPTS)) as pool:
+            replies = list(pool.map(ask, _hf_ckpt.PROMPTS))
     finally:
         assert server.stop() == 0
-    text = load_tokenizer(path, vocab_size=256).decode(ref[0])
-    assert reply["choices"][0]["text"] == text
-    assert reply["usage"]["completion_tokens"] == NEW
+    tokenizer = load_tokenizer(path, vocab_size=256)
+    assert [r["choices"][0]["text"] for r in replies] == [tokenizer.decode(t) for t in ref]
+    assert [r["usage"]["completion_tokens"] for r in replies] == [NEW] * len(ref)

@@ -1,6 +1,7 @@
 """The transformers family at TP 2 (one spawn of two gloo ranks for every model): each model
-sharded by its own ``base_model_tp_plan`` gives HF's greedy tokens on both ranks, and a rank
-reads half the checkpoint plus what the plan replicates."""
+sharded by its own ``base_model_tp_plan`` gives HF's greedy tokens on both ranks, a rank
+reads half the checkpoint plus what the plan replicates, and the KV-cache estimate checked
+before the ranks start (``check_kv_cache``) is what a rank's pools hold."""
 
 from __future__ import annotations
 
@@ -17,13 +18,15 @@ pytestmark = pytest.mark.transformers
 
 NEW = 8
 #: (model_type, engine). llama / qwen3: colwise-rowwise pairs; gemma2: a tied head,
-#: soft-capping, windows; phi3: fused qkv and gate_up gathered; llama again compiled through
-#: our backend (the plan's collectives in the graph, the head's logits gathered by the step)
+#: soft-capping, windows; phi3: fused qkv and gate_up gathered; deepseek_v3: MLA's split
+#: projections, its routed experts (replicated by its plan) fused at load; llama again compiled
+#: through our backend (the plan's collectives in the graph, the head's logits gathered)
 JOBS = (
     ("llama", "none"),
     ("qwen3", "none"),
     ("gemma2", "none"),
     ("phi3", "none"),
+    ("deepseek_v3", "none"),
     ("llama", "eager"),
 )
 
@@ -39,6 +42,7 @@ def _replicated_bytes(path: Path) -> int:
     return total
 
 
+@pytest.mark.timeout(600)  # six models on two ranks: 375 s measured at load 10
 def test_tp2_exact_and_half_the_bytes(tmp_path: Path) -> None:
     jobs, refs, made = [], [], {}
     for kind, engine in JOBS:
@@ -55,5 +59,7 @@ def test_tp2_exact_and_half_the_bytes(tmp_path: Path) -> None:
         path = Path(job["path"])
         size = (path / "model.safetensors").stat().st_size
         assert r0["bytes_read"] == r1["bytes_read"] < size, kind
+        pools, estimate = r0["kv_bytes"]  # phi3: every KV head on every rank (gathered qkv)
+        assert pools == estimate == r1["kv_bytes"][0], kind
         if kind in ("llama", "qwen3"):  # every 2-D weight split in two, the norms whole
             assert r0["bytes_read"] <= size / 2 + _replicated_bytes(path), kind

@@ -92,6 +92,12 @@ def _speculative() -> list[Figure]:
     return speculative_figures()
 
 
+def _hf_family() -> list[Figure]:
+    from torch_tensorrt_dist.bench.hf_family import hf_family
+
+    return hf_family()
+
+
 def _gpu() -> list[Figure]:
     from torch_tensorrt_dist.bench.gpu import gpu
 
@@ -113,6 +119,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "serve_clients": _serve_clients,
     "grammar": _grammar,
     "speculative": _speculative,
+    "hf_family": _hf_family,
     "gpu": _gpu,
 }
 #: sections with smaller counts under ``--quick`` (the same figures)

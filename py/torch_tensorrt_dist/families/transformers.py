@@ -65,7 +65,7 @@ class TransformersSpec(ModelSpec):
 
         assert self.path is not None  # read_hf checked it
         check_hf_checkpoint(self.path, build_meta(cfg, DTYPES[m.dtype]))  # headers: no weight
-        return self.checkpoint_plan(config, model_args(cfg))
+        return self.checkpoint_plan(config, model_args(cfg, tp=tp))
 
     def load(self, rank: Rank, *, progress: bool = False) -> PagedHFModel:  # type: ignore[override]
         from torch_tensorrt_dist.parallel.hf_load import load_hf

@@ -28,11 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.models.paged import PagedSlots, pack_rows, unpack_rows
+from torch_tensorrt_dist.models.paged import PagedKVCache, PagedSlots, pack_rows, unpack_rows
 
 __all__ = [
     "PAGED_ATTENTION",
-    "KVPool",
     "PagedStep",
     "attend",
     "paged_attention_forward",
@@ -42,44 +41,6 @@ __all__ = [
 
 #: the name of our attention function in transformers' ``AttentionInterface``
 PAGED_ATTENTION = "torchtrt_dist_paged"
-
-
-class KVPool(nn.Module):
-    """One layer's K/V block pools: k_pool [N, bs, H_kv, Dk], v_pool [N, bs, H_kv, Dv] (K and V
-    may differ in head size, as in multi-head latent attention)."""
-
-    k_pool: Tensor
-    v_pool: Tensor
-
-    def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        kv_heads: int,
-        k_dim: int,
-        v_dim: int,
-        dtype: torch.dtype,
-        device: torch.device | str | None = None,
-    ) -> None:
-        super().__init__()
-        k_shape = (num_blocks, block_size, kv_heads, k_dim)
-        v_shape = (num_blocks, block_size, kv_heads, v_dim)
-        self.register_buffer("k_pool", torch.zeros(k_shape, dtype=dtype, device=device), False)
-        self.register_buffer("v_pool", torch.zeros(v_shape, dtype=dtype, device=device), False)
-
-    def forward(self, blk: Tensor, off: Tensor, k: Tensor, v: Tensor) -> None:
-        """Write T tokens' K/V: blk, off [T]; k [T, H_kv, Dk], v [T, H_kv, Dv] (in place)."""
-        self.k_pool[blk, off] = k
-        self.v_pool[blk, off] = v
-
-    def gather(self, table: Tensor) -> tuple[Tensor, Tensor]:
-        # table [R, NB] -> k [R, H_kv, NB * bs, Dk], v [R, H_kv, NB * bs, Dv]
-        r, nb = table.shape
-        _, bs, h, dk = self.k_pool.shape
-        dv = self.v_pool.shape[-1]
-        k = self.k_pool[table].reshape(r, nb * bs, h, dk).transpose(1, 2)
-        v = self.v_pool[table].reshape(r, nb * bs, h, dv).transpose(1, 2)
-        return k, v
 
 
 @dataclass
@@ -94,7 +55,7 @@ class PagedStep:
     slots: PagedSlots
     past_keys: int
     pools: nn.ModuleList
-    computed: list[tuple[KVPool, Tensor, Tensor]] = field(default_factory=list)
+    computed: list[tuple[PagedKVCache, Tensor, Tensor]] = field(default_factory=list)
     masks: dict[int | None, Tensor] = field(default_factory=dict)
 
     def mask(self, window: int | None) -> Tensor:
@@ -182,7 +143,7 @@ def paged_attention_forward(
             "(models/hf_model.PagedHFModel.paged_step passes its state as `paged=`)"
         )
     layer: int = getattr(module, "layer_idx")  # noqa: B009  (transformers' attention modules)
-    pool: KVPool = paged.pools[layer]  # type: ignore[assignment]
+    pool: PagedKVCache = paged.pools[layer]  # type: ignore[assignment]
     slots = paged.slots
     past_k, past_v = pool.gather(slots.past)  # [R, Hkv, NBp * bs, D]
     paged.computed.append((pool, key, value))

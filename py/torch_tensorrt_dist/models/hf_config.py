@@ -142,22 +142,27 @@ def kv_shape(cfg: Any, *, tp: int) -> KVShape:
     return KVShape(kv_heads, head_dim, head_dim)
 
 
-def model_args(cfg: Any) -> ModelArgs:
+def model_args(cfg: Any, *, tp: int = 1) -> ModelArgs:
     """The sizes the core reads of a model (vocabulary, layers, heads, positions, the MLP's
-    width for the scheduler's estimate) as :class:`ModelArgs`."""
+    width for the scheduler's estimate) as :class:`ModelArgs`. Its KV heads and head size are
+    those whose estimate (``generation/kv_memory.kv_layout_for`` at this ``tp``) is what a
+    rank's pools hold (:meth:`KVShape.layout`: K and V of different sizes, a plan that keeps
+    every KV head on every rank)."""
     text = _text(cfg)
     heads = text.num_attention_heads
-    kv = kv_shape(cfg, tp=1)
+    kv_heads, head_dim = kv_shape(cfg, tp=tp).layout()  # one rank's
+    if heads % (kv_heads * tp):  # as one head per rank of all of them (tp divides heads)
+        kv_heads, head_dim = 1, kv_heads * head_dim
     eos = getattr(text, "eos_token_id", None)
     ffn = getattr(text, "intermediate_size", None) or 4 * text.hidden_size
     return ModelArgs(
         dim=text.hidden_size,
         n_layers=text.num_hidden_layers,
         n_heads=heads,
-        n_kv_heads=kv.kv_heads if heads % kv.kv_heads == 0 else heads,
+        n_kv_heads=kv_heads * tp,
         vocab_size=text.vocab_size,
         intermediate_size=ffn,
-        head_dim=max(2, kv.k_dim + kv.k_dim % 2),
+        head_dim=head_dim,
         max_seq_len=getattr(text, "max_position_embeddings", None) or 2048,
         tie_embeddings=bool(getattr(text, "tie_word_embeddings", False)),
         bos_token_id=getattr(text, "bos_token_id", None),

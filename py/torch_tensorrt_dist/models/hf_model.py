@@ -24,9 +24,9 @@ import torch.distributed._functional_collectives as funcol
 from torch import Tensor, nn
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.models.hf_attention import KVPool, PagedStep
+from torch_tensorrt_dist.models.hf_attention import PagedStep
 from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.models.paged import pack_rows, paged_slots
+from torch_tensorrt_dist.models.paged import PagedKVCache, pack_rows, paged_slots
 from torch_tensorrt_dist.models.stage import StageRole
 
 __all__ = ["KVShape", "PagedHFModel"]
@@ -39,6 +39,17 @@ class KVShape:
     kv_heads: int
     k_dim: int
     v_dim: int
+
+    def layout(self) -> tuple[int, int]:
+        """(KV heads, head size) whose K and V of one size hold what the pools hold per token
+        and layer (``generation/kv_memory.KVLayout``: 2 x heads x size elements; the size even,
+        as ``ModelArgs`` wants): this shape's own where K and V together divide by 4, else one
+        head of all of them (rounded up to an even size: at most 3 elements more)."""
+        both = self.k_dim + self.v_dim
+        if both % 4 == 0:
+            return self.kv_heads, both // 2
+        total = self.kv_heads * both
+        return 1, -(-total // 4) * 2
 
 
 class PagedHFModel(nn.Module):
@@ -82,7 +93,9 @@ class PagedHFModel(nn.Module):
         device = weight.device
         kv = self.kv
         self.kv_pools = nn.ModuleList(
-            KVPool(num_blocks, block_size, kv.kv_heads, kv.k_dim, kv.v_dim, dtype, device)
+            PagedKVCache(
+                num_blocks, block_size, kv.kv_heads, kv.k_dim, dtype, device, v_dim=kv.v_dim
+            )
             for _ in range(self.args.n_layers)
         )
         self.block_size, self.max_seq_len = block_size, max_seq_len
@@ -90,11 +103,15 @@ class PagedHFModel(nn.Module):
 
     def kv_dims(self) -> tuple[int, int, int, int]:
         """This rank's KV cache per token: (layers, KV heads, head size, element size), for
-        ``generation/kv_memory.kv_layout`` (K and V of different sizes count as two of their
-        mean, rounded up)."""
-        size = self.hf.get_input_embeddings().weight.element_size()
-        head_dim = -(-(self.kv.k_dim + self.kv.v_dim) // 2)
-        return self.args.n_layers, self.kv.kv_heads, head_dim, size
+        ``generation/kv_memory.kv_layout`` (:meth:`KVShape.layout`: K and V of different
+        sizes as heads of one size that hold as much)."""
+        pool = self.kv_pools[0] if len(self.kv_pools) else None
+        if isinstance(pool, PagedKVCache):  # the pools' dtype (setup_paged's)
+            size = pool.k_pool.element_size()
+        else:
+            size = self.hf.get_input_embeddings().weight.element_size()
+        heads, head_dim = self.kv.layout()
+        return self.args.n_layers, heads, head_dim, size
 
     def paged_step(
         self,

@@ -56,7 +56,8 @@ NULL_BLOCK = 0
 
 
 class PagedKVCache(nn.Module):
-    """One layer's K/V block pools: k_pool, v_pool: [N, bs, H_kv, D]."""
+    """One layer's K/V block pools: k_pool [N, bs, H_kv, D], v_pool [N, bs, H_kv, Dv] (``v_dim``:
+    a value head size of its own, as in multi-head latent attention; default D)."""
 
     k_pool: Tensor
     v_pool: Tensor
@@ -69,27 +70,30 @@ class PagedKVCache(nn.Module):
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str | None = None,
+        *,
+        v_dim: int | None = None,
     ) -> None:
         super().__init__()
         #: decode steps read the pools in place through the CPU op (``ops/cpu_attention.py``)
         self.cpu_decode = False
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
+        v_shape = (*shape[:3], head_dim if v_dim is None else v_dim)
         self.register_buffer("k_pool", torch.zeros(shape, dtype=dtype, device=device), False)
-        self.register_buffer("v_pool", torch.zeros(shape, dtype=dtype, device=device), False)
+        self.register_buffer("v_pool", torch.zeros(v_shape, dtype=dtype, device=device), False)
 
     def forward(self, blk: Tensor, off: Tensor, k: Tensor, v: Tensor) -> None:
-        """Write T tokens' K/V. blk, off: [T]; k, v: [T, H_kv, D]. Captured: index_put(<pool
-        placeholder>, [blk, off], k), done in place by every engine (lowering/input_writes.py,
-        conversion/layers/paged_kv.py)."""
+        """Write T tokens' K/V. blk, off: [T]; k [T, H_kv, D], v [T, H_kv, Dv]. Captured:
+        index_put(<pool placeholder>, [blk, off], k), done in place by every engine
+        (lowering/input_writes.py, conversion/layers/paged_kv.py)."""
         self.k_pool[blk, off] = k
         self.v_pool[blk, off] = v
 
     def gather(self, table: Tensor) -> tuple[Tensor, Tensor]:
-        # table: [R, NB] -> k, v: [R, H_kv, NB * bs, D] (the rows' blocks, in order)
+        # table: [R, NB] -> k [R, H_kv, NB * bs, D], v [R, H_kv, NB * bs, Dv] (in order)
         r, nb = table.shape
         _, bs, h, d = self.k_pool.shape
         k = self.k_pool[table].reshape(r, nb * bs, h, d).transpose(1, 2)
-        v = self.v_pool[table].reshape(r, nb * bs, h, d).transpose(1, 2)
+        v = self.v_pool[table].reshape(r, nb * bs, h, self.v_pool.shape[-1]).transpose(1, 2)
         return k, v
 
 

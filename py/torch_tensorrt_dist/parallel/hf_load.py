@@ -11,13 +11,20 @@ transformers' ``apply_tensor_parallelism`` applies the model's ``base_model_tp_p
 sharded parameter becomes a DTensor whose local shard's place in the full tensor gives the
 slice read (``compute_local_shape_and_global_offset``); its collectives are the plan's own
 (c10d calls that Dynamo captures and our lowering types, one graph per rank).
+
+Checkpoint names follow transformers' load-time conversions (``conversion_mapping``) where the
+class's names differ: its renamings, and experts stored one tensor per expert that the class
+holds fused (:class:`Fused`: each expert's tensor read into its place in the fused one). The
+checkpoint's stored buffers (a router's bias) are read too.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +39,7 @@ from torch_tensorrt_dist.models.hf_config import causal_lm_class, kv_shape, mode
 from torch_tensorrt_dist.models.hf_model import PagedHFModel
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
 
-__all__ = ["GATHERED_HEAD", "build_meta", "check_hf_checkpoint", "load_hf"]
+__all__ = ["GATHERED_HEAD", "Fused", "build_meta", "check_hf_checkpoint", "load_hf"]
 
 #: the plan styles of a vocabulary-split LM head whose output transformers gathers (a
 #: DTensor redistribute, whose split guards on the step's row count): the head runs as plain
@@ -73,23 +80,144 @@ def build_meta(cfg: Any, dtype: torch.dtype) -> Any:
     return model.eval().requires_grad_(False)
 
 
-def check_hf_checkpoint(path: Path, model: nn.Module) -> dict[str, tuple[Path, Any]]:
+@dataclass(frozen=True)
+class Fused:
+    """A parameter transformers fuses at load time (its ``conversion_mapping``): each part's
+    tensors (one per expert) stacked along dim 0, the parts concatenated along ``cat_dim``
+    (deepseek_v3's ``experts.gate_up_proj`` [E, 2I, H] from ``experts.{e}.gate_proj.weight``
+    and ``experts.{e}.up_proj.weight``)."""
+
+    parts: tuple[tuple[str, ...], ...]
+    cat_dim: int
+
+
+#: where each parameter (and stored buffer) is read from: a checkpoint tensor, or a fused one
+Source = str | Fused
+
+
+def _conversions(model: nn.Module) -> tuple[list[tuple[str, str]], list[Any]]:
+    """transformers' load-time conversions of ``model``'s class that this reader applies: the
+    renamings (regex, target) and the expert merges (a ``MergeModulelist`` stack, then at most
+    one ``Concatenate``). Other conversions are not applied (their tensor is refused by name)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import (
+        Concatenate,
+        MergeModulelist,
+        WeightConverter,
+        WeightRenaming,
+    )
+
+    renames, merges = [], []
+    for t in get_model_conversion_mapping(model):  # type: ignore[arg-type]
+        src, tgt = t._original_source_patterns, t._original_target_patterns
+        if type(t) is WeightRenaming and len(tgt) == 1:
+            renames += [(pattern, tgt[0]) for pattern in src]
+        elif isinstance(t, WeightConverter) and len(tgt) == 1:
+            ops = [type(op) for op in t.operations]
+            if ops in ([MergeModulelist], [MergeModulelist, Concatenate]):
+                merges.append(t)
+    return renames, merges
+
+
+def _renamed(names: Any, renames: list[tuple[str, str]]) -> dict[str, str]:
+    """Checkpoint name -> its name after transformers' renamings (only the changed ones)."""
+    out = {}
+    for name in names:
+        new = name
+        for pattern, target in renames:
+            try:
+                new = re.sub(pattern, target, new)
+            except re.error:
+                continue
+        if new != name:
+            out[new] = name
+    return out
+
+
+def _fused_source(
+    name: str, shape: tuple[int, ...], merges: list[Any], renamed: dict[str, str]
+) -> Fused | None:
+    """The fused source of parameter ``name`` (shape [E, ...]) by one of ``merges``; its part
+    names as the checkpoint stores them (before ``renamed``)."""
+    from transformers.core_model_loading import Concatenate
+
+    for t in merges:
+        target = t._original_target_patterns[0].lstrip(".")
+        if not name.endswith(target) or "*" not in "".join(t._original_source_patterns):
+            continue
+        prefix = name[: len(name) - len(target)]
+        parts = tuple(
+            tuple(
+                renamed.get(n, n)
+                for n in (prefix + src.lstrip(".").replace("*", str(e)) for e in range(shape[0]))
+            )
+            for src in t._original_source_patterns
+        )
+        cat = next((op.dim for op in t.operations if isinstance(op, Concatenate)), 0)
+        return Fused(parts, cat)
+    return None
+
+
+def _expected(
+    name: str, source: Fused, shape: tuple[int, ...], tensors: dict[str, tuple[Path, Any]]
+) -> None:
+    """Each part tensor of a fused parameter present with its share of the shape."""
+    share = list(shape[1:])
+    if len(source.parts) > 1:
+        share[source.cat_dim - 1] //= len(source.parts)
+    for part in source.parts:
+        for tensor in part:
+            if tensor not in tensors:
+                raise CheckpointError(
+                    f"lacks tensor {tensor!r} (one of the parts transformers fuses into {name!r})"
+                )
+            got = list(tensors[tensor][1].shape)
+            if got != share:
+                raise CheckpointError(
+                    f"tensor {tensor!r} has shape {got}, but config.json implies {share} "
+                    f"(its part of {name!r}); the config and weights do not match"
+                )
+
+
+def check_hf_checkpoint(
+    path: Path, model: nn.Module
+) -> tuple[dict[str, tuple[Path, Any]], dict[str, Source]]:
     """Every parameter of the (meta) model in the checkpoint with its full shape (the
-    headers only: nothing read); CheckpointError naming the tensor otherwise."""
+    headers only: nothing read), and the checkpoint's stored buffers; CheckpointError naming
+    the tensor otherwise. Returns the checkpoint's tensors and each name's source (renamed or
+    fused as transformers' load-time conversions say)."""
     tensors = checkpoint_tensors(path)
+    renames, merges = _conversions(model)
+    renamed = _renamed(tensors, renames)
+    sources: dict[str, Source] = {}
     for name, p in model.named_parameters():
-        if name not in tensors:
+        shape = tuple(p.shape)
+        stored = name if name in tensors else renamed.get(name)
+        fused = _fused_source(name, shape, merges, renamed) if stored is None else None
+        if fused is not None:
+            try:
+                _expected(name, fused, shape, tensors)
+            except CheckpointError as exc:
+                raise CheckpointError(f"{path}: {exc}") from None
+            sources[name] = fused
+            continue
+        if stored is None:
             raise CheckpointError(
                 f"{path} lacks tensor {name!r}: the checkpoint does not match its config.json "
                 "(or stores the weight in another layout than transformers' model class)"
             )
-        shape = tuple(tensors[name][1].shape)
-        if shape != tuple(p.shape):
+        got = tuple(tensors[stored][1].shape)
+        if got != shape:
             raise CheckpointError(
-                f"{path}: tensor {name!r} has shape {list(shape)}, but config.json implies "
-                f"{list(p.shape)}; the config and weights do not match"
+                f"{path}: tensor {stored!r} has shape {list(got)}, but config.json implies "
+                f"{list(shape)}; the config and weights do not match"
             )
-    return tensors
+        sources[name] = stored
+    for name, b in model.named_buffers():  # stored buffers (a router's bias): read whole
+        stored = name if name in tensors else renamed.get(name)
+        if stored is not None and tuple(tensors[stored][1].shape) == tuple(b.shape):
+            sources[name] = stored
+    return tensors, sources
 
 
 def _slice(p: torch.Tensor) -> tuple[torch.Size, int | None, int, int]:
@@ -110,52 +238,102 @@ def _slice(p: torch.Tensor) -> tuple[torch.Size, int | None, int, int]:
     return torch.Size(local), d, offset[d], offset[d] + local[d]
 
 
-def _aliases(model: nn.Module, tensors: dict[str, tuple[Path, Any]]) -> dict[str, str]:
-    """Each parameter name -> the checkpoint tensor that holds it (a tied head: the
+def _aliases(model: nn.Module, sources: dict[str, Source]) -> dict[str, str]:
+    """Each parameter name -> the parameter name whose source holds it (a tied head: the
     embedding's, which sharding may have given a tensor of its own)."""
     by_id: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         by_id.setdefault(id(p), []).append(name)
     out = {}
     for names in by_id.values():
-        stored = next((n for n in names if n in tensors), names[0])
+        stored = next((n for n in names if n in sources), names[0])
         out.update(dict.fromkeys(names, stored))
     return out
 
 
+class _Readers:
+    """One open reader per checkpoint file, and the bytes read through them."""
+
+    def __init__(self, tensors: dict[str, tuple[Path, Any]]) -> None:
+        self.tensors = tensors
+        self.open: dict[Path, SafetensorsReader] = {}
+
+    def read(
+        self, out: torch.Tensor, name: str, dim: int | None = None, start: int = 0, stop: int = 0
+    ) -> None:
+        """Tensor ``name`` (or its slice) into ``out``: straight into its memory where the
+        dtypes agree and ``out`` is contiguous, else through one temporary."""
+        file = self.tensors[name][0]
+        if file not in self.open:
+            self.open[file] = SafetensorsReader(file)
+        reader = self.open[file]
+        stop_: int | None = stop if dim is not None else None
+        if reader.info(name).dtype == out.dtype and out.is_contiguous():
+            reader.read_into(out, name, dim, start, stop_)
+        else:
+            out.copy_(reader.read(name, dim, start, stop_))
+
+    def close(self) -> int:
+        total = sum(r.bytes_read for r in self.open.values())
+        for r in self.open.values():
+            r.close()
+        return total
+
+
+def _read(readers: _Readers, name: str, source: Source, p: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of parameter ``name`` (a DTensor's local part, else the whole)."""
+    shape, dim, start, stop = _slice(p)
+    local = torch.empty(shape, dtype=p.dtype)
+    if isinstance(source, str):
+        readers.read(local, source, dim, start, stop)
+        return local
+    if dim is not None:
+        raise CheckpointError(
+            f"{name!r} is fused at load from per-expert tensors and split by the TP plan "
+            f"(dim {dim}): this reader reads such a tensor whole only"
+        )
+    width = shape[source.cat_dim] // len(source.parts)
+    for i, part in enumerate(source.parts):
+        block = local.narrow(source.cat_dim, i * width, width)
+        for e, tensor in enumerate(part):
+            readers.read(block[e], tensor)
+    return local
+
+
 def _fill(
     model: nn.Module,
-    tensors: dict[str, tuple[Path, Any]],
+    sources: dict[str, Source],
     aliases: dict[str, str],
+    tensors: dict[str, tuple[Path, Any]],
     device: torch.device | str,
 ) -> int:
-    """Allocate every parameter's local shard and read it; returns the bytes read."""
+    """Allocate every parameter's local shard and read it, and the stored buffers; returns
+    the bytes read."""
     from torch.distributed.tensor import DTensor
 
-    by_file: dict[Path, list[tuple[str, nn.Module, str]]] = {}
-    for param_name, _ in model.named_parameters():
-        name = aliases.get(param_name, param_name)
-        owner, _, attr = param_name.rpartition(".")
-        by_file.setdefault(tensors[name][0], []).append((name, model.get_submodule(owner), attr))
-    total = 0
-    for file, entries in by_file.items():
-        with SafetensorsReader(file) as reader:
-            for name, module, attr in entries:
-                p = module._parameters[attr]
-                assert p is not None
-                shape, dim, start, stop = _slice(p)
-                local = torch.empty(shape, dtype=p.dtype)
-                if reader.info(name).dtype == p.dtype:  # straight into its memory
-                    reader.read_into(local, name, dim, start, stop)
-                else:  # another dtype: one shard-sized temporary
-                    local.copy_(reader.read(name, dim, start, stop))
-                value: torch.Tensor = local.to(device)
-                if isinstance(p, DTensor):
-                    value = DTensor.from_local(
-                        value, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
-                    )
-                module._parameters[attr] = nn.Parameter(value, requires_grad=False)
-            total += reader.bytes_read
+    readers = _Readers(tensors)
+    try:
+        for param_name, _ in model.named_parameters():
+            owner, _, attr = param_name.rpartition(".")
+            module = model.get_submodule(owner)
+            p = module._parameters[attr]
+            assert p is not None
+            value = _read(readers, param_name, sources[aliases.get(param_name, param_name)], p)
+            value = value.to(device)
+            if isinstance(p, DTensor):
+                value = DTensor.from_local(
+                    value, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
+                )
+            module._parameters[attr] = nn.Parameter(value, requires_grad=False)
+        for buffer_name, b in list(model.named_buffers()):
+            source = sources.get(buffer_name)
+            if isinstance(source, str):
+                owner, _, attr = buffer_name.rpartition(".")
+                local = torch.empty(b.shape, dtype=b.dtype)
+                readers.read(local, source)
+                model.get_submodule(owner)._buffers[attr] = local.to(device)
+    finally:
+        total = readers.close()
     return total
 
 
@@ -192,16 +370,16 @@ def load_hf(
     root = Path(path)
     tp = 1 if group is None else dist.get_world_size(group)
     model = build_meta(cfg, dtype)
-    tensors = check_hf_checkpoint(root, model)
-    aliases = _aliases(model, tensors)
+    tensors, sources = check_hf_checkpoint(root, model)
+    aliases = _aliases(model, sources)
     if tp > 1:  # a tied head gets its own shard (the head's split, not the embedding's)
         _untie(model, aliases)
         _shard(model, group, device)
-    bytes_read = _fill(model, tensors, aliases, device)
+    bytes_read = _fill(model, sources, aliases, tensors, device)
     if tp == 1:
         _retie(model)
     model.to(device)  # the buffers (RoPE frequencies)
-    paged = PagedHFModel(model, model_args(cfg), kv_shape(cfg, tp=tp))
+    paged = PagedHFModel(model, model_args(cfg, tp=tp), kv_shape(cfg, tp=tp))
     if tp > 1 and _head_split(model):
         paged.group = group
     paged.bytes_read = bytes_read

@@ -35,8 +35,8 @@ def random_hf_model(
     **config: Any,
 ) -> Any:
     """transformers' causal LM of ``model_type`` and ``config`` (fp32, eval); weights
-    N(0, ``std``) drawn after ``torch.manual_seed(seed)`` (a large std gives clear argmax
-    margins), or transformers' own initialisation when ``std`` is None."""
+    and stored floating buffers N(0, ``std``) drawn after ``torch.manual_seed(seed)`` (a large
+    std gives clear argmax margins), or transformers' own initialisation when ``std`` is None."""
     import transformers
 
     cfg = transformers.CONFIG_MAPPING[model_type](**config)
@@ -47,6 +47,10 @@ def random_hf_model(
         with torch.no_grad():
             for p in model.parameters():
                 p.normal_(0.0, std)
+            stored = model.state_dict()  # buffers a checkpoint holds (a router's bias)
+            for name, b in model.named_buffers():
+                if name in stored and b.is_floating_point():
+                    b.normal_(0.0, std)
     return model.eval()
 
 

@@ -1,0 +1,113 @@
+"""The transformers family's decode step against the native family's on one Llama checkpoint
+(``bench --section hf_family``), TP 1, at 1 and 8 rows, through the ``eager`` engine (our
+backend's graphs run without Inductor) and the ``inductor`` engine.
+
+The checkpoint is a small Llama built with transformers' own ``LlamaConfig`` and saved as a
+checkpoint directory; both families load it (``--model-impl native`` / ``transformers``), decode
+the same prompts greedily and must give the same tokens. The figure is the ratio of their mean
+decode step times (``GenerationResult.decode_s / decode_steps``), each the best of 5 runs,
+the two families' runs alternating, after a warm-up run that compiles every shape class.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from torch_tensorrt_dist.bench.common import Figure
+
+__all__ = ["hf_family", "llama_checkpoint", "step_ms"]
+
+SECTION = "hf_family (CPU, TP 1, Llama)"
+#: the goal: the transformers family's decode step within this factor of the native one's
+GOAL = 1.15
+
+
+def llama_checkpoint(root: Path, *, layers: int = 4, hidden: int = 256, vocab: int = 512) -> Path:
+    """A random-weight Llama checkpoint saved by transformers (GQA 8 / 4 heads)."""
+    import torch
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=vocab,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.05)
+    path = root / "llama"
+    model.save_pretrained(path)
+    return path
+
+
+def _model(path: Path, impl: str) -> Any:
+    from torch_tensorrt_dist.config import GenerateJob, ModelOptions, Parallel, RunConfig
+    from torch_tensorrt_dist.families import Rank, checkpoint_spec
+
+    config = RunConfig(
+        "generate", ModelOptions(model=str(path), model_impl=impl), Parallel(tp=1), GenerateJob()
+    )
+    spec = checkpoint_spec(config)
+    return Rank(config, spec, spec.plan(config)).model()
+
+
+def step_ms(
+    models: dict[str, Any], engine: str, rows: int, *, tokens: int = 32, repeats: int = 5
+) -> dict[str, tuple[float, list[list[int]]]]:
+    """Per model: the best mean decode step time (ms) of ``rows`` prompts decoding ``tokens``
+    tokens together, and their tokens; the models' runs alternate (a burst of load on the
+    machine falls on both)."""
+    from torch_tensorrt_dist.generation.generate import Generator
+
+    prompts = [[1 + (7 * r + i) % 500 for i in range(6 + r)] for r in range(rows)]
+    gens = {
+        name: Generator(model, engine=engine, max_batch_size=rows, cache_len=128, block_size=16)
+        for name, model in models.items()
+    }
+    for gen in gens.values():
+        gen.generate(prompts, max_new_tokens=tokens)  # warm-up: every shape class compiled
+    out: dict[str, tuple[float, list[list[int]]]] = {n: (float("inf"), []) for n in gens}
+    for _ in range(repeats):
+        for name, gen in gens.items():
+            res = gen.generate(prompts, max_new_tokens=tokens)
+            ms = 1e3 * res.decode_s / max(res.decode_steps, 1)
+            out[name] = (min(out[name][0], ms), res.tokens)
+    return out
+
+
+def hf_family(
+    engines: tuple[str, ...] = ("eager", "inductor"), rows: tuple[int, ...] = (1, 8)
+) -> list[Figure]:
+    figures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = llama_checkpoint(Path(tmp))
+        models = {impl: _model(path, impl) for impl in ("native", "transformers")}
+        for engine in engines:
+            for r in rows:
+                got = step_ms(models, engine, r)
+                (native, native_tokens), (hf, hf_tokens) = got["native"], got["transformers"]
+                ratio = hf / native
+                figures.append(
+                    Figure(
+                        SECTION,
+                        f"transformers / native decode step, {engine}, {r} row(s)",
+                        round(ratio, 3),
+                        "x",
+                        goal=f"<= {GOAL}",
+                        met=ratio <= GOAL and hf_tokens == native_tokens,
+                        note=f"{hf:.2f} vs {native:.2f} ms/step; same tokens: "
+                        f"{hf_tokens == native_tokens}",
+                    )
+                )
+    return figures
