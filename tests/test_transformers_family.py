@@ -21,6 +21,7 @@ from torch_tensorrt_dist.errors import CheckpointError, ConfigError
 from torch_tensorrt_dist.families import DenseSpec, Rank, TransformersSpec, checkpoint_spec
 from torch_tensorrt_dist.generation.core import GenerationCore
 from torch_tensorrt_dist.generation.generate import Generator
+from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
 from torch_tensorrt_dist.quantization.scheme import QuantConfig
 
 pytestmark = pytest.mark.transformers
@@ -186,9 +187,10 @@ def test_refusals_before_any_weight(tmp_path: Path, ckpts: Any) -> None:
         dict(quantize=QuantConfig("int8")),
         dict(parallel=Parallel(tp=1, pp=2)),
         dict(parallel=Parallel(tp=1, ep=2)),
+        dict(speculative=SpeculativeConfig("ngram", 4)),
     ):
         config = _config(path, impl="transformers").with_(**change)
-        with pytest.raises(ConfigError, match=r"--quantize is not applied|with --tp only"):
+        with pytest.raises(ConfigError, match=r"--quantize is not|with --tp only|--speculative"):
             checkpoint_spec(config).plan(config)
 
 

@@ -54,6 +54,11 @@ class TransformersSpec(ModelSpec):
                 f"--quantize is not applied to transformers' model class ({cfg.model_type!r}) "
                 "yet: drop --quantize"
             )
+        if config.speculative is not None:
+            raise ConfigError(
+                f"--speculative needs a verify call (every token's logits) that transformers' "
+                f"model class ({cfg.model_type!r}) does not have yet: drop --speculative"
+            )
         m = config.model
         if (m.lm_head, m.embedding) != ("vocab_parallel", "vocab_parallel"):
             raise ConfigError(
