@@ -25,6 +25,7 @@ SERVE = [
 DEV = [
     *SERVE,
     "openai>=1.30",  # the serve tests talk to the server with the official client
+    "openai-agents==0.24.0",  # an agent's two-turn tool loop against the server (tests)
     "httpx>=0.27",
     "pytest>=8",
     "pytest-timeout>=2.3",

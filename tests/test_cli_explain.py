@@ -39,9 +39,14 @@ def test_rank_5_of_8_with_tp_4_uses_ranks_4_to_7() -> None:
     assert "all_reduce  [4, 5, 6, 7]" in proc.stdout
 
 
-def test_json_report_on_a_2d_mesh(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _explain(
-        capsys,
+def test_json_report_on_a_2d_mesh() -> None:
+    """In a process of its own: a fake world of 8 at tp 2 traced in the same process as
+    tests/test_fake_pg_capture.py's (8, 2, 6) layouts fails the later trace whichever comes
+    first ("Could not resolve the process group registered under the name 4"; torch keeps
+    something of the destroyed world that clearing DTensor's plan caches and Dynamo did not
+    drop; not found yet)."""
+    done = _run(
+        "explain",
         "--model",
         "mlp-sp",
         "--world-size",
@@ -54,7 +59,8 @@ def test_json_report_on_a_2d_mesh(capsys: pytest.CaptureFixture[str]) -> None:
         "bfloat16",
         "--json",
     )
-    report = json.loads(out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
     assert report["graph_count"] == 1 and report["graph_breaks"] == []
     assert [c["op"] for c in report["collectives"]] == ["all_gather", "reduce_scatter"]
     assert all(c["group_ranks"] == [2, 3] for c in report["collectives"])

@@ -66,11 +66,11 @@ SAMPLE = (
 
 @pytest.mark.transformers
 def test_the_survey_table_covers_every_causal_lm_and_says_what_the_code_does() -> None:
-    """docs/models.md's survey table (written by ``python -m torch_tensorrt_dist.models.hf_survey
+    """docs/models.md's survey table (written by ``python -m torch_tensorrt_dist.testing.hf_survey
     docs/models.md``) has a row for every causal-LM type of the installed transformers; for a
     sample, its native / refused cells are what ``NATIVE_MODEL_TYPES`` and ``hf_survey.refusal``
     say today, and the types the family's tests run exact say so."""
-    from torch_tensorrt_dist.models.hf_survey import causal_lm_types, read_table, refusal
+    from torch_tensorrt_dist.testing.hf_survey import causal_lm_types, read_table, refusal
 
     rows = read_table(DOC)
     assert sorted(rows) == causal_lm_types()

@@ -63,7 +63,7 @@ def test_unexpected_error_in_rank_1_is_carried_with_its_traceback_under_v() -> N
     # -v: rank 1's traceback (from the rank's own frames), and what rank 0 did
     trace = out.stderr.split("rank 1 failed first; its traceback:\n", 1)[1]
     assert trace.startswith("Traceback (most recent call last):")
-    assert "in load_llama" in trace and "in faulty" in trace
+    assert "in load_sharded" in trace and "in faulty" in trace  # the loader's frames
     assert "_rank_entry.py" not in trace
     assert "rank 0 also failed (repeating rank 1): RankFailedError: rank 1 failed loading the " in (
         out.stderr

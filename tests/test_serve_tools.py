@@ -209,6 +209,42 @@ def test_a_two_turn_tool_conversation_renders_as_transformers_renders_it(
     assert "<tool_call>" in text and results[msg.tool_calls[0].function.name] in text
 
 
+def test_the_openai_agents_sdk_completes_a_two_turn_tool_conversation(server: Server) -> None:
+    """The OpenAI Agents SDK's own loop against the server: the first turn must call the tool
+    (``tool_choice`` required), the SDK runs it and sends its result back; after a tool call
+    it resets ``tool_choice`` (its default), so the second turn answers in text and the run
+    ends. Tracing is off: nothing leaves 127.0.0.1."""
+    os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+    calls: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        calls.append(city)
+        return "20 C"
+
+    model = agents.OpenAIChatCompletionsModel(
+        model="demo",
+        openai_client=openai.AsyncOpenAI(
+            base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120
+        ),
+    )
+    agent = agents.Agent(
+        name="weather",
+        instructions="Answer with the weather tool.",
+        tools=[get_weather],
+        model=model,
+        model_settings=agents.ModelSettings(tool_choice="required", max_tokens=64, temperature=0.0),
+    )
+    result = agents.Runner.run_sync(agent, "Weather in Paris?", max_turns=4)
+    kinds = [item.type for item in result.new_items]
+    assert len(calls) == 1 and isinstance(calls[0], str), kinds  # parsed, validated, run
+    assert kinds[:2] == ["tool_call_item", "tool_call_output_item"], kinds
+    assert kinds[-1] == "message_output_item" and isinstance(result.final_output, str)
+
+
 def test_reasoning_is_split_from_the_content_whole_and_streamed(client: Any) -> None:
     common = dict(model="demo", messages=ASK, max_tokens=12, seed=2, temperature=1.0)
     think = {"chat_template_kwargs": {"enable_thinking": True}}

@@ -4,7 +4,7 @@ family runs it, whether a tiny random-weight checkpoint of it gives transformers
 tokens through this family at TP 1, or why it is refused; and whether its TP-2 plan passes the
 checks. It writes the table of ``docs/models.md`` between its markers:
 
-    python -m torch_tensorrt_dist.models.hf_survey docs/models.md     # minutes: every type
+    python -m torch_tensorrt_dist.testing.hf_survey docs/models.md     # minutes: every type
 
 ``refusal`` is the config-only part (no weights, no model), the part ``tests/test_models_doc.py``
 checks against the written table for a sample of types.
@@ -35,7 +35,7 @@ __all__ = [
     "write_table",
 ]
 
-BEGIN = "<!-- survey:begin (python -m torch_tensorrt_dist.models.hf_survey docs/models.md) -->"
+BEGIN = "<!-- survey:begin (python -m torch_tensorrt_dist.testing.hf_survey docs/models.md) -->"
 END = "<!-- survey:end -->"
 
 #: the tiny sizes, for the fields a config class has
