@@ -368,7 +368,8 @@ def test_settle_heap_freezes_what_exists_and_still_collects_new_garbage():
     kept = Cycle()
     try:
         frozen = settle_heap()
-        assert frozen == gc.get_freeze_count() > 0
+        # as many as it froze, less any a thread of an earlier test freed since
+        assert 0 < gc.get_freeze_count() <= frozen
         assert not gc.is_tracked(kept) or kept not in gc.get_objects(generation=2)
         later = Cycle()
         later.me = later  # type: ignore[attr-defined]  # a cycle: only the collector frees it
