@@ -14,6 +14,8 @@ clients on other machines would not), and every client of a run sends at once. R
   stream's gaps), and events per token (below 1: pieces were merged for a slow reader, or text
   was held back by the detokenizer). Greedy text of random weights drifts into bytes that never
   form a character: the issue's freeze showed there.
+* 7 and 31 long streams at once read by the official ``openai`` client, every stream a task
+  of the bench's own process (the issue's second reader; the process is not niced).
 * a hostile stream beside 7 plain ones: its ``logit_bias`` (+100 on every token made of UTF-8
   continuation bytes) makes its whole text bytes that never form a character. The plain
   streams' largest gap against the 8 plain streams' run; and the HTTP process's CPU per token
@@ -29,6 +31,7 @@ clients on other machines would not), and every client of a run sends at once. R
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -66,6 +69,9 @@ STALLED_CHOICES = 8
 CLIENT = Path(__file__).with_name("stream_client.py")
 _CPU = 'torchtrt_thread_cpu_seconds_total{thread="http"}'
 _CUT = 'torchtrt_requests_total{status="slow_client"}'
+#: the server's memory may grow by at most this while a client stalls (MiB): its stream's
+#: events (~3 MB a second at 8 choices of 20 logprobs) are cut, never queued
+STALL_GROWTH_MIB = 32
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,9 @@ class ClientSizes:
     clients: tuple[int, ...] = (1, 8, 32)
     long_tokens: int = 1500
     short_tokens: int = 64
+    openai_clients: tuple[int, ...] = (7, 31)
+    """Long streams read by the official ``openai`` client, every stream a task of one process
+    (the issue's other reader), after the runs of separate client processes."""
     engine: str = "inductor"
     tp: tuple[int, ...] = (1, 2)
     max_seq_len: int = 4096
@@ -87,7 +96,7 @@ class ClientSizes:
     def quick(cls) -> ClientSizes:
         """Fewer runs, the eager model; the long streams stay 1,500 tokens (the stalled
         client's must outgrow the socket buffers)."""
-        return cls(clients=(1, 8), short_tokens=16, engine="none", tp=(1,))
+        return cls(clients=(1, 8), short_tokens=16, engine="none", tp=(1,), openai_clients=(2,))
 
 
 def client_view(streams: Sequence[Stream]) -> dict[str, float]:
@@ -186,6 +195,25 @@ def _plain(url: str, clients: int, tokens: int) -> list[Stream]:
     return _streams(run_client_processes(url, bodies))
 
 
+def _openai(url: str, clients: int, sizes: ClientSizes) -> list[Stream]:
+    """``clients`` long streams at once through one ``openai.AsyncOpenAI`` client, each a
+    task of this process (not niced: the reader competes with the server for the cores)."""
+    from torch_tensorrt_dist.bench.serve_streams import run_clients
+
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(clients)]
+    run = asyncio.run(
+        run_clients(
+            url,
+            "bench",
+            prompts,
+            requests=clients,
+            concurrency=clients,
+            max_tokens=sizes.long_tokens,
+        )
+    )
+    return run.streams
+
+
 def _largest_wait(stream: Stream) -> float:
     return max([stream.ttft, *stream.gaps])
 
@@ -215,6 +243,9 @@ def serve_clients(sizes: ClientSizes | None = None) -> list[Figure]:
                             cpu["plain"] = (server.metrics().get(_CPU, 0.0) - before) / tokens
                         views[kind, c] = view = client_view(streams)
                         figures += _figures(f"TP {tp}, C={c} {kind} ({tokens} tokens)", view)
+                for c in sizes.openai_clients:
+                    run = f"TP {tp}, C={c} long ({sizes.long_tokens} tokens), openai client"
+                    figures += _figures(run, client_view(_openai(server.url, c, sizes)))
                 if sizes.others:
                     base = views.get(("long", 8))
                     figures += _hostile(server, sizes, hostile, base, cpu.get("plain"), tp)
@@ -280,9 +311,13 @@ def _stalled(
     # buffer grows to 4 MiB; 2.9 MB had reached the client when a write blocked)
     bodies.append(_body(PROMPTS[0], n, logprobs=20, n=STALLED_CHOICES))
     before = server.metrics().get(_CUT, 0.0)
-    records = run_client_processes(
-        server.url, bodies, stalled=7, resume_when=lambda: server.metrics().get(_CUT, 0.0) > before
-    )
+    rss = [server.memory()]
+
+    def cut() -> bool:  # asked every 0.5 s while the client stalls: the memory sampled too
+        rss.append(server.memory())
+        return server.metrics().get(_CUT, 0.0) > before
+
+    records = run_client_processes(server.url, bodies, stalled=7, resume_when=cut)
     streams = _streams(records[:7])
     plain_gap = max(g for s in streams for g in s.gaps)
     run = f"TP {tp}, 7 plain + 1 client that stops reading ({n} tokens, --write-timeout {wt:g} s)"
@@ -298,6 +333,14 @@ def _stalled(
             goal="an error event once its write deadline passed",
             met="did not read" in error,
             note=error[:120],
+        ),
+        Figure(
+            SECTION,
+            f"{run}: the server's processes' memory (all ranks and HTTP) while it stalls: "
+            "largest growth over the run's start",
+            f"{(max(rss) - rss[0]) / 2**20:.1f} MiB ({len(rss)} samples, 0.5 s apart)",
+            goal=f"<= {STALL_GROWTH_MIB} MiB (the stalled stream's text is not held)",
+            met=max(rss) - rss[0] <= STALL_GROWTH_MIB * 2**20,
         ),
     ]
 

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torch_tensorrt_dist.errors import ConfigError
@@ -211,6 +212,19 @@ class ServerProcess:
 
         text = httpx.get(f"{self.url}/metrics", timeout=30).text
         return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}
+
+    def memory(self) -> int:
+        """The resident bytes of the server's processes (its process group: the HTTP process,
+        the launcher and every rank), read from /proc; 0 where /proc is absent."""
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()
+                if int(fields[2]) == self.proc.pid:  # the process group (field 5 of stat)
+                    total += int((stat.parent / "statm").read_text().split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # ended meanwhile
+        return total * os.sysconf("SC_PAGE_SIZE")
 
     def health(self) -> dict[str, Any]:
         import httpx
