@@ -142,6 +142,25 @@ def members_of(obj: str) -> tuple[dict[str, tuple[int, int | None]], bool]:
         i = stop
 
 
+class _Quoted:
+    """Inside a JSON string, one character at a time: :meth:`closes` says whether a character
+    is the closing quote (one after a backslash never is)."""
+
+    __slots__ = ("esc",)
+
+    def __init__(self) -> None:
+        self.esc = False
+
+    def closes(self, c: str) -> bool:
+        if self.esc:
+            self.esc = False
+        elif c == "\\":
+            self.esc = True
+        elif c == '"':
+            return True
+        return False
+
+
 # member phases of the object being read (``members_of`` step by step)
 _KEY, _AFTER_COMMA, _IN_KEY, _COLON, _VALUE, _IN_STRING, _IN_NEST, _IN_SCALAR, _DONE = range(9)
 
@@ -160,9 +179,9 @@ class Member:
     __slots__ = (
         "_at",
         "_depth",
-        "_esc",
         "_key",
         "_phase",
+        "_quoted",
         "_str",
         "closed",
         "end",
@@ -176,17 +195,13 @@ class Member:
         self.members: dict[str, list[Any]] = {}
         self.closed = False
         self._phase, self._at, self._key, self._depth = _KEY, 0, "", 0
-        self._esc = self._str = False
+        self._quoted, self._str = _Quoted(), False
 
     def step(self, text: str, j: int) -> None:
         """Read ``text[j]``, the object's next character (Malformed: it cannot be one)."""
         c, phase = text[j], self._phase
         if phase in (_IN_STRING, _IN_KEY):
-            if self._esc:
-                self._esc = False
-            elif c == "\\":
-                self._esc = True
-            elif c == '"':
+            if self._quoted.closes(c):
                 if phase == _IN_KEY:
                     self._key = json.loads(text[self._at : j + 1])
                     self._phase = _COLON
@@ -196,12 +211,7 @@ class Member:
             return
         if phase == _IN_NEST:
             if self._str:  # a string inside the value
-                if self._esc:
-                    self._esc = False
-                elif c == "\\":
-                    self._esc = True
-                elif c == '"':
-                    self._str = False
+                self._str = not self._quoted.closes(c)
             elif c == '"':
                 self._str = True
             elif c in "{[":
@@ -261,7 +271,7 @@ class Reader:
     def __init__(self, depth: int) -> None:
         self.depth, self.text, self.pos = depth, "", 0
         self.objects: list[Member] = []
-        self._level, self._in_string, self._esc = 0, False, False
+        self._level, self._in_string, self._quoted = 0, False, _Quoted()
         self._open: Member | None = None
 
     def feed(self, new: str) -> None:
@@ -274,12 +284,7 @@ class Reader:
                 if self._open is not None:
                     self._open.step(text, j)
                 if self._in_string:
-                    if self._esc:
-                        self._esc = False
-                    elif c == "\\":
-                        self._esc = True
-                    elif c == '"':
-                        self._in_string = False
+                    self._in_string = not self._quoted.closes(c)
                 elif c == '"':
                     if self._level > 0:
                         self._in_string = True
@@ -307,7 +312,7 @@ class ValueEnd:
         self.length = 0
         self.end: int | None = None
         self._kind = ""  # '"', "{" (a list or object) or "s" (a scalar); "": nothing yet
-        self._depth, self._str, self._esc = 0, False, False
+        self._depth, self._str, self._quoted = 0, False, _Quoted()
 
     def feed(self, text: str) -> int | None:
         j0, self.length = self.length, self.length + len(text)
@@ -328,11 +333,7 @@ class ValueEnd:
                 if c in _SCALAR_END:
                     self.end = j
             elif self._str:
-                if self._esc:
-                    self._esc = False
-                elif c == "\\":
-                    self._esc = True
-                elif c == '"':
+                if self._quoted.closes(c):
                     self._str = False
                     if self._kind == '"':
                         self.end = j + 1
