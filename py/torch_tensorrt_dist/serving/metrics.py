@@ -138,18 +138,16 @@ class Metrics:
             "Prompt blocks found in the prefix cache / blocks looked up, since the start",
             registry=r,
         )
+        # speculative decoding (vLLM's names)
+        spec, why = f"{p}_spec_decode", " (speculative decoding)"
         self.spec_proposed = Counter(
-            f"{p}_spec_decode_num_draft_tokens",
-            "Tokens proposed for verification (speculative decoding)",
-            registry=r,
+            f"{spec}_num_draft_tokens", "Tokens proposed for verification" + why, registry=r
         )
         self.spec_accepted = Counter(
-            f"{p}_spec_decode_num_accepted_tokens",
-            "Proposed tokens the target accepted (speculative decoding)",
-            registry=r,
+            f"{spec}_num_accepted_tokens", "Proposed tokens the target accepted" + why, registry=r
         )
         self.spec_accepted_length = Gauge(
-            f"{p}_spec_decode_mean_accepted_length",
+            f"{spec}_mean_accepted_length",
             "Tokens a verified row produced per step, accepted ones and its own, since the start",
             registry=r,
         )
