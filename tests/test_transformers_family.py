@@ -121,7 +121,7 @@ def test_kv_estimate_is_the_pools(ckpts: Any) -> None:
     from torch_tensorrt_dist.models.hf_config import kv_shape, model_args
 
     for kind in _hf_ckpt.CONFIGS:
-        cfg = transformers.CONFIG_MAPPING[kind](**{**_hf_ckpt._COMMON, **_hf_ckpt.CONFIGS[kind]})
+        cfg = transformers.CONFIG_MAPPING[kind](**{**_hf_ckpt.TINY, **_hf_ckpt.CONFIGS[kind]})
         for tp in (1, 2):
             kv = kv_shape(cfg, tp=tp)
             pools = cfg.num_hidden_layers * kv.kv_heads * (kv.k_dim + kv.v_dim) * 4

@@ -23,7 +23,38 @@ import torch
 if TYPE_CHECKING:
     from torch_tensorrt_dist.models.llama_args import ModelArgs
 
-__all__ = ["hf_checkpoint", "llama_config", "random_hf_model", "write_checkpoint"]
+__all__ = [
+    "TINY",
+    "TINY_EXPERTS",
+    "hf_checkpoint",
+    "llama_config",
+    "random_hf_model",
+    "write_checkpoint",
+]
+
+#: a tiny transformers config's sizes (two layers of 64, grouped-query attention, 256 tokens;
+#: no bos or eos token), under transformers' field names: ``random_hf_model(kind, **TINY)``
+TINY: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=256,
+    max_position_embeddings=256,
+    pad_token_id=0,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+#: tiny routed experts (4, 2 per token, of 32), under each family's field names
+TINY_EXPERTS: dict[str, Any] = dict(
+    moe_intermediate_size=32,
+    num_experts=4,
+    num_local_experts=4,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+)
 
 
 def random_hf_model(
