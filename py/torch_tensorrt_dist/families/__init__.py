@@ -1,5 +1,5 @@
 """A spec per model family (dense Llama, mixture of experts, a toy parallel-block decoder,
-pipeline stages of any, transformers' own classes; compiled artifacts in ``artifacts/spec.py``):
+pipeline stages of any, transformers' own classes, compiled artifacts: ``artifacts.py``):
 each owns reading its configuration, the layout check, loading a rank's slices and quantizing
 them (``spec.py`` says what a spec does).
 
