@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.serving.bridge import Failed, ServerState, Sink
@@ -48,6 +48,10 @@ from torch_tensorrt_dist.serving.frontend import (
     RemoteSink,
     one_line,
 )
+from torch_tensorrt_dist.serving.metrics import Metrics
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 __all__ = ["HttpProcess"]
 
@@ -62,10 +66,10 @@ class HttpProcess:
 
     def __init__(
         self,
-        build_app: Callable[[ChildInbox, ServerState], Any],
+        build_app: Callable[[ChildInbox, ServerState], FastAPI],
         sock: socket.socket,
         state: ServerState,
-        metrics: Any,
+        metrics: Metrics,
         *,
         max_waiting: int,
         on_lost: Callable[[str], None] | None = None,
@@ -194,7 +198,7 @@ class HttpProcess:
 
 
 def _child(
-    build_app: Callable[[ChildInbox, ServerState], Any],
+    build_app: Callable[[ChildInbox, ServerState], FastAPI],
     sock: socket.socket,
     conn: socket.socket,
     max_waiting: int,
@@ -235,7 +239,7 @@ def _close_fds_but(*keep: int) -> None:
 
 
 def _serve(
-    app: Any,
+    app: FastAPI,
     inbox: ChildInbox,
     state: ServerState,
     sock: socket.socket,
