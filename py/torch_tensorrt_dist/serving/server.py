@@ -43,6 +43,7 @@ from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.generation.grammar import Grammars
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 from torch_tensorrt_dist.runtime._rank_entry import end_now
+from torch_tensorrt_dist.serving import watchdog
 from torch_tensorrt_dist.serving.chat import ChatTemplate
 from torch_tensorrt_dist.serving.control import ControlChannel, measure_latency
 from torch_tensorrt_dist.serving.interpreter import gil_switch, settle_heap, switch_interval
@@ -50,14 +51,6 @@ from torch_tensorrt_dist.serving.loop import Leader, StepLoop
 from torch_tensorrt_dist.serving.metrics import Metrics
 from torch_tensorrt_dist.serving.signals import StopSignals, end_by_first
 from torch_tensorrt_dist.serving.tools import served_format
-from torch_tensorrt_dist.serving.watchdog import (
-    Heartbeat,
-    PeerBeats,
-    StepProgress,
-    Verdict,
-    Watchdog,
-    beat_interval,
-)
 
 __all__ = ["IDLE_TICK_S", "ServeResult", "serve_rank"]
 
@@ -106,8 +99,8 @@ def serve_rank(
         settle_heap()
         measure_latency(control)
         _rank_pids(control)
-        beat = Heartbeat(
-            _store(), rank, loop.progress, beat_s=beat_interval(config.step_timeout)
+        beat = watchdog.Heartbeat(
+            _store(), rank, loop.progress, beat_s=watchdog.beat_interval(config.step_timeout)
         ).start()
         signals.deadline(config.drain_timeout + 2 * DRAIN_GRACE_S, lambda: end_by_first(signals))
         try:
@@ -217,7 +210,7 @@ def _lead(
     metrics.threads.track("step", threading.get_native_id())  # this thread runs the loop
     signals.on_signal(lambda _: state.set("draining"))
 
-    def stop_now(reason: str, verdict: Verdict | None) -> None:
+    def stop_now(reason: str, verdict: watchdog.Verdict | None) -> None:
         """The step loop cannot go on (from a thread: the main thread is stuck)."""
         logger.error("the server stops: %s", reason)
         state.set("failed", reason)
@@ -226,7 +219,7 @@ def _lead(
         blame = verdict.rank if verdict is not None and verdict.rank != 0 else None
         end_now(1, StepTimeoutError(reason, failed_rank=blame))
 
-    def hang(verdict: Verdict) -> None:
+    def hang(verdict: watchdog.Verdict) -> None:
         stop_now(f"{verdict.message()} (--step-timeout {config.step_timeout:g} s)", verdict)
 
     def late() -> None:
@@ -245,7 +238,7 @@ def _lead(
         on_token=metrics.token,
         on_step=lambda lead: _observe(lead, metrics),
     )
-    dog: Watchdog | None = None
+    dog: watchdog.Watchdog | None = None
     try:
         warm = gen.warmup_all(stop=lambda: _stop_agreed(control, signals), progress=True)
         settle_heap()
@@ -298,18 +291,20 @@ def _store() -> object:
 
 def _watchdog(
     control: dist.ProcessGroup | None,
-    progress: StepProgress,
+    progress: watchdog.StepProgress,
     config: ServeJob,
-    on_hang: Callable[[Verdict], None],
-) -> Watchdog:
+    on_hang: Callable[[watchdog.Verdict], None],
+) -> watchdog.Watchdog:
     peers = None
     if control is not None:
         ranks = [r for r in dist.get_process_group_ranks(control) if r != dist.get_rank()]
-        peers = PeerBeats(_store(), ranks)
-    return Watchdog(progress, peers, timeout_s=config.step_timeout, on_hang=on_hang).start()
+        peers = watchdog.PeerBeats(_store(), ranks)
+    return watchdog.Watchdog(
+        progress, peers, timeout_s=config.step_timeout, on_hang=on_hang
+    ).start()
 
 
-def _blamed(exc: Exception, verdict: Verdict | None) -> tuple[BaseException, str]:
+def _blamed(exc: Exception, verdict: watchdog.Verdict | None) -> tuple[BaseException, str]:
     """The error a failed step leaves, and its reason in one line: a collective that timed
     out names the rank that did not answer (the launcher then blames it, not rank 0)."""
     reason = _reason(exc)
