@@ -66,17 +66,6 @@ def save(kind: str, root: Path, **overrides: Any) -> tuple[Path, Any]:
     return path, model
 
 
-def hf_greedy(model: Any, prompts: list[list[int]], new: int) -> list[list[int]]:
-    """transformers' own greedy ``generate`` of each prompt alone (exactly ``new`` tokens)."""
-    out = []
-    for p in prompts:
-        ids = model.generate(
-            torch.tensor([p]), max_new_tokens=new, min_new_tokens=new, do_sample=False
-        )
-        out.append(ids[0, len(p) :].tolist())
-    return out
-
-
 def tp_rank_generate(rank: int, world: int, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """In a spawned gloo rank: each job's checkpoint through the transformers family at the
     world's TP, its greedy tokens, the bytes this rank read, its pools' bytes per token and the

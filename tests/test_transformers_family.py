@@ -23,6 +23,7 @@ from torch_tensorrt_dist.generation.core import GenerationCore
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
 from torch_tensorrt_dist.quantization.scheme import QuantConfig
+from torch_tensorrt_dist.testing.checkpoints import hf_greedy
 
 pytestmark = pytest.mark.transformers
 
@@ -58,7 +59,7 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Any:
     def get(kind: str) -> tuple[Path, list[list[int]]]:
         if kind not in made:
             path, model = _hf_ckpt.save(kind, root)
-            made[kind] = (path, _hf_ckpt.hf_greedy(model, _hf_ckpt.PROMPTS, NEW))
+            made[kind] = (path, hf_greedy(model, _hf_ckpt.PROMPTS, NEW))
         return made[kind]  # type: ignore[no-any-return]
 
     return get

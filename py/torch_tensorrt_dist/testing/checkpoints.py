@@ -27,6 +27,7 @@ __all__ = [
     "TINY",
     "TINY_EXPERTS",
     "hf_checkpoint",
+    "hf_greedy",
     "llama_config",
     "random_hf_model",
     "write_checkpoint",
@@ -47,14 +48,12 @@ TINY: dict[str, Any] = dict(
     bos_token_id=None,
     eos_token_id=None,
 )
-#: tiny routed experts (4, 2 per token, of 32), under each family's field names
-TINY_EXPERTS: dict[str, Any] = dict(
-    moe_intermediate_size=32,
-    num_experts=4,
-    num_local_experts=4,
-    n_routed_experts=4,
-    num_experts_per_tok=2,
-)
+#: tiny routed experts: 4 (under each family's name for their number), 2 per token, of 32
+TINY_EXPERTS: dict[str, Any] = {
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), 4),
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+}
 
 
 def random_hf_model(
@@ -83,6 +82,18 @@ def random_hf_model(
                 if name in stored and b.is_floating_point():
                     b.normal_(0.0, std)
     return model.eval()
+
+
+def hf_greedy(model: Any, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """transformers' own greedy ``generate`` of each prompt alone (exactly ``new`` tokens): the
+    reference a checkpoint's tokens are compared with."""
+    out = []
+    for p in prompts:
+        ids = model.generate(
+            torch.tensor([p]), max_new_tokens=new, min_new_tokens=new, do_sample=False
+        )
+        out.append(ids[0, len(p) :].tolist())
+    return out
 
 
 def hf_checkpoint(

@@ -128,13 +128,7 @@ def _reference(cfg: Any, path: Path) -> list[list[int]]:
         for p in hf.parameters():
             p.normal_(0.0, 0.2)
     hf.save_pretrained(path)
-    ref = []
-    for p in PROMPTS:
-        ids = hf.generate(
-            torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False
-        )
-        ref.append(ids[0, len(p) :].tolist())
-    return ref
+    return checkpoints.hf_greedy(hf, PROMPTS, NEW)
 
 
 def _exact(kind: str, root: Path) -> str:
