@@ -75,8 +75,11 @@ class ArtifactsSpec(ModelSpec):
         """The compiled length, once it holds the request."""
         if any(not p for p in prompts):
             raise ConfigError("a prompt is empty; give at least one token of text")
-        check_length(plan.manifest, max(len(p) for p in prompts), max_new_tokens)
-        return int(plan.manifest.cache_len)
+        manifest = plan.manifest
+        if manifest is None:
+            raise ConfigError("this plan holds no manifest: plan it with the artifacts' spec")
+        check_length(manifest, max(len(p) for p in prompts), max_new_tokens)
+        return int(manifest.cache_len)
 
     def load(self, rank: Rank, *, progress: bool = False) -> Transformer:
         raise ConfigError("the artifacts hold compiled steps: run them through their generator")

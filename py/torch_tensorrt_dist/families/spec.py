@@ -31,6 +31,9 @@ from torch_tensorrt_dist.models.tokenizer import Tokenizer, load_tokenizer
 from torch_tensorrt_dist.quantization.scheme import check_engine_group, check_group_slices
 
 if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from torch_tensorrt_dist.artifacts.manifest import Manifest
     from torch_tensorrt_dist.parallel.pipeline import StagePlace
     from torch_tensorrt_dist.parallel.sharded_load import Shards
 
@@ -119,7 +122,7 @@ class ModelPlan:
     """The weights' dtype (``--dtype``, or the compiled one)."""
     quantize: dict[str, Any] | None = None
     """The weights' quantization (``--quantize``, or the compiled one), as a dict."""
-    manifest: Any = None
+    manifest: Manifest | None = None
     """The artifacts' manifest (``--artifacts`` only)."""
 
 
@@ -134,7 +137,7 @@ class Rank:
     index: int = 0
     world: int = 1
     device: torch.device | str = "cpu"
-    group: Any = None
+    group: dist.ProcessGroup | None = None
     """The world's process group when ``world > 1``."""
     threads: int = 1
     stage: StagePlace | None = None
