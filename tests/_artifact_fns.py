@@ -12,8 +12,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torch_tensorrt_dist.artifacts import ArtifactRunner, compile_artifacts, load_generator
+from torch_tensorrt_dist.artifacts import ArtifactRunner, load_generator
 from torch_tensorrt_dist.artifacts.manifest import manifest_digest
+from torch_tensorrt_dist.families.compile import compile_artifacts
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.generation.kv_memory import kv_layout_for
 from torch_tensorrt_dist.models.llama_args import read_config

@@ -8,21 +8,7 @@ from typing import Any
 
 import torch
 
-from torch_tensorrt_dist.testing.checkpoints import random_hf_model
-
-_COMMON: dict[str, Any] = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=256,
-    max_position_embeddings=256,
-    pad_token_id=0,
-    bos_token_id=None,
-    eos_token_id=None,
-)
+from torch_tensorrt_dist.testing.checkpoints import TINY, random_hf_model
 
 #: model_type -> config overrides: windows short enough that the prompts cross them
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -68,7 +54,7 @@ PROMPTS = [[1, 5, 7, 9, 11, 13, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [3,
 def hf_model(kind: str, seed: int = 0, **overrides: Any) -> Any:
     """transformers' causal LM of ``kind``, fp32, weights and stored buffers (deepseek_v3's
     router bias) of std 0.2 (clear argmax margins)."""
-    cfg = {**_COMMON, **CONFIGS[kind], **overrides}
+    cfg = {**TINY, **CONFIGS[kind], **overrides}
     return random_hf_model(kind, seed=seed, std=0.2, attn_implementation="eager", **cfg)
 
 
@@ -78,17 +64,6 @@ def save(kind: str, root: Path, **overrides: Any) -> tuple[Path, Any]:
     path = root / kind
     model.save_pretrained(path)
     return path, model
-
-
-def hf_greedy(model: Any, prompts: list[list[int]], new: int) -> list[list[int]]:
-    """transformers' own greedy ``generate`` of each prompt alone (exactly ``new`` tokens)."""
-    out = []
-    for p in prompts:
-        ids = model.generate(
-            torch.tensor([p]), max_new_tokens=new, min_new_tokens=new, do_sample=False
-        )
-        out.append(ids[0, len(p) :].tolist())
-    return out
 
 
 def tp_rank_generate(rank: int, world: int, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from torch_tensorrt_dist.artifacts import compile_artifacts, inductor, load_generator
+from torch_tensorrt_dist.artifacts import inductor, load_generator
 from torch_tensorrt_dist.artifacts.graphs import GraphEntry
 from torch_tensorrt_dist.errors import ArtifactError
+from torch_tensorrt_dist.families.compile import compile_artifacts
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.models.llama import ModelArgs, Transformer
 from torch_tensorrt_dist.quantization import QuantConfig, quantize_model

@@ -144,11 +144,12 @@ def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def test_no_folder_imports_a_folder_that_imports_it_back(graph: dict[str, set[str]]) -> None:
-    """The folders stand in floors: ``artifacts`` above ``families`` (a spec per model family),
-    ``families`` above ``parallel``, ``models`` below ``parallel`` (the loaders live beside
-    the plans they apply), ``backend`` above ``conversion``; no folder reaches back up."""
+    """The folders stand in floors: ``families`` (a spec per model family, compiled artifacts
+    among them) above ``artifacts`` (their files) and ``parallel``, ``models`` below
+    ``parallel`` (the loaders live beside the plans they apply), ``backend`` above
+    ``conversion``; no folder reaches back up."""
     folders = folder_graph(graph)
-    assert "families" in folders["artifacts"] and "parallel" in folders["families"]
+    assert "artifacts" in folders["families"] and "parallel" in folders["families"]
     assert "models" in folders["parallel"] and "backend" in folders["generation"]
     assert cycles(folders) == []
     assert "parallel" not in folders["models"] and "backend" not in folders["conversion"]

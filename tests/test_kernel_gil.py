@@ -121,11 +121,11 @@ def test_the_change_lasts_for_the_block_only():
 
 
 def test_the_step_loops_switch_interval_follows_the_kernels(monkeypatch):
-    from torch_tensorrt_dist.serving import server
+    from torch_tensorrt_dist.serving import interpreter
 
-    assert server._switch_interval("inductor") == server.GIL_SWITCH_S
-    assert server._switch_interval("eager") == server.GIL_SWITCH_S  # aten ops release it
+    assert interpreter.switch_interval("inductor") == interpreter.GIL_SWITCH_S
+    assert interpreter.switch_interval("eager") == interpreter.GIL_SWITCH_S  # aten ops release it
     monkeypatch.setattr(kernel_gil, "released", lambda: False)
-    assert server._switch_interval("inductor") == server.GIL_SWITCH_HELD_S
-    assert server._switch_interval("tensorrt") == server.GIL_SWITCH_S
-    assert server.GIL_SWITCH_S < server.GIL_SWITCH_HELD_S
+    assert interpreter.switch_interval("inductor") == interpreter.GIL_SWITCH_HELD_S
+    assert interpreter.switch_interval("tensorrt") == interpreter.GIL_SWITCH_S
+    assert interpreter.GIL_SWITCH_S < interpreter.GIL_SWITCH_HELD_S

@@ -213,8 +213,8 @@ def test_a_frame_that_does_not_decode_fails_the_child_loudly() -> None:
 
 
 def test_a_frame_that_does_not_decode_fails_rank_0_loudly() -> None:
-    from torch_tensorrt_dist.serving.frontend import HttpProcess
     from torch_tensorrt_dist.serving.http import bind_socket
+    from torch_tensorrt_dist.serving.http_process import HttpProcess
     from torch_tensorrt_dist.serving.metrics import Metrics
 
     lost: list[str] = []

@@ -149,16 +149,15 @@ def test_a_signal_is_seen_while_the_main_thread_is_stuck_in_native_code() -> Non
 
 
 def test_a_stuck_rank_past_its_deadline_ends_by_the_signal() -> None:
-    """What a rank other than 0 runs at its deadline (``server._end_by``, in the timer's
+    """What a rank other than 0 runs at its deadline (``signals.end_by_first``, in the timer's
     thread while the main thread is stuck): the process ends by the signal it got, which the
     launcher does not blame (``signal.signal`` raises ValueError outside the main thread)."""
     child = textwrap.dedent(
         """
         import ctypes
-        from torch_tensorrt_dist.serving.server import _end_by
-        from torch_tensorrt_dist.serving.signals import StopSignals
+        from torch_tensorrt_dist.serving.signals import StopSignals, end_by_first
         signals = StopSignals()
-        signals.deadline(0.3, lambda: _end_by(signals))
+        signals.deadline(0.3, lambda: end_by_first(signals))
         libc = ctypes.CDLL(None)
         mutex = ctypes.create_string_buffer(64)
         libc.pthread_mutex_lock(mutex)

@@ -96,7 +96,7 @@ def test_a_stopped_rank_is_named_by_health_the_requests_and_the_launcher() -> No
         output = server.output()
         assert "rank 1: StepTimeoutError: step" in output
         # rank 1 ends by its own error, or, when its way out outlasts its drain deadline (a
-        # busy machine), by the launcher's signal (server._end_by): the launcher names it
+        # busy machine), by the launcher's signal (signals.end_by_first): the launcher names it
         assert re.search(r"rank 1 of 2 \(.*\) (exited with code 1|was killed by SIGTERM)", output)
     finally:
         server.kill()

@@ -360,7 +360,7 @@ def test_settle_heap_freezes_what_exists_and_still_collects_new_garbage():
     import gc
     import weakref
 
-    from torch_tensorrt_dist.serving.server import settle_heap
+    from torch_tensorrt_dist.serving.interpreter import settle_heap
 
     class Cycle:
         pass

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from torch_tensorrt_dist.bench.stream_client import connect
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.logits_process import TokenLogprobs
 from torch_tensorrt_dist.serving.bridge import LOGPROBS_COST, Failed, Piece, PieceQueue
@@ -193,16 +194,8 @@ _WRITE_TIMEOUT = 2.0
 
 def _stalled_request(url: str, body: dict[str, Any]) -> socket.socket:
     """A stream request on a socket whose receive buffer is small; nothing is read."""
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((host, int(port)))
-    data = json.dumps(body).encode()
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + data)
+    sock, request = connect(url, body, path="/v1/chat/completions", small_buffer=True)
+    sock.sendall(request)
     return sock
 
 

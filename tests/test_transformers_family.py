@@ -23,6 +23,7 @@ from torch_tensorrt_dist.generation.core import GenerationCore
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
 from torch_tensorrt_dist.quantization.scheme import QuantConfig
+from torch_tensorrt_dist.testing.checkpoints import hf_greedy
 
 pytestmark = pytest.mark.transformers
 
@@ -58,7 +59,7 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Any:
     def get(kind: str) -> tuple[Path, list[list[int]]]:
         if kind not in made:
             path, model = _hf_ckpt.save(kind, root)
-            made[kind] = (path, _hf_ckpt.hf_greedy(model, _hf_ckpt.PROMPTS, NEW))
+            made[kind] = (path, hf_greedy(model, _hf_ckpt.PROMPTS, NEW))
         return made[kind]  # type: ignore[no-any-return]
 
     return get
@@ -121,7 +122,7 @@ def test_kv_estimate_is_the_pools(ckpts: Any) -> None:
     from torch_tensorrt_dist.models.hf_config import kv_shape, model_args
 
     for kind in _hf_ckpt.CONFIGS:
-        cfg = transformers.CONFIG_MAPPING[kind](**{**_hf_ckpt._COMMON, **_hf_ckpt.CONFIGS[kind]})
+        cfg = transformers.CONFIG_MAPPING[kind](**{**_hf_ckpt.TINY, **_hf_ckpt.CONFIGS[kind]})
         for tp in (1, 2):
             kv = kv_shape(cfg, tp=tp)
             pools = cfg.num_hidden_layers * kv.kv_heads * (kv.k_dim + kv.v_dim) * 4

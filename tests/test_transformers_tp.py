@@ -12,6 +12,7 @@ import pytest
 import safetensors
 
 from tests import _hf_ckpt
+from torch_tensorrt_dist.testing.checkpoints import hf_greedy
 from torch_tensorrt_dist.testing.multiprocess import run_on_ranks
 
 pytestmark = pytest.mark.transformers
@@ -48,7 +49,7 @@ def test_tp2_exact_and_half_the_bytes(tmp_path: Path) -> None:
     for kind, engine in JOBS:
         if kind not in made:
             path, model = _hf_ckpt.save(kind, tmp_path)
-            made[kind] = path, _hf_ckpt.hf_greedy(model, _hf_ckpt.PROMPTS, NEW)
+            made[kind] = path, hf_greedy(model, _hf_ckpt.PROMPTS, NEW)
         path, ref = made[kind]
         refs.append(ref)
         jobs.append(dict(path=str(path), engine=engine, prompts=_hf_ckpt.PROMPTS, new=NEW))

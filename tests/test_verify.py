@@ -10,13 +10,12 @@ import torch
 from torch import fx
 from torch._functorch.aot_autograd import make_boxed_func
 
+from torch_tensorrt_dist.backend.compare import compare_outputs, tolerance_for
 from torch_tensorrt_dist.backend.settings import CompileSettings
 from torch_tensorrt_dist.backend.verify import (
-    compare_outputs,
     exchange_verdicts,
     mutated_inputs,
     reference_graph,
-    tolerance_for,
     with_verification,
 )
 from torch_tensorrt_dist.errors import ConfigError, VerificationError

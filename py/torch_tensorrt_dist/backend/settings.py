@@ -53,7 +53,7 @@ class CompileSettings:
     #: eager run (and a copy of the inputs the graph writes in place) on the first call only
     verify: bool | None = None
     #: relative tolerance of floating outputs for ``verify`` (default: per dtype, see
-    #: ``backend/verify.py``; integer and bool outputs are always compared exactly)
+    #: ``backend/compare.py``; integer and bool outputs are always compared exactly)
     verify_tolerance: float | None = None
     #: Torch-TensorRT ``CompilationSettings`` fields (e.g. ``use_fp32_acc``, ``workspace_size``,
     #: ``cache_built_engines``); an unknown key is a ConfigError listing the valid ones

@@ -37,8 +37,9 @@ def _model() -> str:
 def _rank(rank: int, world: int, model: str, out: str) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from torch_tensorrt_dist.artifacts import compile_artifacts, load_generator
+    from torch_tensorrt_dist.artifacts import load_generator
     from torch_tensorrt_dist.bench.common import bench_rank
+    from torch_tensorrt_dist.families.compile import compile_artifacts
 
     dist.barrier()
     start = time.perf_counter()

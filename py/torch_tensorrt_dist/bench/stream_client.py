@@ -25,28 +25,38 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["read_stream"]
+__all__ = ["connect", "read_stream"]
+
+
+def connect(
+    url: str, body: dict[str, Any], *, path: str = "/v1/completions", small_buffer: bool = False
+) -> tuple[socket.socket, bytes]:
+    """A socket connected to ``url``, and the HTTP/1.1 POST of ``body`` to ``path`` to send on
+    it. ``small_buffer``: a receive buffer of 4 KiB (a client that stops reading fills it, then
+    the server's socket buffers, soon)."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if small_buffer:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.connect((host, int(port)))
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    return sock, head + data
 
 
 def read_stream(
     url: str, body: dict[str, Any], start: float, stall_s: float = 0.0, resume: str = ""
 ) -> dict[str, Any]:
     """The client's record of one stream (module docstring)."""
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    if stall_s > 0:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.connect((host, int(port)))
-    data = json.dumps(body).encode()
-    head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
-    ).encode()
+    sock, request = connect(url, body, small_buffer=stall_s > 0)
     time.sleep(max(0.0, start - time.monotonic()))
     out: dict[str, Any] = {"sent": time.monotonic(), "times": [], "tokens": 0, "chars": 0}
     out["fffd"] = out["bytes"] = 0
-    sock.sendall(head + data)
+    sock.sendall(request)
     reader = sock.makefile("rb")
     status = reader.readline().split()
     if len(status) < 2 or status[1] != b"200":

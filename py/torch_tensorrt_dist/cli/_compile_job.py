@@ -1,5 +1,5 @@
 """``compile``'s job in a rank: this rank's loaded (and quantized) shard becomes its compiled
-graphs and weight file under ``--out`` (``artifacts/build.py``); rank 0 writes the manifest
+graphs and weight file under ``--out`` (``families/compile.py``); rank 0 writes the manifest
 and prints where."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ __all__ = ["build", "check", "run"]
 
 
 def check(config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
-    from torch_tensorrt_dist.artifacts.build import check_compile, check_output_dir
+    from torch_tensorrt_dist.artifacts.build import check_output_dir
+    from torch_tensorrt_dist.families.compile import check_compile
 
     check_compile(config, plan)  # engine, quantization, lengths, buckets
     check_output_dir(cast(CompileJob, config.job).out)
@@ -34,7 +35,7 @@ def build(rank: Rank) -> tuple[Any, float]:
 
 
 def run(rank: Rank, built: tuple[Any, float]) -> int:
-    from torch_tensorrt_dist.artifacts.build import write_artifacts
+    from torch_tensorrt_dist.families.compile import write_artifacts
 
     job = cast(CompileJob, rank.config.job)
     result = write_artifacts(rank, built[0], started=built[1])

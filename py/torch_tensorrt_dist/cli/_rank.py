@@ -51,7 +51,7 @@ JOBS: dict[type, ModuleType] = {
 def spec_for(config: RunConfig) -> ModelSpec:
     """The spec of the model's family: compiled artifacts, or what ``--model`` is."""
     if config.model.artifacts is not None:
-        from torch_tensorrt_dist.artifacts.spec import ArtifactsSpec
+        from torch_tensorrt_dist.families.artifacts import ArtifactsSpec
 
         return ArtifactsSpec(config.model.artifacts)
     return checkpoint_spec(config)

@@ -7,7 +7,7 @@ import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from torch_tensorrt_dist.cli._failures import reported_by_launcher
 from torch_tensorrt_dist.config.jobs import ServeJob
@@ -16,6 +16,11 @@ from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank, check_kv_cache
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import socket
+
+    from torch_tensorrt_dist.serving.signals import StopSignals
 
 __all__ = ["API_KEY_ENV", "DEFAULT_MAX_SEQ", "DEFAULT_ROWS", "build", "check", "run"]
 
@@ -49,10 +54,11 @@ class Built:
     tokenizer: Tokenizer
     rows: int
     cache_len: int
-    signals: Any
-    """The rank's ``serving.signals.StopSignals``, installed before loading."""
-    sock: Any
-    """Rank 0's listening socket, bound before loading (a busy port fails first)."""
+    signals: StopSignals
+    """The rank's stop signals, installed before loading."""
+    sock: socket.socket | None
+    """Rank 0's listening socket, bound before loading (a busy port fails first); None on the
+    other ranks."""
 
 
 def build(rank: Rank) -> Built:

@@ -1,5 +1,5 @@
 """A spec per model family (dense Llama, mixture of experts, a toy parallel-block decoder,
-pipeline stages of any, transformers' own classes; compiled artifacts in ``artifacts/spec.py``):
+pipeline stages of any, transformers' own classes, compiled artifacts: ``artifacts.py``):
 each owns reading its configuration, the layout check, loading a rank's slices and quantizing
 them (``spec.py`` says what a spec does).
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.errors import ConfigError
@@ -33,6 +33,10 @@ from torch_tensorrt_dist.families.spec import (
 )
 from torch_tensorrt_dist.families.transformers import TransformersSpec
 from torch_tensorrt_dist.models.checkpoint_files import load_config_json
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
 
 __all__ = [
     "MODEL_TYPES",
@@ -107,8 +111,8 @@ def rank_for(
     *,
     index: int = 0,
     world: int = 1,
-    device: Any = "cpu",
-    group: Any = None,
+    device: torch.device | str = "cpu",
+    group: dist.ProcessGroup | None = None,
 ) -> Rank:
     """This process's rank of ``config`` (planned by its family): what ``rank_main`` builds,
     for code that joined the world itself (the benchmarks, the tests)."""

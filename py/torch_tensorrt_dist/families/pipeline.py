@@ -7,10 +7,10 @@ generation core, so ``generate`` and ``serve`` take ``--pp``."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Rank, build_generator
+from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.parallel.pipeline import StagePlace, split_layers
 
@@ -58,7 +58,9 @@ class PipelineSpec(ModelSpec):
         place = rank.stage if rank.stage is not None else self.place(rank)
         return self.inner.load(replace(rank, stage=place), progress=progress)
 
-    def generator(self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False) -> Any:
+    def generator(
+        self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False
+    ) -> Generator:
         if rank.plan.parallel.pp == 1:
             return self.inner.generator(rank, rows=rows, cache_len=cache_len, progress=progress)
         place = self.place(rank)

@@ -14,7 +14,7 @@ place a rank's :class:`Generator` is made from a loaded model.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -31,6 +31,9 @@ from torch_tensorrt_dist.models.tokenizer import Tokenizer, load_tokenizer
 from torch_tensorrt_dist.quantization.scheme import check_engine_group, check_group_slices
 
 if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from torch_tensorrt_dist.artifacts.manifest import Manifest
     from torch_tensorrt_dist.parallel.pipeline import StagePlace
     from torch_tensorrt_dist.parallel.sharded_load import Shards
 
@@ -119,7 +122,7 @@ class ModelPlan:
     """The weights' dtype (``--dtype``, or the compiled one)."""
     quantize: dict[str, Any] | None = None
     """The weights' quantization (``--quantize``, or the compiled one), as a dict."""
-    manifest: Any = None
+    manifest: Manifest | None = None
     """The artifacts' manifest (``--artifacts`` only)."""
 
 
@@ -134,7 +137,7 @@ class Rank:
     index: int = 0
     world: int = 1
     device: torch.device | str = "cpu"
-    group: Any = None
+    group: dist.ProcessGroup | None = None
     """The world's process group when ``world > 1``."""
     threads: int = 1
     stage: StagePlace | None = None
@@ -145,7 +148,7 @@ class Rank:
         """This rank's shard of the model, quantized when asked (``spec.load``)."""
         return self.spec.load(self, progress=progress)
 
-    def generator(self, *, rows: int, cache_len: int, progress: bool = False) -> Any:
+    def generator(self, *, rows: int, cache_len: int, progress: bool = False) -> Generator:
         """A generator over this rank's shard (``spec.generator``)."""
         return self.spec.generator(self, rows=rows, cache_len=cache_len, progress=progress)
 
@@ -210,7 +213,9 @@ class ModelSpec:
         quantize_shard(model, config)
         return model  # type: ignore[return-value]  # a family's decoder: Transformer's steps
 
-    def generator(self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False) -> Any:
+    def generator(
+        self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False
+    ) -> Generator:
         return build_generator(rank.model(progress=progress), rank.config, rows, cache_len)
 
     def request_len(
@@ -271,14 +276,14 @@ def build_generator(
     rows: int,
     cache_len: int,
     stage: StagePlace | None = None,
-) -> Any:
+) -> Generator:
     """The rank's :class:`Generator` over its loaded shard: ``rows`` rows at once, requests of
     up to ``cache_len`` tokens, the KV cache of ``config.cache`` (memory, blocks, prefill
     budget, prefix caching), compiled by ``config.engine``; over a pipeline ``stage``, its
     ``PipelineGenerator``."""
     cache = config.cache
     if stage is None:
-        make: Any = Generator
+        make: Callable[..., Generator] = Generator
     else:
         from functools import partial
 

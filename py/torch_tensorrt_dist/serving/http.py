@@ -1,4 +1,4 @@
-"""uvicorn's set-up for rank 0's HTTP process (``frontend.py``), on a socket bound before the
+"""uvicorn's set-up for rank 0's HTTP process (``http_process.py``), on a socket bound before the
 model loads.
 
     sock = bind_socket("127.0.0.1", 0)      # before loading: a busy port fails first

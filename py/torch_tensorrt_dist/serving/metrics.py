@@ -138,42 +138,27 @@ class Metrics:
             "Prompt blocks found in the prefix cache / blocks looked up, since the start",
             registry=r,
         )
+        # speculative decoding (vLLM's names)
+        spec, why = f"{p}_spec_decode", " (speculative decoding)"
         self.spec_proposed = Counter(
-            f"{p}_spec_decode_num_draft_tokens",
-            "Tokens proposed for verification (speculative decoding)",
-            registry=r,
+            f"{spec}_num_draft_tokens", "Tokens proposed for verification" + why, registry=r
         )
         self.spec_accepted = Counter(
-            f"{p}_spec_decode_num_accepted_tokens",
-            "Proposed tokens the target accepted (speculative decoding)",
-            registry=r,
+            f"{spec}_num_accepted_tokens", "Proposed tokens the target accepted" + why, registry=r
         )
         self.spec_accepted_length = Gauge(
-            f"{p}_spec_decode_mean_accepted_length",
+            f"{spec}_mean_accepted_length",
             "Tokens a verified row produced per step, accepted ones and its own, since the start",
             registry=r,
         )
-        self.ttft = Histogram(
-            f"{p}_time_to_first_token_seconds",
-            "Arrival to first token",
-            buckets=_LATENCY,
-            registry=r,
-        )
-        self.itl = Histogram(
-            f"{p}_inter_token_latency_seconds", "Time between tokens", buckets=_LATENCY, registry=r
-        )
-        self.step = Histogram(
-            f"{p}_step_seconds",
-            "Decode step (control exchange included)",
-            buckets=_LATENCY,
-            registry=r,
-        )
-        self.control = Histogram(
-            f"{p}_control_seconds",
-            "Control exchange of a decode step (rank 0)",
-            buckets=_FAST,
-            registry=r,
-        )
+
+        def seconds(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY) -> Histogram:
+            return Histogram(f"{p}_{name}_seconds", doc, buckets=buckets, registry=r)
+
+        self.ttft = seconds("time_to_first_token", "Arrival to first token")
+        self.itl = seconds("inter_token_latency", "Time between tokens")
+        self.step = seconds("step", "Decode step (control exchange included)")
+        self.control = seconds("control", "Control exchange of a decode step (rank 0)", _FAST)
         self.control_latency = Gauge(
             f"{p}_control_latency_seconds",
             "One-way latency of a control header (measured at warm-up)",

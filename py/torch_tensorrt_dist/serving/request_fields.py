@@ -3,7 +3,8 @@
 Each returns the value as the request model holds it, or raises ``ConfigError`` whose message
 names the field, says what it must be and what was found (``schema.py`` turns it into a 400
 whose ``param`` is the field). Text must be valid Unicode: a lone surrogate, which JSON's
-``\\ud800`` escapes can spell, cannot be tokenized.
+``\\ud800`` escapes can spell, cannot be tokenized. :func:`unsupported_field` names the first
+field of a body that this server cannot honour (``UNSUPPORTED``), which is refused by name.
 """
 
 from __future__ import annotations
@@ -33,11 +34,42 @@ __all__ = [
     "check_temperature",
     "check_top_k",
     "check_unicode",
+    "unsupported_field",
 ]
 
 #: The longest stop string accepted (characters): matching it costs time at every token.
 MAX_STOP_CHARS = 256
 ROLES = ("system", "developer", "user", "assistant", "tool")
+#: field -> the values that mean "off"; another value is refused (this server cannot honour it)
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "suffix": ("",),
+    "functions": ([],),
+    "min_p": (0, 0.0),
+    "use_beam_search": (False,),
+    "length_penalty": (1, 1.0),
+    "prompt_logprobs": (),
+    "include_stop_str_in_output": (False,),
+    "guided_grammar": (),
+    "allowed_token_ids": (),
+    "bad_words": ([],),
+    # issue 56: what would change the answer unseen if ignored
+    "function_call": ("none",),
+    "truncate_prompt_tokens": (),
+    "skip_special_tokens": (True,),
+    "prediction": (),
+    "audio": (),
+    "modalities": (["text"],),
+    "web_search_options": (),
+    "structured_outputs": (),
+}
+UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
+    "echo": (False,),
+    "continue_final_message": (False,),
+    "add_generation_prompt": (True,),
+    "chat_template": (),
+}
+#: the tool fields a completion cannot take (a chat can: ``ChatRequest``)
+UNSUPPORTED_COMPLETION: dict[str, tuple[Any, ...]] = {"tools": ([],), "tool_choice": ("none",)}
 
 
 def check_unicode(value: str, what: str) -> str:
@@ -229,3 +261,14 @@ def check_completion_logprobs(value: Any) -> int | None:
     if value is False:  # some clients send false for "none"
         return None
     return check_int(value, name="logprobs", low=0, high=LOGPROBS_MAX)
+
+
+def unsupported_field(body: dict[str, Any], *, chat: bool) -> str | None:
+    """The first field of ``body`` that this server cannot honour (``UNSUPPORTED``: set, and
+    to none of the values that mean "off"), or None."""
+    table = {**UNSUPPORTED, **(UNSUPPORTED_CHAT if chat else UNSUPPORTED_COMPLETION)}
+    for name, off in table.items():
+        value = body.get(name)
+        if value is not None and not any(value == o and type(value) is type(o) for o in off):
+            return name
+    return None

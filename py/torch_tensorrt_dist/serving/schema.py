@@ -18,8 +18,8 @@ The checks are this package's validators (``request_fields.py``, ``validation.py
 ``sampling.check_field``), so every refusal says what was found and what is accepted;
 pydantic's error becomes a 400 in OpenAI's body whose ``param`` names the field the client sent
 (``max_completion_tokens`` where that is what it sent). A ``null`` is the field's default.
-Unknown fields are ignored; fields this server cannot honour (``_UNSUPPORTED``) are refused by
-name unless left at their default.
+Unknown fields are ignored; fields this server cannot honour (``request_fields.UNSUPPORTED``) are
+refused by name unless left at their default.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from torch_tensorrt_dist.serving.request_fields import (
     check_stream_options,
     check_temperature,
     check_top_k,
+    unsupported_field,
 )
 from torch_tensorrt_dist.serving.tool_fields import (
     ToolChoice,
@@ -84,36 +85,6 @@ __all__ = [
     "parse_request",
 ]
 
-#: field -> the values that mean "off"; another value is refused (this server cannot honour it)
-_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "suffix": ("",),
-    "functions": ([],),
-    "min_p": (0, 0.0),
-    "use_beam_search": (False,),
-    "length_penalty": (1, 1.0),
-    "prompt_logprobs": (),
-    "include_stop_str_in_output": (False,),
-    "guided_grammar": (),
-    "allowed_token_ids": (),
-    "bad_words": ([],),
-    # issue 56: what would change the answer unseen if ignored
-    "function_call": ("none",),
-    "truncate_prompt_tokens": (),
-    "skip_special_tokens": (True,),
-    "prediction": (),
-    "audio": (),
-    "modalities": (["text"],),
-    "web_search_options": (),
-    "structured_outputs": (),
-}
-_UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
-    "echo": (False,),
-    "continue_final_message": (False,),
-    "add_generation_prompt": (True,),
-    "chat_template": (),
-}
-#: the tool fields a completion cannot take (a chat can: ``ChatRequest``)
-_UNSUPPORTED_COMPLETION: dict[str, tuple[Any, ...]] = {"tools": ([],), "tool_choice": ("none",)}
 _GRAMMAR_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice")
 _SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingConfig))
 #: ``SamplingConfig`` fields whose HTTP form differs from the config's (declared in
@@ -368,16 +339,6 @@ class ChatRequest(RequestFields):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-def _refuse_unsupported(body: dict[str, Any], chat: bool) -> None:
-    table = {**_UNSUPPORTED, **(_UNSUPPORTED_CHAT if chat else _UNSUPPORTED_COMPLETION)}
-    for name, off in table.items():
-        value = body.get(name)
-        if value is not None and not any(value == o and type(value) is type(o) for o in off):
-            raise RequestError(
-                400, f"{name} is not supported by this server; leave it unset", param=name
-            )
-
-
 def _first_error(exc: ValidationError) -> RequestError:
     """Pydantic's first error as our 400: our check's message, the field the client sent."""
     err = exc.errors(include_url=False)[0]
@@ -396,7 +357,11 @@ def parse_request(body: Any, *, chat: bool) -> CompletionRequest | ChatRequest:
     """Check a ``/v1/completions`` (``chat=False``) or ``/v1/chat/completions`` body."""
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
-    _refuse_unsupported(body, chat)
+    name = unsupported_field(body, chat=chat)
+    if name is not None:
+        raise RequestError(
+            400, f"{name} is not supported by this server; leave it unset", param=name
+        )
     model: type[CompletionRequest | ChatRequest] = ChatRequest if chat else CompletionRequest
     try:
         return model.model_validate(body)

@@ -4,7 +4,7 @@
                       control=dist.new_group(backend="gloo"))       # every rank
 
 Rank 0 serves on a socket bound before the model loads (``http.bind_socket``, passed as
-``sock``) and starts HTTP first, in a forked process of its own (``frontend.py``; ``/health``
+``sock``) and starts HTTP first, in a forked process of its own (``http_process.py``; ``/health``
 answers 503 while the graphs compile), then every rank compiles every prefill bucket and the
 decode graph, measures the control channel's latency, and enters the step loop. SIGTERM (or
 SIGINT) on rank 0 starts a drain: new requests get 503, running ones finish (at most
@@ -22,18 +22,13 @@ a rank still running ``drain_timeout + DRAIN_GRACE_S`` after it ends itself.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import logging
 import os
 import re
-import signal
 import socket
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,40 +43,18 @@ from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.generation.grammar import Grammars
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 from torch_tensorrt_dist.runtime._rank_entry import end_now
+from torch_tensorrt_dist.serving import watchdog
 from torch_tensorrt_dist.serving.chat import ChatTemplate
 from torch_tensorrt_dist.serving.control import ControlChannel, measure_latency
+from torch_tensorrt_dist.serving.interpreter import gil_switch, settle_heap, switch_interval
 from torch_tensorrt_dist.serving.loop import Leader, StepLoop
 from torch_tensorrt_dist.serving.metrics import Metrics
-from torch_tensorrt_dist.serving.signals import StopSignals
+from torch_tensorrt_dist.serving.signals import StopSignals, end_by_first
 from torch_tensorrt_dist.serving.tools import served_format
-from torch_tensorrt_dist.serving.watchdog import (
-    Heartbeat,
-    PeerBeats,
-    StepProgress,
-    Verdict,
-    Watchdog,
-    beat_interval,
-)
 
-__all__ = ["IDLE_TICK_S", "ServeResult", "serve_rank", "settle_heap"]
+__all__ = ["IDLE_TICK_S", "ServeResult", "serve_rank"]
 
 logger = logging.getLogger(__name__)
-
-#: Rank 0's thread switch interval while serving (Python's default is 5 ms; measured when the
-#: HTTP server ran in a thread of rank 0; the pipe's reader and writer threads share the lock
-#: now). The step loop
-#: releases the interpreter lock (GIL) inside every kernel (``backend/kernel_gil.py``), matmul
-#: and collective, and the HTTP thread runs then; when the loop comes back while the HTTP
-#: thread holds the lock, it waits until the HTTP thread's interval ends (every other rank
-#: waiting with it). 50 us bounds that wait per handover: the kernels released at 50 us gave
-#: eight streaming clients 1.01-1.10x the tokens/s over five alternated runs, at 0.5 ms 0.99x
-#: (docs/performance.md).
-GIL_SWITCH_S = 5e-5
-#: The interval where Inductor's kernels keep the lock (``kernel_gil.released()`` is False):
-#: the loop then runs Python-held stretches that a short interval would cut into (50 us was
-#: 7 % slower than 0.5 ms there).
-GIL_SWITCH_HELD_S = 5e-4
-
 
 #: how often an idle rank 0 still opens a step (the other ranks wait in it)
 IDLE_TICK_S = 0.5
@@ -126,10 +99,10 @@ def serve_rank(
         settle_heap()
         measure_latency(control)
         _rank_pids(control)
-        beat = Heartbeat(
-            _store(), rank, loop.progress, beat_s=beat_interval(config.step_timeout)
+        beat = watchdog.Heartbeat(
+            _store(), rank, loop.progress, beat_s=watchdog.beat_interval(config.step_timeout)
         ).start()
-        signals.deadline(config.drain_timeout + 2 * DRAIN_GRACE_S, lambda: _end_by(signals))
+        signals.deadline(config.drain_timeout + 2 * DRAIN_GRACE_S, lambda: end_by_first(signals))
         try:
             loop.follow()
         finally:
@@ -179,8 +152,8 @@ def _lead(
 ) -> ServeResult:
     from torch_tensorrt_dist.serving.api import ServedModel, create_app
     from torch_tensorrt_dist.serving.bridge import ServerState
-    from torch_tensorrt_dist.serving.frontend import HttpProcess
     from torch_tensorrt_dist.serving.http import bind_socket
+    from torch_tensorrt_dist.serving.http_process import HttpProcess
     from torch_tensorrt_dist.serving.limits import request_limits
     from torch_tensorrt_dist.serving.stream_out import StreamLimits
 
@@ -221,7 +194,7 @@ def _lead(
 
     streams = StreamLimits(config.write_timeout)
     metrics.writes_elsewhere()  # the client-side metrics are measured in the HTTP process
-    # the HTTP server in a forked child (``frontend.py``)
+    # the HTTP server in a forked child (``http_process.py``)
     http = HttpProcess(
         lambda inbox, st: create_app(
             model, inbox, st, inbox, api_key=config.api_key, stream=streams
@@ -237,7 +210,7 @@ def _lead(
     metrics.threads.track("step", threading.get_native_id())  # this thread runs the loop
     signals.on_signal(lambda _: state.set("draining"))
 
-    def stop_now(reason: str, verdict: Verdict | None) -> None:
+    def stop_now(reason: str, verdict: watchdog.Verdict | None) -> None:
         """The step loop cannot go on (from a thread: the main thread is stuck)."""
         logger.error("the server stops: %s", reason)
         state.set("failed", reason)
@@ -246,7 +219,7 @@ def _lead(
         blame = verdict.rank if verdict is not None and verdict.rank != 0 else None
         end_now(1, StepTimeoutError(reason, failed_rank=blame))
 
-    def hang(verdict: Verdict) -> None:
+    def hang(verdict: watchdog.Verdict) -> None:
         stop_now(f"{verdict.message()} (--step-timeout {config.step_timeout:g} s)", verdict)
 
     def late() -> None:
@@ -265,7 +238,7 @@ def _lead(
         on_token=metrics.token,
         on_step=lambda lead: _observe(lead, metrics),
     )
-    dog: Watchdog | None = None
+    dog: watchdog.Watchdog | None = None
     try:
         warm = gen.warmup_all(stop=lambda: _stop_agreed(control, signals), progress=True)
         settle_heap()
@@ -277,7 +250,7 @@ def _lead(
             state.set("ready")
             if on_ready is not None:
                 on_ready(http.url, warm, f"{http.loop}, own process")  # URL, warm-up s, HTTP
-        with _gil_switch(_switch_interval(run.engine)):
+        with gil_switch(switch_interval(run.engine)):
             leader.run()
     except Exception as exc:  # a failed collective (a rank died) or a failed graph
         verdict = dog.verdict() if dog is not None else None
@@ -318,18 +291,20 @@ def _store() -> object:
 
 def _watchdog(
     control: dist.ProcessGroup | None,
-    progress: StepProgress,
+    progress: watchdog.StepProgress,
     config: ServeJob,
-    on_hang: Callable[[Verdict], None],
-) -> Watchdog:
+    on_hang: Callable[[watchdog.Verdict], None],
+) -> watchdog.Watchdog:
     peers = None
     if control is not None:
         ranks = [r for r in dist.get_process_group_ranks(control) if r != dist.get_rank()]
-        peers = PeerBeats(_store(), ranks)
-    return Watchdog(progress, peers, timeout_s=config.step_timeout, on_hang=on_hang).start()
+        peers = watchdog.PeerBeats(_store(), ranks)
+    return watchdog.Watchdog(
+        progress, peers, timeout_s=config.step_timeout, on_hang=on_hang
+    ).start()
 
 
-def _blamed(exc: Exception, verdict: Verdict | None) -> tuple[BaseException, str]:
+def _blamed(exc: Exception, verdict: watchdog.Verdict | None) -> tuple[BaseException, str]:
     """The error a failed step leaves, and its reason in one line: a collective that timed
     out names the rank that did not answer (the launcher then blames it, not rank 0)."""
     reason = _reason(exc)
@@ -339,67 +314,6 @@ def _blamed(exc: Exception, verdict: Verdict | None) -> tuple[BaseException, str
     error = StepTimeoutError(reason, failed_rank=verdict.rank if verdict.rank != 0 else None)
     error.__cause__ = exc
     return error, reason
-
-
-def _end_by(signals: StopSignals) -> None:
-    """A rank other than 0 still running long after a signal: end it by that signal (a stop,
-    which the launcher does not blame)."""
-    sig = signals.first or signal.SIGTERM
-    logger.warning("still running past the drain deadline after signal %d: ending the rank", sig)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    default_action(sig)
-    os.kill(os.getpid(), sig)
-
-
-def default_action(sig: int) -> None:
-    """Give ``sig`` its default action (ending the process) from any thread.
-
-    ``signal.signal`` works in the main thread only (ValueError elsewhere), and
-    :func:`_end_by` runs in the deadline's timer thread while the main thread is stuck in a
-    collective: there, the C library's ``signal`` does it (Python's own handler table is left
-    stale, which does not matter to a process about to end)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(sig, signal.SIG_DFL)
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.signal.restype = ctypes.c_void_p
-    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-    if libc.signal(int(sig), None) == ctypes.c_void_p(-1).value:  # SIG_ERR
-        os._exit(128 + int(sig))  # the exit status a shell gives a process ended by sig
-
-
-def settle_heap() -> int:
-    """Collect, then move every object the load and the warm-up made out of the garbage
-    collector's reach (``gc.freeze``); return how many. Dynamo's and Inductor's compiles leave
-    hundreds of thousands of long-lived objects, and a full collection scanning them stopped
-    the step loop for 474 ms in the middle of serving (a 490 ms gap in every stream and a
-    569 ms p99 time to first token at 32 clients). Frozen, they are
-    never scanned again; what serving allocates is collected as before."""
-    gc.collect()
-    gc.freeze()
-    frozen = gc.get_freeze_count()
-    logger.info("%d objects of the load and warm-up frozen (out of the collector's scans)", frozen)
-    return frozen
-
-
-def _switch_interval(engine: str) -> float:
-    """The step loop's switch interval: short where its kernels release the GIL."""
-    from torch_tensorrt_dist.backend.kernel_gil import released
-
-    return GIL_SWITCH_S if engine != "inductor" or released() else GIL_SWITCH_HELD_S
-
-
-@contextlib.contextmanager
-def _gil_switch(interval_s: float) -> Iterator[None]:
-    """Python's thread switch interval set to ``interval_s`` while the step loop runs."""
-    saved = sys.getswitchinterval()
-    sys.setswitchinterval(interval_s)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(saved)
 
 
 def _reason(exc: BaseException) -> str:

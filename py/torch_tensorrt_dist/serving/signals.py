@@ -3,6 +3,7 @@
     signals = StopSignals()                    # first thing on every rank (main thread)
     signals.on_signal(lambda sig: state.set("draining"))    # rank 0, once it has a state
     signals.deadline(25.0, on_late)            # on_late() if the process still runs 25 s after
+    end_by_first(signals)                      # from any thread: the process ends by that signal
 
 Python runs a signal handler only when the main thread comes back to the interpreter; a main
 thread blocked in a collective (a peer that hangs) would never see the SIGTERM: no drain, no
@@ -15,14 +16,18 @@ half-way while its peers wait in a collective.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
+import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
 
-__all__ = ["StopSignals"]
+__all__ = ["StopSignals", "default_action", "end_by_first"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,3 +107,32 @@ class StopSignals:
             self._timer = threading.Timer(seconds, on_late)
             self._timer.daemon = True
             self._timer.start()
+
+
+def end_by_first(signals: StopSignals) -> None:
+    """A rank other than 0 still running long after a signal: end it by that signal (a stop,
+    which the launcher does not blame)."""
+    sig = signals.first or signal.SIGTERM
+    logger.warning("still running past the drain deadline after signal %d: ending the rank", sig)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    default_action(sig)
+    os.kill(os.getpid(), sig)
+
+
+def default_action(sig: int) -> None:
+    """Give ``sig`` its default action (ending the process) from any thread.
+
+    ``signal.signal`` works in the main thread only (ValueError elsewhere), and
+    :func:`end_by_first` runs in the deadline's timer thread while the main thread is stuck in a
+    collective: there, the C library's ``signal`` does it (Python's own handler table is left
+    stale, which does not matter to a process about to end)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(sig, signal.SIG_DFL)
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    if libc.signal(int(sig), None) == ctypes.c_void_p(-1).value:  # SIG_ERR
+        os._exit(128 + int(sig))  # the exit status a shell gives a process ended by sig

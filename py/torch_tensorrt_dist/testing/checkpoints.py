@@ -23,7 +23,37 @@ import torch
 if TYPE_CHECKING:
     from torch_tensorrt_dist.models.llama_args import ModelArgs
 
-__all__ = ["hf_checkpoint", "llama_config", "random_hf_model", "write_checkpoint"]
+__all__ = [
+    "TINY",
+    "TINY_EXPERTS",
+    "hf_checkpoint",
+    "hf_greedy",
+    "llama_config",
+    "random_hf_model",
+    "write_checkpoint",
+]
+
+#: a tiny transformers config's sizes (two layers of 64, grouped-query attention, 256 tokens;
+#: no bos or eos token), under transformers' field names: ``random_hf_model(kind, **TINY)``
+TINY: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=256,
+    max_position_embeddings=256,
+    pad_token_id=0,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+#: tiny routed experts: 4 (under each family's name for their number), 2 per token, of 32
+TINY_EXPERTS: dict[str, Any] = {
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), 4),
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+}
 
 
 def random_hf_model(
@@ -52,6 +82,18 @@ def random_hf_model(
                 if name in stored and b.is_floating_point():
                     b.normal_(0.0, std)
     return model.eval()
+
+
+def hf_greedy(model: Any, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """transformers' own greedy ``generate`` of each prompt alone (exactly ``new`` tokens): the
+    reference a checkpoint's tokens are compared with."""
+    out = []
+    for p in prompts:
+        ids = model.generate(
+            torch.tensor([p]), max_new_tokens=new, min_new_tokens=new, do_sample=False
+        )
+        out.append(ids[0, len(p) :].tolist())
+    return out
 
 
 def hf_checkpoint(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_tensorrt_dist.errors import CheckpointError, ConfigError
+from torch_tensorrt_dist.testing import checkpoints
 
 __all__ = [
     "BEGIN",
@@ -39,24 +40,7 @@ BEGIN = "<!-- survey:begin (python -m torch_tensorrt_dist.testing.hf_survey docs
 END = "<!-- survey:end -->"
 
 #: the tiny sizes, for the fields a config class has
-TINY: dict[str, Any] = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=256,
-    max_position_embeddings=256,
-    moe_intermediate_size=32,
-    num_experts=4,
-    num_local_experts=4,
-    n_routed_experts=4,
-    num_experts_per_tok=2,
-    pad_token_id=0,
-    bos_token_id=None,
-    eos_token_id=None,
-)
+TINY: dict[str, Any] = {**checkpoints.TINY, **checkpoints.TINY_EXPERTS}
 PROMPTS = [[1, 5, 7, 9, 11, 13, 2, 3, 4, 5], [3, 4, 8]]
 #: a tiny model built has at most this many parameters (else it is not tried)
 MAX_PARAMETERS = 20_000_000
@@ -144,13 +128,7 @@ def _reference(cfg: Any, path: Path) -> list[list[int]]:
         for p in hf.parameters():
             p.normal_(0.0, 0.2)
     hf.save_pretrained(path)
-    ref = []
-    for p in PROMPTS:
-        ids = hf.generate(
-            torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False
-        )
-        ref.append(ids[0, len(p) :].tolist())
-    return ref
+    return checkpoints.hf_greedy(hf, PROMPTS, NEW)
 
 
 def _exact(kind: str, root: Path) -> str:

@@ -142,6 +142,47 @@ def members_of(obj: str) -> tuple[dict[str, tuple[int, int | None]], bool]:
         i = stop
 
 
+class _Quoted:
+    """Inside a JSON string, one character at a time: :meth:`closes` says whether a character
+    is the closing quote (one after a backslash never is)."""
+
+    __slots__ = ("esc",)
+
+    def __init__(self) -> None:
+        self.esc = False
+
+    def closes(self, c: str) -> bool:
+        if self.esc:
+            self.esc = False
+        elif c == "\\":
+            self.esc = True
+        elif c == '"':
+            return True
+        return False
+
+
+class _Nest:
+    """Inside a list or object, one character at a time after its opening bracket: :meth:`ends`
+    says whether a character closes it (brackets counted, strings skipped)."""
+
+    __slots__ = ("depth", "in_string", "quoted")
+
+    def __init__(self) -> None:
+        self.depth, self.in_string, self.quoted = 1, False, _Quoted()
+
+    def ends(self, c: str) -> bool:
+        if self.in_string:
+            self.in_string = not self.quoted.closes(c)
+        elif c == '"':
+            self.in_string = True
+        elif c in "{[":
+            self.depth += 1
+        elif c in "}]":
+            self.depth -= 1
+            return self.depth == 0
+        return False
+
+
 # member phases of the object being read (``members_of`` step by step)
 _KEY, _AFTER_COMMA, _IN_KEY, _COLON, _VALUE, _IN_STRING, _IN_NEST, _IN_SCALAR, _DONE = range(9)
 
@@ -159,11 +200,10 @@ class Member:
 
     __slots__ = (
         "_at",
-        "_depth",
-        "_esc",
         "_key",
+        "_nest",
         "_phase",
-        "_str",
+        "_quoted",
         "closed",
         "end",
         "members",
@@ -175,18 +215,14 @@ class Member:
         self.end: int | None = None
         self.members: dict[str, list[Any]] = {}
         self.closed = False
-        self._phase, self._at, self._key, self._depth = _KEY, 0, "", 0
-        self._esc = self._str = False
+        self._phase, self._at, self._key = _KEY, 0, ""
+        self._quoted, self._nest = _Quoted(), _Nest()
 
     def step(self, text: str, j: int) -> None:
         """Read ``text[j]``, the object's next character (Malformed: it cannot be one)."""
         c, phase = text[j], self._phase
         if phase in (_IN_STRING, _IN_KEY):
-            if self._esc:
-                self._esc = False
-            elif c == "\\":
-                self._esc = True
-            elif c == '"':
+            if self._quoted.closes(c):
                 if phase == _IN_KEY:
                     self._key = json.loads(text[self._at : j + 1])
                     self._phase = _COLON
@@ -195,22 +231,9 @@ class Member:
                     self._phase = _KEY
             return
         if phase == _IN_NEST:
-            if self._str:  # a string inside the value
-                if self._esc:
-                    self._esc = False
-                elif c == "\\":
-                    self._esc = True
-                elif c == '"':
-                    self._str = False
-            elif c == '"':
-                self._str = True
-            elif c in "{[":
-                self._depth += 1
-            elif c in "}]":
-                self._depth -= 1
-                if self._depth == 0:
-                    self.members[self._key][1] = j + 1
-                    self._phase = _KEY
+            if self._nest.ends(c):
+                self.members[self._key][1] = j + 1
+                self._phase = _KEY
             return
         if phase == _IN_SCALAR:
             if c not in _SCALAR_END:
@@ -243,7 +266,7 @@ class Member:
             if c == '"':
                 self._phase = _IN_STRING
             elif c in "{[":
-                self._phase, self._depth = _IN_NEST, 1
+                self._phase, self._nest = _IN_NEST, _Nest()
             elif c in _SCALAR_END:  # an empty value, as value_end reads it
                 self.members[self._key][1] = j
                 self._phase = _KEY
@@ -261,7 +284,7 @@ class Reader:
     def __init__(self, depth: int) -> None:
         self.depth, self.text, self.pos = depth, "", 0
         self.objects: list[Member] = []
-        self._level, self._in_string, self._esc = 0, False, False
+        self._level, self._in_string, self._quoted = 0, False, _Quoted()
         self._open: Member | None = None
 
     def feed(self, new: str) -> None:
@@ -274,12 +297,7 @@ class Reader:
                 if self._open is not None:
                     self._open.step(text, j)
                 if self._in_string:
-                    if self._esc:
-                        self._esc = False
-                    elif c == "\\":
-                        self._esc = True
-                    elif c == '"':
-                        self._in_string = False
+                    self._in_string = not self._quoted.closes(c)
                 elif c == '"':
                     if self._level > 0:
                         self._in_string = True
@@ -307,7 +325,7 @@ class ValueEnd:
         self.length = 0
         self.end: int | None = None
         self._kind = ""  # '"', "{" (a list or object) or "s" (a scalar); "": nothing yet
-        self._depth, self._str, self._esc = 0, False, False
+        self._quoted, self._nest = _Quoted(), _Nest()
 
     def feed(self, text: str) -> int | None:
         j0, self.length = self.length, self.length + len(text)
@@ -316,32 +334,16 @@ class ValueEnd:
                 break
             j = j0 + k
             if not self._kind:
-                if c == '"':
-                    self._kind, self._str = '"', True
+                if c == '"' or c in "{[":
+                    self._kind = '"' if c == '"' else "{"
                     continue
-                if c not in "{[":
-                    self._kind = "s"
-                else:
-                    self._kind, self._depth = "{", 1
-                    continue
+                self._kind = "s"
             if self._kind == "s":
                 if c in _SCALAR_END:
                     self.end = j
-            elif self._str:
-                if self._esc:
-                    self._esc = False
-                elif c == "\\":
-                    self._esc = True
-                elif c == '"':
-                    self._str = False
-                    if self._kind == '"':
-                        self.end = j + 1
-            elif c == '"':
-                self._str = True
-            elif c in "{[":
-                self._depth += 1
-            elif c in "}]":
-                self._depth -= 1
-                if self._depth == 0:
+            elif self._kind == '"':
+                if self._quoted.closes(c):
                     self.end = j + 1
+            elif self._nest.ends(c):
+                self.end = j + 1
         return self.end

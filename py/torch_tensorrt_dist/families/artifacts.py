@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from torch_tensorrt_dist.artifacts.checks import check_layout, check_length, check_quantization
 from torch_tensorrt_dist.artifacts.load import check_options, load_generator, model_args
 from torch_tensorrt_dist.artifacts.manifest import read_manifest, verify_files
 from torch_tensorrt_dist.config.run import Parallel, RunConfig
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Prompts, Rank
+from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Prompts, Rank, model_salt
+from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.runtime.env import is_launched, plan_from_env
 
@@ -75,16 +75,19 @@ class ArtifactsSpec(ModelSpec):
         """The compiled length, once it holds the request."""
         if any(not p for p in prompts):
             raise ConfigError("a prompt is empty; give at least one token of text")
-        check_length(plan.manifest, max(len(p) for p in prompts), max_new_tokens)
-        return int(plan.manifest.cache_len)
+        manifest = plan.manifest
+        if manifest is None:
+            raise ConfigError("this plan holds no manifest: plan it with the artifacts' spec")
+        check_length(manifest, max(len(p) for p in prompts), max_new_tokens)
+        return int(manifest.cache_len)
 
     def load(self, rank: Rank, *, progress: bool = False) -> Transformer:
         raise ConfigError("the artifacts hold compiled steps: run them through their generator")
 
-    def generator(self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False) -> Any:
+    def generator(
+        self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False
+    ) -> Generator:
         """The compiled graphs of this rank (its rows and length are the manifest's)."""
-        from torch_tensorrt_dist.families.spec import model_salt
-
         p, config = rank.plan.parallel, rank.config
         return load_generator(
             self.root,
