@@ -8,7 +8,9 @@ Figures, each from blocks alternated in the same run (each variant's best block:
 ever slows one):
 
 - the verify call of R rows x (k + 1) tokens against a decode step of R rows (k = 4, R = 1
-  and 8), the compiled graphs the core calls, at position 64 of each row;
+  and 8), the compiled graphs the core calls, at position 64 of each row; and against a
+  decode step of R x (k + 1) rows, the same token rows: what the verify call's own path
+  (attention over k + 1 tokens, the logits of each) costs beyond the tokens it computes;
 - ``generate``'s decode speed (tokens after the first / time after the first) with and
   without prompt lookup, on quoting prompts (a pydoc passage the model was trained on, then
   its first words again) and on text that matches nothing, with the mean tokens a step;
@@ -63,27 +65,30 @@ def _best_blocks(
 
 def _step_costs(
     gen: Generator, rows: int, blocks: int, calls: int, clock: Callable[[], float]
-) -> tuple[float, float]:
-    """(decode step s, verify call s) of ``rows`` rows at position 64, k = :data:`K`."""
+) -> tuple[float, float, float]:
+    """(decode step s, verify call s, decode step of rows x (k + 1) rows s) of ``rows`` rows
+    at position 64, k = :data:`K`."""
     run = gen.runner
     bs, pos = run.block_size, 64
     per = -(-(pos + K + 1) // bs)
-    tables = [list(range(1 + i * per, 1 + (i + 1) * per)) for i in range(rows)]
-    dev, lim, mark, pack = run.device, run.limits, run.mark_dynamic, run.pack
-    one = step_inputs([([5], pos, t) for t in tables], lim, dev, mark_dynamic=mark, pack=pack)
-    many = step_inputs(
-        [([5] * (K + 1), pos, t) for t in tables], lim, dev, mark_dynamic=mark, pack=pack
-    )
+
+    def inputs(n: int, tokens: int) -> tuple[torch.Tensor, ...]:
+        tables = [list(range(1 + i * per, 1 + (i + 1) * per)) for i in range(n)]
+        spans = [([5] * tokens, pos, t) for t in tables]
+        return step_inputs(
+            spans, run.limits, run.device, mark_dynamic=run.mark_dynamic, pack=run.pack
+        )
+
+    one, many, wide = inputs(rows, 1), inputs(rows, K + 1), inputs(rows * (K + 1), 1)
     verify = run.verify
     assert verify is not None
+    fns = [lambda: run.step(*one), lambda: verify(*many), lambda: run.step(*wide)]
     with torch.no_grad():
-        for _ in range(3):  # compile and confirm both shape classes
-            run.step(*one)
-            verify(*many)
-        decode_s, verify_s = _best_blocks(
-            [lambda: run.step(*one), lambda: verify(*many)], blocks, calls, clock
-        )
-    return decode_s, verify_s
+        for _ in range(3):  # compile and confirm every shape class
+            for fn in fns:
+                fn()
+        decode_s, verify_s, wide_s = _best_blocks(fns, blocks, calls, clock)
+    return decode_s, verify_s, wide_s
 
 
 def _prompts(tok: Any) -> tuple[list[list[int]], list[list[int]]]:
@@ -134,14 +139,16 @@ def speculative_figures(
     tok = load_tokenizer(path, vocab_size=1024)
     model = load_llama(path, progress=False)
     spec = SpeculativeConfig(num_tokens=K)
-    gen = Generator(model, engine=engine, max_batch_size=8, cache_len=CACHE, speculative=spec)
+    gen = Generator(
+        model, engine=engine, max_batch_size=8 * (K + 1), cache_len=CACHE, speculative=spec
+    )
     clock = time.process_time if cpu_time else time.perf_counter
     where = f"demo model, {engine}, TP 1, {torch.get_num_threads()} threads"
     where += ", CPU time" if cpu_time else ""
     figures = []
     ratios = {}
     for rows in (1, 8):
-        decode_s, verify_s = _step_costs(gen, rows, blocks, calls, clock)
+        decode_s, verify_s, wide_s = _step_costs(gen, rows, blocks, calls, clock)
         ratio = verify_s / decode_s
         ratios[rows] = ratio
         figures.append(
@@ -153,6 +160,16 @@ def speculative_figures(
                 "<= 1.3",
                 ratio <= 1.3,
                 f"{1e3 * verify_s:.2f} ms vs {1e3 * decode_s:.2f} ms ({where})",
+            )
+        )
+        figures.append(
+            Figure(
+                SECTION,
+                f"verify call / decode step of the same token rows, {rows} x {K + 1} vs "
+                f"{rows * (K + 1)} x 1",
+                round(verify_s / wide_s, 3),
+                "x",
+                note=f"{1e3 * verify_s:.2f} ms vs {1e3 * wide_s:.2f} ms ({where})",
             )
         )
     quoting, other = _prompts(tok)
