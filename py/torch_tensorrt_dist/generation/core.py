@@ -74,6 +74,7 @@ from torch_tensorrt_dist.generation.sequence import (
     row_error,
 )
 from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
+from torch_tensorrt_dist.generation.speculative.draft import DraftProposer
 from torch_tensorrt_dist.generation.speculative.speculator import Speculator
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.generation.stops import StopText
@@ -103,6 +104,7 @@ class GenerationCore:
         pack: bool = False,
         speculative: SpeculativeConfig | None = None,
         verify_fn: StepFn | None = None,
+        draft: DraftProposer | None = None,
     ) -> None:
         """``limits``: the largest rows / tokens / blocks a call may have (the step graph's
         dynamic dimensions); ``text``: produce each request's text (rank 0 of a server);
@@ -110,14 +112,15 @@ class GenerationCore:
         mark the step's dynamic dimensions for Dynamo (``step_inputs``; off where the step
         is not traced by Dynamo); ``pack``: the step takes packed prefill steps (``live``,
         ``step_inputs``); ``speculative``: speculative decoding, its verify calls through
-        ``verify_fn`` (the step with the logits of every token: ``paged_step(..., every=True)``)."""
+        ``verify_fn`` (the step with the logits of every token: ``paged_step(..., every=True)``),
+        its proposals a ``draft`` model's where one is given (``speculative/draft.py``)."""
         if text and tokenizer is None:
             raise ConfigError("GenerationCore(text=True) needs a tokenizer")
         if speculative is not None and verify_fn is None:
             raise ConfigError("speculative decoding needs the verify step (verify_fn)")
         self.speculative = speculative
         #: proposals, the verify call and its acceptance (``speculative/speculator.py``)
-        self.spec = Speculator(speculative, verify_fn) if speculative and verify_fn else None
+        self.spec = Speculator(speculative, verify_fn, draft) if speculative and verify_fn else None
         self._step, self.pool, self.limits = step_fn, pool, limits
         self.block_size, self.max_seq_len = pool.block_size, max_seq_len
         self.device, self.tokenizer = torch.device(device), tokenizer

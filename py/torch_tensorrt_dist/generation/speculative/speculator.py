@@ -25,6 +25,7 @@ from torch import Tensor
 from torch_tensorrt_dist.generation.kv_blocks import blocks_for
 from torch_tensorrt_dist.generation.sequence import CoreError, Emitted, Sequence
 from torch_tensorrt_dist.generation.speculative.config import SpeculativeConfig
+from torch_tensorrt_dist.generation.speculative.draft import DraftProposer
 from torch_tensorrt_dist.generation.speculative.proposer import NgramProposer
 from torch_tensorrt_dist.generation.speculative.verify import verify_pick
 from torch_tensorrt_dist.generation.step_inputs import step_inputs
@@ -38,9 +39,17 @@ __all__ = ["Speculator"]
 class Speculator:
     """Speculative decoding in one :class:`~..core.GenerationCore` (the same on every rank)."""
 
-    def __init__(self, config: SpeculativeConfig, verify_fn: Callable[..., Tensor]) -> None:
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        verify_fn: Callable[..., Tensor],
+        draft: DraftProposer | None = None,
+    ) -> None:
         self.config, self.verify_fn = config, verify_fn
         self.proposer = NgramProposer(min_n=config.min_n, max_n=config.max_n)
+        #: the draft model's proposer (``--speculative draft``): its proposals are made once
+        #: a step, for the plan's rows together, on every rank (:meth:`drafts`)
+        self.draft = draft
         #: tokens proposed and accepted, rows verified with a draft
         self.proposed = self.accepted = self.rows = 0
 
@@ -51,7 +60,10 @@ class Speculator:
         if seq.spec is None or not seq.decoding:
             return 0
         left = seq.req.max_new_tokens - len(seq.out) - 1
-        return len(self._propose(seq, min(seq.spec.k(), left, longest - 1)))
+        k = min(seq.spec.k(), left, longest - 1)
+        if self.draft is not None:  # a draft model proposes k tokens, always
+            return max(k, 0)
+        return len(self._propose(seq, k))
 
     def _propose(self, seq: Sequence, k: int) -> list[int]:
         if k < 1:
@@ -68,6 +80,12 @@ class Speculator:
             seq = core.sequences.get(rid)
             if seq is None or seq not in core.running or not seq.decoding or seq.spec is None:
                 raise CoreError(f"a draft of {k} tokens for request {rid}, which is not decoding")
+        if self.draft is not None:
+            rows = [(rid, core.sequences[rid].tokens, k) for rid, k in planned]
+            proposals = self.draft.propose_rows(rows, live=core.sequences)
+            return {rid: p for (rid, _), p in zip(planned, proposals)}
+        for rid, k in planned:
+            seq = core.sequences[rid]
             draft = self._propose(seq, k)
             if len(draft) != k:
                 raise CoreError(
