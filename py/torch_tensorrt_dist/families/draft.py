@@ -20,7 +20,10 @@ if TYPE_CHECKING:
     from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Rank
     from torch_tensorrt_dist.models.llama import Transformer
 
-__all__ = ["check_draft_plan", "draft_model"]
+__all__ = ["DRAFT_FAMILIES", "check_draft_plan", "draft_model"]
+
+#: the families whose model a draft may be (the native decoders, tested: dense)
+DRAFT_FAMILIES = ("dense", "moe")
 
 
 def _draft_config(config: RunConfig) -> RunConfig | None:
@@ -61,9 +64,14 @@ def check_draft_plan(config: RunConfig, plan: ModelPlan) -> None:
     if draft_config is None:
         return
     try:
-        _, draft = _plan(draft_config)
+        spec, draft = _plan(draft_config)
     except ConfigError as exc:
         raise ConfigError(f"--draft-model {draft_config.model.model}: {exc}") from exc
+    if spec.family not in DRAFT_FAMILIES:
+        raise ConfigError(
+            f"--draft-model {draft.source} runs in the {spec.family} family; a draft model "
+            f"runs in the {' or '.join(DRAFT_FAMILIES)} family (Llama, Qwen, Mistral, Mixtral ...)"
+        )
     if draft.args.vocab_size != plan.args.vocab_size:
         raise ConfigError(
             f"--draft-model {draft.source} has a vocabulary of {draft.args.vocab_size} tokens, "
