@@ -110,6 +110,8 @@ def test_a_draft_of_another_vocabulary_or_larger_or_without_the_method_is_refuse
         Generator(model, speculative=DRAFT, draft=other, **OPTS)
     with pytest.raises(ConfigError, match="--draft-model is larger than the target"):
         Generator(small, speculative=DRAFT, draft=model, **OPTS)
+    with pytest.raises(ConfigError, match="the target's own module"):
+        Generator(model, speculative=DRAFT, draft=model, **OPTS)
     with pytest.raises(ConfigError, match="needs a draft model"):
         Generator(model, speculative=DRAFT, **OPTS)
     with pytest.raises(ConfigError, match="needs --speculative draft"):
@@ -205,3 +207,43 @@ def test_two_ranks_agree_and_equal_plain_decoding(
     (plain, _, _), (got, proposed, accepted) = results[0]
     assert got == plain  # TP 2 sums in another order than TP 1: against TP 2 plain decoding
     assert proposed > accepted > 0
+
+
+def test_the_draft_cache_gives_what_a_fresh_one_gives(draft_dir: Path) -> None:
+    """Rows that grow, diverge from the draft's tokens (a refused proposal), leave, and a pool
+    too small for every row at once (other rows' caches dropped): each proposal equals the
+    proposal of a draft with an empty cache."""
+    from torch_tensorrt_dist.generation.runner import ModelRunner
+    from torch_tensorrt_dist.generation.speculative.draft import DraftProposer
+
+    draft = load_llama(draft_dir, progress=False)
+    memory = 9 * ModelRunner(draft, block_size=4, cache_len=32).layout.bytes_per_block
+    small = DraftProposer(
+        ModelRunner(draft, max_batch_size=3, cache_len=32, block_size=4, kv_cache_memory=memory)
+    )
+    # a runner sets up its model's pools: the fresh drafts run another copy of the model
+    fresh = DraftProposer(
+        ModelRunner(load_llama(draft_dir, progress=False), cache_len=32, block_size=4)
+    )
+    rows = {0: [5, 9, 17, 3, 80], 1: [7, 7, 120, 33, 2, 9, 14], 2: [300, 4, *range(40, 48)]}
+    dropped = False
+    for step in range(5):
+        # row 2 skips steps 2 and 3 (paused): its cache is dropped for the others' blocks
+        planned = [
+            (r, list(t), 1 + (r + step) % 3)
+            for r, t in rows.items()
+            if (r, step) not in {(2, 2), (2, 3)}
+        ]
+        got = small.propose_rows(planned, live=rows)
+        dropped |= 2 in rows and 2 not in small.rows
+        for (rid, tokens, k), proposal in zip(planned, got):
+            assert proposal == fresh.propose(tokens, k), (step, rid)
+            assert not fresh.rows  # propose() keeps nothing
+            # the first proposed token accepted, then the target's own (another) one; or
+            # refused, then another token (a row that decoded a step without proposing)
+            first = proposal[0] if step % 2 == 0 else (proposal[0] + 1) % 1024
+            rows[rid] = [*tokens, first, (proposal[-1] + 1 + step) % 1024]
+        if step == 3:
+            del rows[2]  # the request ended
+    assert dropped
+    assert set(small.rows) == {0, 1} and small.pool.stats().used > 0

@@ -141,6 +141,11 @@ class Generator:
         vocabulary, no larger)."""
         if spec is None or spec.method != "draft":
             raise ConfigError("a draft model (--draft-model) needs --speculative draft")
+        if draft is getattr(self.runner, "model", None):
+            raise ConfigError(
+                "the draft model is the target's own module: a runner sets up its model's KV "
+                "pools, so the draft needs a copy of its own (load it again)"
+            )
         check_draft(self.runner.args, draft.args, _params(self.runner), _params(draft))
         run = self.runner
         keep = ("engine", "verify", "cpu_gemm")
