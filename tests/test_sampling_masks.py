@@ -157,7 +157,7 @@ def test_a_grammar_that_allows_only_held_ids_is_followed_not_masked(grammars: Gr
 
 
 def test_a_row_left_with_no_token_fails_by_name(grammars: Grammars) -> None:
-    from torch_tensorrt_dist.generation.core import _row_error
+    from torch_tensorrt_dist.generation.sequence import row_error
     from torch_tensorrt_dist.serving.isolation import row_failure
 
     x = torch.full((V,), -math.inf)
@@ -169,7 +169,7 @@ def test_a_row_left_with_no_token_fails_by_name(grammars: Grammars) -> None:
     )
     cfg = SamplingConfig()
     failed = row_failure(
-        _row_error(pick.stage, pick.error), sampling=cfg, stop=(), grammar="guided_regex"
+        row_error(pick.stage, pick.error), sampling=cfg, stop=(), grammar="guided_regex"
     )
     assert (failed.status, failed.param) == (400, "guided_regex")
     # nothing of the request masks: the model's logits were not finite (the server's fault)
@@ -178,7 +178,7 @@ def test_a_row_left_with_no_token_fails_by_name(grammars: Grammars) -> None:
     assert isinstance(pick, Failure) and "the model's logits hold no finite value" in str(
         pick.error
     )
-    failed = row_failure(_row_error(pick.stage, pick.error), sampling=cfg, stop=())
+    failed = row_failure(row_error(pick.stage, pick.error), sampling=cfg, stop=())
     assert (failed.status, failed.param) == (500, None)
 
 

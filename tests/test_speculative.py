@@ -376,3 +376,41 @@ def test_compiled_verify_call_never_recompiles_after_warm_up() -> None:
     assert result["speculated"][0] > 0
     plain = run_schedule(make_generator(tiny), jobs, EOS)
     assert result["tokens"] == plain["tokens"]
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["padded", "packed"])
+def test_every_token_step_gives_the_logits_of_each_position(pack: bool) -> None:
+    """``paged_step(every=True)`` (the verify call): each real token's logits, equal to those
+    of one-token steps at its position (rows of 5 and 2 tokens, the first across a block
+    boundary), and written K/V that the next step reads as a plain step's."""
+    from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
+    from torch_tensorrt_dist.models.llama import ModelArgs
+    from torch_tensorrt_dist.parallel.llama_load import random_llama
+
+    cpu = torch.device("cpu")
+    limits = StepLimits(rows=2, tokens=8, blocks=4, block_size=4)
+    ids = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(3)).tolist()
+    rows = [(ids[:6], ids[6:11], [1, 2, 3]), (ids[:3], ids[3:5], [4, 5])]  # prompt, then step
+    models = [random_llama(ModelArgs.from_name("tiny"), seed=2) for _ in range(2)]
+    for m in models:
+        m.setup_paged(num_blocks=8, block_size=4, max_seq_len=16)
+    with torch.no_grad():
+        for m in models:  # the prompts, alike
+            m.paged_step(*step_inputs([(p, 0, b) for p, _, b in rows], limits, cpu))
+        spans = [(s, len(p), b) for p, s, b in rows]
+        every = models[0].paged_step(*step_inputs(spans, limits, cpu, pack=pack), every=True)
+        want = []  # the same tokens one step at a time
+        for j in range(5):
+            live = [(p, s, b) for p, s, b in rows if j < len(s)]
+            one = [([s[j]], len(p) + j, b) for p, s, b in live]
+            want.append(models[1].paged_step(*step_inputs(one, limits, cpu)))
+        at = 0
+        for r, (_, s, _) in enumerate(rows):
+            got = every[r, : len(s)] if every.dim() == 3 else every[at : at + len(s)]
+            at += len(s)
+            for j in range(len(s)):
+                torch.testing.assert_close(got[j], want[j][r], atol=1e-5, rtol=1e-5)
+        after = [([ids[11]], 11, [1, 2, 3])]  # row 0's next token reads what both wrote
+        a, b = (m.paged_step(*step_inputs(after, limits, cpu)) for m in models)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert every.shape == ((7, 256) if pack else (2, 5, 256))

@@ -1,21 +1,29 @@
-"""Speculative decoding (prompt lookup) on the demo model, TP 1, in one process.
+"""Speculative decoding (prompt lookup, a draft model) on the demo model, TP 1, in one process.
 
     speculative_figures()                    # Inductor, as generate and serve run on a CPU
     speculative_figures(engine="none")       # plain PyTorch
     speculative_figures(cpu_time=True)       # the process's CPU time, not the wall clock
+    draft_figures()                          # the draft model's figures alone
 
 Figures, each from blocks alternated in the same run (each variant's best block: load only
 ever slows one):
 
 - the verify call of R rows x (k + 1) tokens against a decode step of R rows (k = 4, R = 1
-  and 8), the compiled graphs the core calls, at position 64 of each row;
+  and 8), the compiled graphs the core calls, at position 64 of each row; and against a
+  decode step of R x (k + 1) rows, the same token rows: what the verify call's own path
+  (attention over k + 1 tokens, the logits of each) costs beyond the tokens it computes;
 - ``generate``'s decode speed (tokens after the first / time after the first) with and
   without prompt lookup, on quoting prompts (a pydoc passage the model was trained on, then
   its first words again) and on text that matches nothing, with the mean tokens a step;
 - (the ``generate`` figures count every token over the whole calls with ``cpu_time``: on a
   machine shared with other busy processes the wall clock measures the load)
 - whether speculation turns 0.8 of its tokens per step into speed-up (speed-up >= 0.8 x
-  tokens a step / verify-cost ratio at R = 1).
+  tokens a step / verify-cost ratio at R = 1);
+- with a draft model (``draft_figures``): its acceptance rate and the decode speed-up over
+  plain decoding, the 8 prompts batched, runs alternated. No smaller model was trained with
+  the demo model's tokenizer: the draft is the demo model's own first
+  :data:`DRAFT_LAYERS` layers with its embeddings, final norm and head
+  (``testing/checkpoints.first_layers_checkpoint``), about half its weights.
 """
 
 from __future__ import annotations
@@ -32,13 +40,15 @@ from torch_tensorrt_dist.generation.sampling import SamplingConfig
 from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
 from torch_tensorrt_dist.generation.step_inputs import step_inputs
 
-__all__ = ["speculative_figures"]
+__all__ = ["draft_figures", "speculative_figures"]
 
 SECTION = "speculative"
 K = 4
 CACHE = 256
 #: the first characters of a pydoc topic, then its first words again
 TOPICS = ("for", "while", "return", "if")
+#: the draft model: the demo model's first layers (of 4), its k
+DRAFT_LAYERS, DRAFT_K = 2, 2
 OTHER = (
     "zebra quantum pickle harmonica velvet 7 lantern",
     "orbit marmalade cactus 42 trombone glacier",
@@ -63,27 +73,30 @@ def _best_blocks(
 
 def _step_costs(
     gen: Generator, rows: int, blocks: int, calls: int, clock: Callable[[], float]
-) -> tuple[float, float]:
-    """(decode step s, verify call s) of ``rows`` rows at position 64, k = :data:`K`."""
+) -> tuple[float, float, float]:
+    """(decode step s, verify call s, decode step of rows x (k + 1) rows s) of ``rows`` rows
+    at position 64, k = :data:`K`."""
     run = gen.runner
     bs, pos = run.block_size, 64
     per = -(-(pos + K + 1) // bs)
-    tables = [list(range(1 + i * per, 1 + (i + 1) * per)) for i in range(rows)]
-    dev, lim, mark, pack = run.device, run.limits, run.mark_dynamic, run.pack
-    one = step_inputs([([5], pos, t) for t in tables], lim, dev, mark_dynamic=mark, pack=pack)
-    many = step_inputs(
-        [([5] * (K + 1), pos, t) for t in tables], lim, dev, mark_dynamic=mark, pack=pack
-    )
+
+    def inputs(n: int, tokens: int) -> tuple[torch.Tensor, ...]:
+        tables = [list(range(1 + i * per, 1 + (i + 1) * per)) for i in range(n)]
+        spans = [([5] * tokens, pos, t) for t in tables]
+        return step_inputs(
+            spans, run.limits, run.device, mark_dynamic=run.mark_dynamic, pack=run.pack
+        )
+
+    one, many, wide = inputs(rows, 1), inputs(rows, K + 1), inputs(rows * (K + 1), 1)
     verify = run.verify
     assert verify is not None
+    fns = [lambda: run.step(*one), lambda: verify(*many), lambda: run.step(*wide)]
     with torch.no_grad():
-        for _ in range(3):  # compile and confirm both shape classes
-            run.step(*one)
-            verify(*many)
-        decode_s, verify_s = _best_blocks(
-            [lambda: run.step(*one), lambda: verify(*many)], blocks, calls, clock
-        )
-    return decode_s, verify_s
+        for _ in range(3):  # compile and confirm every shape class
+            for fn in fns:
+                fn()
+        decode_s, verify_s, wide_s = _best_blocks(fns, blocks, calls, clock)
+    return decode_s, verify_s, wide_s
 
 
 def _prompts(tok: Any) -> tuple[list[list[int]], list[list[int]]]:
@@ -134,14 +147,16 @@ def speculative_figures(
     tok = load_tokenizer(path, vocab_size=1024)
     model = load_llama(path, progress=False)
     spec = SpeculativeConfig(num_tokens=K)
-    gen = Generator(model, engine=engine, max_batch_size=8, cache_len=CACHE, speculative=spec)
+    gen = Generator(
+        model, engine=engine, max_batch_size=8 * (K + 1), cache_len=CACHE, speculative=spec
+    )
     clock = time.process_time if cpu_time else time.perf_counter
     where = f"demo model, {engine}, TP 1, {torch.get_num_threads()} threads"
     where += ", CPU time" if cpu_time else ""
     figures = []
     ratios = {}
     for rows in (1, 8):
-        decode_s, verify_s = _step_costs(gen, rows, blocks, calls, clock)
+        decode_s, verify_s, wide_s = _step_costs(gen, rows, blocks, calls, clock)
         ratio = verify_s / decode_s
         ratios[rows] = ratio
         figures.append(
@@ -153,6 +168,16 @@ def speculative_figures(
                 "<= 1.3",
                 ratio <= 1.3,
                 f"{1e3 * verify_s:.2f} ms vs {1e3 * decode_s:.2f} ms ({where})",
+            )
+        )
+        figures.append(
+            Figure(
+                SECTION,
+                f"verify call / decode step of the same token rows, {rows} x {K + 1} vs "
+                f"{rows * (K + 1)} x 1",
+                round(verify_s / wide_s, 3),
+                "x",
+                note=f"{1e3 * verify_s:.2f} ms vs {1e3 * wide_s:.2f} ms ({where})",
             )
         )
     quoting, other = _prompts(tok)
@@ -200,4 +225,85 @@ def speculative_figures(
                     f"{speedup:.2f} / ({per_step:.2f} / {ratios[1]:.2f}), 1 row",
                 )
             )
-    return figures
+    return figures + draft_figures(engine=engine, blocks=blocks, tokens=tokens, cpu_time=cpu_time)
+
+
+def _batched(
+    gen: Generator,
+    spec: SpeculativeConfig | None,
+    prompts: list[list[int]],
+    tokens: int,
+    clock: Callable[[], float],
+) -> tuple[float, int, int]:
+    """(tokens / s, proposed, accepted) of ``prompts`` together through the core, greedy."""
+    from torch_tensorrt_dist.generation.core import Request
+
+    gen.speculative = spec
+    core = gen.core()
+    sched = gen.scheduler(core)
+    for i, ids in enumerate(prompts):
+        sched.add(Request(i, tuple(ids), tokens, SamplingConfig(), ()))
+    out, start = 0, clock()
+    while not sched.idle():
+        out += sum(len(e.tokens) for e in core.step(sched.plan()))
+    return out / (clock() - start), core.spec_proposed, core.spec_accepted
+
+
+def draft_figures(
+    *, engine: str = "inductor", blocks: int = 3, tokens: int = 32, cpu_time: bool = False
+) -> list[Figure]:
+    """The draft model's acceptance rate and speed-up (the demo model's first
+    :data:`DRAFT_LAYERS` layers drafting :data:`DRAFT_K` tokens for it), the 8 prompts of
+    :func:`speculative_figures` batched, with and without the draft alternated."""
+    import tempfile
+
+    from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+    from torch_tensorrt_dist.models.tokenizer import load_tokenizer
+    from torch_tensorrt_dist.parallel.llama_load import load_llama
+    from torch_tensorrt_dist.testing.checkpoints import first_layers_checkpoint
+
+    path = demo_checkpoint_path()
+    quoting, other = _prompts(load_tokenizer(path, vocab_size=1024))
+    prompts = quoting + other
+    model = load_llama(path, progress=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        draft = load_llama(first_layers_checkpoint(path, tmp, DRAFT_LAYERS), progress=False)
+    spec = SpeculativeConfig(method="draft", num_tokens=DRAFT_K)
+    gen = Generator(
+        model,
+        engine=engine,
+        max_batch_size=len(prompts),
+        cache_len=CACHE,
+        speculative=spec,
+        draft=draft,
+    )
+    clock = time.process_time if cpu_time else time.perf_counter
+    for _ in range(2):  # warm: every graph both runs take compiled
+        _batched(gen, spec, prompts, 8, clock)
+        _batched(gen, None, prompts, 8, clock)
+    plain_best, spec_best, proposed, accepted = 0.0, 0.0, 0, 0
+    for _ in range(blocks // 2 + 1):  # alternated, the best of each
+        plain_best = max(plain_best, _batched(gen, None, prompts, tokens, clock)[0])
+        rate, proposed, accepted = _batched(gen, spec, prompts, tokens, clock)
+        spec_best = max(spec_best, rate)
+    where = f"demo model, {engine}, TP 1, {torch.get_num_threads()} threads"
+    where += ", CPU time" if cpu_time else ""
+    what = f"draft: its first {DRAFT_LAYERS} of 4 layers, k {DRAFT_K}"
+    acceptance = accepted / max(proposed, 1)
+    return [
+        Figure(
+            SECTION,
+            "draft model acceptance rate",
+            round(acceptance, 3),
+            "",
+            note=f"{accepted} of {proposed} proposals, greedy ({what}; {where})",
+        ),
+        Figure(
+            SECTION,
+            "generate decode speed-up with a draft model, 8 prompts batched",
+            round(spec_best / plain_best, 3),
+            "x",
+            note=f"{spec_best:.1f} vs {plain_best:.1f} tok/s, every token over the whole run "
+            f"({len(prompts)} prompts x {tokens} tokens; {what}; {where})",
+        ),
+    ]

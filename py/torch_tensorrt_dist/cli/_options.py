@@ -257,14 +257,23 @@ def add_kv_cache(
 
 
 def add_speculative(p: argparse.ArgumentParser) -> None:
-    """``--speculative`` and ``--num-speculative-tokens`` (generate, serve)."""
+    """``--speculative``, ``--draft-model`` and ``--num-speculative-tokens`` (generate,
+    serve)."""
     p.add_argument(
         "--speculative",
         default=None,
         metavar="METHOD",
         help="speculative decoding: ngram (prompt lookup: a row's last tokens matched in its "
-        "prompt and output propose the tokens that followed; the model verifies them in one "
-        "step, exactly; default off)",
+        "prompt and output propose the tokens that followed) or draft (a smaller model's "
+        "greedy tokens, --draft-model); the model verifies them in one step, exactly; "
+        "default off",
+    )
+    p.add_argument(
+        "--draft-model",
+        default=None,
+        metavar="PATH",
+        help="--speculative draft: the draft model's checkpoint (the target's tokenizer, "
+        "smaller; loaded and split as the target)",
     )
     p.add_argument(
         "--num-speculative-tokens",
@@ -280,11 +289,16 @@ def speculative_config(ns: argparse.Namespace) -> SpeculativeConfig | None:
     """The ``--speculative`` options of a command line (None: off; ConfigError naming the
     option)."""
     method, k = getattr(ns, "speculative", None), getattr(ns, "num_speculative_tokens", None)
+    path = getattr(ns, "draft_model", None)
     if method is None:
         if k is not None:
-            raise ConfigError("--num-speculative-tokens needs --speculative ngram")
+            raise ConfigError("--num-speculative-tokens needs --speculative ngram or draft")
+        if path is not None:
+            raise ConfigError("--draft-model needs --speculative draft")
         return None
-    return SpeculativeConfig(method=method, num_tokens=4 if k is None else k)
+    if method == "draft" and path is None:
+        raise ConfigError("--speculative draft needs --draft-model PATH")
+    return SpeculativeConfig(method=method, num_tokens=4 if k is None else k, draft_model=path)
 
 
 def add_threads(p: argparse.ArgumentParser) -> None:

@@ -63,6 +63,10 @@ def plan_run(config: RunConfig) -> tuple[RunConfig, ModelSpec, ModelPlan]:
     plan = spec.plan(config)
     config = config.with_(parallel=plan.parallel)
     JOBS[type(config.job)].check(config, spec, plan)
+    if config.speculative is not None:  # --draft-model: its config.json, before any weight
+        from torch_tensorrt_dist.families.draft import check_draft_plan
+
+        check_draft_plan(config, plan)
     return config, spec, plan
 
 

@@ -216,7 +216,11 @@ class ModelSpec:
     def generator(
         self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False
     ) -> Generator:
-        return build_generator(rank.model(progress=progress), rank.config, rows, cache_len)
+        from torch_tensorrt_dist.families.draft import draft_model
+
+        model = rank.model(progress=progress)
+        draft = draft_model(rank, progress=progress)  # --speculative draft: its shard
+        return build_generator(model, rank.config, rows, cache_len, draft=draft)
 
     def request_len(
         self, config: RunConfig, plan: ModelPlan, prompts: Prompts, max_new_tokens: int
@@ -276,6 +280,7 @@ def build_generator(
     rows: int,
     cache_len: int,
     stage: StagePlace | None = None,
+    draft: Transformer | None = None,
 ) -> Generator:
     """The rank's :class:`Generator` over its loaded shard: ``rows`` rows at once, requests of
     up to ``cache_len`` tokens, the KV cache of ``config.cache`` (memory, blocks, prefill
@@ -290,7 +295,11 @@ def build_generator(
         from torch_tensorrt_dist.generation.pipeline import PipelineGenerator
 
         make = partial(PipelineGenerator, place=stage)
-    extra = {} if config.speculative is None else {"speculative": config.speculative}
+    extra: dict[str, Any] = {}
+    if config.speculative is not None:
+        extra["speculative"] = config.speculative
+    if draft is not None:  # the draft model of --speculative draft
+        extra["draft"] = draft
     return make(
         model,
         engine=config.engine,

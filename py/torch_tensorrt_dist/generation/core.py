@@ -18,11 +18,9 @@ the step's own, so a step costs what is live; the second call, with ``pack``, al
 ``live [N]``, its real tokens, so that padding costs no products). A row that reaches the end
 of its tokens samples the next one.
 
-Speculative decoding (``speculative``, ``speculative/``): a decode row the plan gives a draft
-of k tokens (``StepPlan.drafts``; every rank's proposer gives the same tokens) runs as k + 1
-tokens in the step's verify call, with every other one-token row (``verify_fn``: the logits
-of every token); :meth:`GenerationCore._accept` walks its positions, emits each accepted token
-and the target's own, and rewinds the blocks that hold only refused tokens.
+Speculative decoding (``speculative/speculator.py``): a decode row the plan gives a draft of k
+tokens (``StepPlan.drafts``) runs as k + 1 tokens in the step's verify call (``verify_fn``: the
+logits of every token), with every other one-token row; the accepted tokens are emitted.
 
 Everything here is a function of the plans and the logits, with a generator per request seeded
 from its :class:`SamplingConfig`: ranks that apply the same plans hold the same sequences and
@@ -47,18 +45,16 @@ alone) marks its request failed without dropping it: the caller must cancel it o
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError
+from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.grammar import Grammars, MaskFiller
 from torch_tensorrt_dist.generation.kv_blocks import (
     BlockPool,
     blocks_for,
     check_fits,
-    next_key,
     prefix_keys,
 )
 from torch_tensorrt_dist.generation.logits_process import TokenLogprobs
@@ -66,16 +62,20 @@ from torch_tensorrt_dist.generation.plan import Request, StepPlan
 from torch_tensorrt_dist.generation.sampler import (
     Failure,
     Pick,
-    RowSampling,
     StepMasks,
     sample_step,
 )
-from torch_tensorrt_dist.generation.speculative import (
-    NgramProposer,
-    RowSpeculation,
-    SpeculativeConfig,
+from torch_tensorrt_dist.generation.sequence import (
+    CoreError,
+    Emitted,
+    RowError,
+    Sequence,
+    render_text,
+    row_error,
 )
-from torch_tensorrt_dist.generation.speculative.verify import verify_pick
+from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
+from torch_tensorrt_dist.generation.speculative.draft import DraftProposer
+from torch_tensorrt_dist.generation.speculative.speculator import Speculator
 from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
 from torch_tensorrt_dist.generation.stops import StopText
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
@@ -84,75 +84,6 @@ __all__ = ["CoreError", "Emitted", "GenerationCore", "Request", "RowError", "Seq
 
 #: ``(tokens [R, S], start [R], last [R], past [R, NBp], dest [R, S]) -> logits [R, V]``
 StepFn = Callable[..., Tensor]
-
-
-class CoreError(TensorRTDistError):
-    """A plan this rank cannot apply as rank 0 planned it (the ranks' states differ: a bug)."""
-
-
-@dataclass(frozen=True)
-class RowError:
-    """Why one request failed (``Emitted.finish == "error"``): the stage (``join``: its grammar
-    did not compile; ``sampling``; ``processing``: its logits settings; ``grammar``: its
-    grammar refused or failed; ``masked``: no token was left to draw; ``text``) and the
-    exception in one line."""
-
-    stage: str
-    message: str
-
-
-@dataclass
-class Emitted:
-    """What one request produced in one step: new ids, new text, and how it ended."""
-
-    rid: int
-    tokens: list[int]
-    text: str = ""
-    """New text (only where the core was built with ``text=True``)."""
-    finish: str | None = None
-    """``stop`` (stop id or string), ``length``, ``cancelled``, ``error``; None while it runs."""
-    cached: int = 0
-    """Prompt tokens taken from the prefix cache (on a request's first emission)."""
-    error: RowError | None = None
-    """Why it failed (``finish == "error"``, only with ``GenerationCore.isolate``)."""
-    logprobs: TokenLogprobs | None = None
-    """The token's logprob and the most likely alternatives (``SamplingConfig.logprobs``)."""
-
-
-class Sequence:
-    """A request's state on this rank: its tokens, blocks and sampling state."""
-
-    def __init__(
-        self,
-        req: Request,
-        text: StopText | None,
-        grammars: Grammars | None,
-        speculative: SpeculativeConfig | None = None,
-    ) -> None:
-        self.req, self.rid, self.text = req, req.rid, text
-        self.tokens: list[int] = list(req.prompt)
-        """The prompt, then every token produced (the last one's K/V is not computed yet)."""
-        self.out: list[int] = []
-        self.blocks: list[int] = []
-        self.keys: list[bytes] = []
-        """Prefix-cache keys of the full blocks committed so far."""
-        self.computed = 0
-        """Tokens whose K/V are in ``blocks``."""
-        self.cached = 0
-        self.sampling = RowSampling(req, grammars)
-        """Generator, penalty state, grammar matcher: kept across preemption."""
-        self.spec = None if speculative is None else RowSpeculation(speculative.num_tokens)
-        """Adaptive k of speculative decoding (None: the core does not speculate)."""
-        self._proposal: tuple[int, int, list[int]] | None = None  # (tokens, k, proposal)
-
-    @property
-    def to_compute(self) -> int:
-        return len(self.tokens) - self.computed
-
-    @property
-    def decoding(self) -> bool:
-        """The prompt is computed: the next row is the last token alone."""
-        return bool(self.out) and self.to_compute == 1
 
 
 class GenerationCore:
@@ -173,6 +104,7 @@ class GenerationCore:
         pack: bool = False,
         speculative: SpeculativeConfig | None = None,
         verify_fn: StepFn | None = None,
+        draft: DraftProposer | None = None,
     ) -> None:
         """``limits``: the largest rows / tokens / blocks a call may have (the step graph's
         dynamic dimensions); ``text``: produce each request's text (rank 0 of a server);
@@ -180,27 +112,19 @@ class GenerationCore:
         mark the step's dynamic dimensions for Dynamo (``step_inputs``; off where the step
         is not traced by Dynamo); ``pack``: the step takes packed prefill steps (``live``,
         ``step_inputs``); ``speculative``: speculative decoding, its verify calls through
-        ``verify_fn`` (the step with the logits of every token, ``Transformer.paged_verify``)."""
+        ``verify_fn`` (the step with the logits of every token: ``paged_step(..., every=True)``),
+        its proposals a ``draft`` model's where one is given (``speculative/draft.py``)."""
         if text and tokenizer is None:
             raise ConfigError("GenerationCore(text=True) needs a tokenizer")
         if speculative is not None and verify_fn is None:
             raise ConfigError("speculative decoding needs the verify step (verify_fn)")
-        self.speculative, self._verify = speculative, verify_fn
-        self.proposer = (
-            None
-            if speculative is None
-            else NgramProposer(min_n=speculative.min_n, max_n=speculative.max_n)
-        )
-        #: speculative decoding's counts: tokens proposed and accepted, rows verified
-        self.spec_proposed = self.spec_accepted = self.spec_rows = 0
+        self.speculative = speculative
+        #: proposals, the verify call and its acceptance (``speculative/speculator.py``)
+        self.spec = Speculator(speculative, verify_fn, draft) if speculative and verify_fn else None
         self._step, self.pool, self.limits = step_fn, pool, limits
         self.block_size, self.max_seq_len = pool.block_size, max_seq_len
-        self.device, self.tokenizer, self.text, self.salt = (
-            torch.device(device),
-            tokenizer,
-            text,
-            salt,
-        )
+        self.device, self.tokenizer = torch.device(device), tokenizer
+        self.text, self.salt = text, salt
         #: leave the text of requests without stop strings (which only shows it, and decides
         #: nothing) to :meth:`render`, so a server can announce its next step first
         self.defer_text = False
@@ -221,6 +145,19 @@ class GenerationCore:
         """Admitted sequences, in admission order."""
         self.preempted: dict[int, Sequence] = {}
         """Sequences whose blocks were taken back; they wait to be prefilled again."""
+
+    @property
+    def spec_proposed(self) -> int:
+        """Speculative decoding's counts: tokens proposed, tokens accepted, rows verified."""
+        return self.spec.proposed if self.spec is not None else 0
+
+    @property
+    def spec_accepted(self) -> int:
+        return self.spec.accepted if self.spec is not None else 0
+
+    @property
+    def spec_rows(self) -> int:
+        return self.spec.rows if self.spec is not None else 0
 
     @property
     def active(self) -> int:
@@ -259,7 +196,10 @@ class GenerationCore:
         for rid in plan.resumes:
             self._admit(self.preempted.pop(rid), plan.cached.get(rid, 0))
         rows = self._rows(chunks)
-        drafts = self._drafts(plan.drafts)
+        spec = self.spec
+        if plan.drafts and spec is None:
+            raise CoreError(f"drafts {plan.drafts} planned for a core that does not speculate")
+        drafts = spec.drafts(self, plan.drafts) if spec is not None else {}
         for seq, n in rows:  # every rank allocates in this order: the same ids everywhere
             self._grow(seq, seq.computed + n + len(drafts.get(seq.rid, ())))
         ones = [(s, n) for s, n in rows if n == 1]
@@ -280,107 +220,16 @@ class GenerationCore:
             if group:
                 done += self._run(group, hook)
                 hook = None
-        verified = self._run_verify(verifying, drafts, hook) if verifying else []
+        verified = spec.verify(self, verifying, drafts, hook) if spec and verifying else []
         emitted += self._sample(done, masks)
         for seq, draft, logits in verified:
-            emitted += self._accept(seq, draft, logits)
+            emitted += spec.accept(self, seq, draft, logits)  # type: ignore[union-attr]
         return emitted
 
     def draft_size(self, seq: Sequence) -> int:
-        """The tokens the proposer offers ``seq`` at this step (0: it decodes one token):
-        at most its adaptive k, the tokens it may still produce less one, and the step's
-        longest row less one. The scheduler sizes the row's blocks by it."""
-        if seq.spec is None or not seq.decoding:
-            return 0
-        left = seq.req.max_new_tokens - len(seq.out) - 1
-        k = min(seq.spec.k(), left, self.limits.tokens - 1)
-        return len(self._propose(seq, k))
-
-    def _propose(self, seq: Sequence, k: int) -> list[int]:
-        if k < 1 or self.proposer is None:
-            return []
-        key = (len(seq.tokens), k)
-        if seq._proposal is None or seq._proposal[:2] != key:
-            seq._proposal = (*key, self.proposer.propose(seq.tokens, k))
-        return seq._proposal[2]
-
-    def _drafts(self, planned: list[tuple[int, int]]) -> dict[int, list[int]]:
-        """Each planned row's proposal (every rank proposes the same tokens)."""
-        out = {}
-        for rid, k in planned:
-            seq = self.sequences.get(rid)
-            if seq is None or seq not in self.running or not seq.decoding or seq.spec is None:
-                raise CoreError(f"a draft of {k} tokens for request {rid}, which is not decoding")
-            draft = self._propose(seq, k)
-            if len(draft) != k:
-                raise CoreError(
-                    f"request {rid}: rank 0 planned a draft of {k} tokens, this rank proposes "
-                    f"{len(draft)}: the ranks' sequences differ"
-                )
-            out[rid] = draft
-        return out
-
-    def _run_verify(
-        self,
-        rows: list[tuple[Sequence, int]],
-        drafts: dict[int, list[int]],
-        before: Callable[[], None] | None,
-    ) -> list[tuple[Sequence, list[int], Tensor]]:
-        """One verify call over the one-token rows, each with its draft (maybe none): the
-        rows that sample, with their draft and the logits of each position [1 + k, V]."""
-        spans = [
-            (
-                seq.tokens[seq.computed : seq.computed + n] + drafts.get(seq.rid, []),
-                seq.computed,
-                seq.blocks,
-            )
-            for seq, n in rows
-        ]
-        inputs = step_inputs(
-            spans, self.limits, self.device, mark_dynamic=self.mark_dynamic, pack=self.pack
-        )
-        if before is not None:
-            before()
-        assert self._verify is not None  # checked in __init__
-        logits = self._verify(*inputs)  # [R, S, V], or packed [N, V]
-        out, at = [], 0
-        for i, ((seq, n), (ids, _, _)) in enumerate(zip(rows, spans)):
-            row = logits[i, : len(ids)] if logits.dim() == 3 else logits[at : at + len(ids)]
-            at += len(ids)
-            seq.computed += n  # the drafts' K/V count once accepted (_accept)
-            if seq.computed == len(seq.tokens):
-                out.append((seq, drafts.get(seq.rid, []), row))
-            else:  # a prompt's chunk of one token, not its last
-                self._commit(seq)
-        return out
-
-    def _accept(self, seq: Sequence, draft: list[int], logits: Tensor) -> list[Emitted]:
-        """Walk the row's positions: each accepted draft token, then the target's own token
-        (where a draft token is refused, or after the last); then rewind the blocks that hold
-        only refused tokens' K/V."""
-        out, accepted, base = [], 0, seq.computed
-        for j in range(len(draft) + 1):
-            proposed = draft[j] if j < len(draft) else None
-            pick, held = verify_pick(logits[j], seq.sampling, self.grammars, proposed)
-            e = self._next(seq, pick)
-            out.append(e)
-            if e.finish is not None or not held:
-                break
-            accepted += 1
-        if draft:
-            self.spec_rows += 1
-            self.spec_proposed += len(draft)
-            self.spec_accepted += accepted
-            if seq.spec is not None:
-                seq.spec.update(len(draft), accepted)
-        if self.sequences.get(seq.rid) is seq and seq in self.running:
-            seq.computed = base + accepted  # the last token's and the accepted drafts' K/V
-            keep = blocks_for(seq.computed + 1, self.block_size)
-            if len(seq.blocks) > keep:  # what is beyond holds refused tokens only: never read
-                self.pool.release(seq.blocks[keep:])
-                del seq.blocks[keep:]
-            self._commit(seq)
-        return out
+        """The tokens the proposer offers ``seq`` at this step (0: it decodes one token;
+        ``Speculator.draft_size``). The scheduler sizes the row's blocks by it."""
+        return 0 if self.spec is None else self.spec.draft_size(seq, self.limits.tokens)
 
     def _join(self, req: Request, cached: int) -> Emitted | None:
         self.check(req)
@@ -395,7 +244,7 @@ class GenerationCore:
         except Exception as exc:  # a grammar that does not compile: the same on every rank
             if not self.isolate:
                 raise
-            return Emitted(req.rid, [], "", "error", error=_row_error("join", exc))
+            return Emitted(req.rid, [], "", "error", error=row_error("join", exc))
         self.sequences[req.rid] = seq
         self._admit(seq, cached)
         return None
@@ -465,15 +314,9 @@ class GenerationCore:
 
     def _commit(self, seq: Sequence) -> None:
         """Offer the sequence's newly full blocks to the prefix cache."""
-        if not self.pool.prefix_caching:
-            return
-        bs = self.block_size
-        while (len(seq.keys) + 1) * bs <= seq.computed:
-            i = len(seq.keys)
-            prev = seq.keys[-1] if seq.keys else None
-            key = next_key(prev, seq.tokens[i * bs : (i + 1) * bs], salt=self.salt)
-            seq.keys.append(key)
-            self.pool.commit(seq.blocks[i], key)
+        if self.pool.prefix_caching:
+            for block, key in seq.new_keys(self.block_size, self.salt):
+                self.pool.commit(block, key)
 
     def _sample(self, done: list[tuple[Sequence, Tensor]], masks: StepMasks) -> list[Emitted]:
         bitmask, mask_failures = masks.wait()
@@ -501,29 +344,15 @@ class GenerationCore:
                 raise
             if self.sequences.get(seq.rid) is seq:
                 self._finish(seq)
-            return Emitted(seq.rid, [], "", "error", error=_row_error(stage, exc))
+            return Emitted(seq.rid, [], "", "error", error=row_error(stage, exc))
 
     def _advance(
         self, seq: Sequence, token: int, complete: bool, logprobs: TokenLogprobs | None
     ) -> Emitted:
         """``complete``: the request's grammar admits nothing more (it ends with ``stop``)."""
-        first = not seq.out
-        seq.out.append(token)
-        seq.tokens.append(token)
-        req, piece, hit = seq.req, "", False
+        first, req = not seq.out, seq.req
+        finish, piece = seq.advance(token, complete)
         shown = token not in req.stop_ids
-        if seq.text is not None and req.stop and shown:  # stop strings decide the finish: now
-            piece, hit = seq.text.push(token)
-        finish = None
-        if hit or not shown or complete:
-            finish = "stop"
-        elif len(seq.out) >= req.max_new_tokens:
-            finish = "length"
-        if seq.text is not None and req.stop and finish is not None and not hit:
-            # what was held back for a stop string, or held inside a character: it can hold one
-            rest, hit = seq.text.flush()
-            piece += rest
-            finish = "stop" if hit else finish
         emitted = Emitted(req.rid, [token], "", finish, seq.cached if first else 0)
         emitted.logprobs = logprobs
         if seq.text is not None and req.stop:
@@ -533,7 +362,7 @@ class GenerationCore:
             if self.defer_text:
                 self._unrendered.append(job)
             else:
-                self._render(job, self.isolate)
+                render_text(*job, self.isolate)
         if finish is not None:
             self._finish(seq)
         return emitted
@@ -541,24 +370,8 @@ class GenerationCore:
     def render(self) -> None:
         """Fill in the text of what was emitted since the last call (``defer_text``)."""
         for job in self._unrendered:
-            self._render(job, self.isolate)
+            render_text(*job, self.isolate)
         self._unrendered.clear()
-
-    @staticmethod
-    def _render(job: tuple[Emitted, StopText, int | None], isolate: bool) -> None:
-        emitted, text, token = job
-        try:
-            piece = text.push(token)[0] if token is not None else ""
-            if emitted.finish is not None:
-                piece += text.flush()[0]  # bytes that never completed a character
-        except MemoryError:
-            raise
-        except Exception as exc:
-            if not isolate:
-                raise
-            # this rank alone shows text: the request stays, the caller cancels it everywhere
-            emitted.finish, emitted.error, piece = "error", _row_error("text", exc), ""
-        emitted.text = piece
 
     def _cancel(self, rid: int) -> Emitted:
         seq = self.sequences.get(rid)
@@ -584,8 +397,3 @@ class GenerationCore:
         self.pool.release(seq.blocks)
         seq.blocks = []
         del self.sequences[seq.rid]
-
-
-def _row_error(stage: str, exc: BaseException) -> RowError:
-    text = str(exc).strip().splitlines()
-    return RowError(stage, f"{type(exc).__name__}: {text[0] if text else ''}"[:300])

@@ -30,6 +30,7 @@ from torch_tensorrt_dist.generation.runner import ModelRunner, StepRunner
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
 from torch_tensorrt_dist.generation.scheduler import Scheduler, attention_span
 from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
+from torch_tensorrt_dist.generation.speculative.draft import DraftProposer, check_draft
 from torch_tensorrt_dist.generation.step_inputs import past_split, step_inputs, warmup_prompts
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.models.llama_args import ModelArgs
@@ -38,6 +39,14 @@ from torch_tensorrt_dist.models.paged import NULL_BLOCK
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
 __all__ = ["GenerationResult", "Generator", "RunnerOptions", "model_attention_span"]
+
+
+def _params(model: Transformer | StepRunner) -> int | None:
+    """A model's parameters on this rank (None: a runner of loaded graphs, no model)."""
+    module = getattr(model, "model", model)
+    if not isinstance(module, torch.nn.Module):
+        return None
+    return sum(p.numel() for p in module.parameters())
 
 
 class RunnerOptions(TypedDict, total=False):
@@ -90,7 +99,10 @@ class Generator:
     ``Generator(runner)`` takes a runner built already (a pipeline stage's, loaded artifacts').
     ``prefix_caching``: reuse the full blocks of earlier prompts; ``salt``: the model's
     identity in prefix-cache keys; ``speculative``: speculative decoding (``speculative/``:
-    the runner compiles a second step, the verify call, which returns every token's logits)."""
+    the runner compiles a second step, the verify call, which returns every token's logits);
+    ``draft``: the draft model of ``SpeculativeConfig(method="draft")``, run by a runner of
+    its own with this runner's engine, rows, sequence length and blocks
+    (``speculative/draft.py``)."""
 
     def __init__(
         self,
@@ -99,6 +111,7 @@ class Generator:
         prefix_caching: bool = True,
         salt: bytes = b"",
         speculative: SpeculativeConfig | None = None,
+        draft: Transformer | None = None,
         **options: Unpack[RunnerOptions],
     ) -> None:
         if isinstance(model, StepRunner):
@@ -117,6 +130,35 @@ class Generator:
             self.runner = ModelRunner(model, verify_call=speculative is not None, **options)
         self.prefix_caching, self.salt = prefix_caching, salt
         self.speculative = speculative
+        if speculative is not None and speculative.method == "draft" and draft is None:
+            raise ConfigError("--speculative draft needs a draft model (--draft-model)")
+        self.draft = None if draft is None else self._draft(draft, speculative, options)
+
+    def _draft(
+        self, draft: Transformer, spec: SpeculativeConfig | None, options: RunnerOptions
+    ) -> DraftProposer:
+        """The draft model's proposer over a runner like the target's (checked: the same
+        vocabulary, no larger)."""
+        if spec is None or spec.method != "draft":
+            raise ConfigError("a draft model (--draft-model) needs --speculative draft")
+        if draft is getattr(self.runner, "model", None):
+            raise ConfigError(
+                "the draft model is the target's own module: a runner sets up its model's KV "
+                "pools, so the draft needs a copy of its own (load it again)"
+            )
+        check_draft(self.runner.args, draft.args, _params(self.runner), _params(draft))
+        run = self.runner
+        keep = ("engine", "verify", "cpu_gemm")
+        same = {key: options[key] for key in keep if key in options}  # type: ignore[literal-required]
+        runner = ModelRunner(
+            draft,
+            max_batch_size=run.max_batch_size,
+            cache_len=run.cache_len,
+            block_size=run.block_size,
+            max_prefill_tokens=run.max_prefill_tokens,
+            **same,
+        )
+        return DraftProposer(runner)
 
     def core(self, *, tokenizer: Tokenizer | None = None, text: bool = False) -> GenerationCore:
         """The generation core over the runner's step and a fresh block pool (the cache
@@ -135,6 +177,7 @@ class Generator:
             pack=run.pack,
             speculative=self.speculative,
             verify_fn=run.verify if self.speculative is not None else None,
+            draft=self.draft,
         )
 
     def scheduler(self, core: GenerationCore) -> Scheduler:
@@ -245,6 +288,9 @@ class Generator:
                     )
                 bar.update()
         self._warm_verify(stop)
+        if self.draft is not None:  # the draft's graphs, then a clean cache for its rows
+            Generator(self.draft.runner).warmup_all(stop=stop)
+            self.draft = DraftProposer(self.draft.runner)
         return time.perf_counter() - start
 
     def _warm_verify(self, stop: Callable[[], bool] | None) -> None:

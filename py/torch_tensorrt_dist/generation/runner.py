@@ -91,10 +91,10 @@ def paged_step(model: Transformer) -> StepFn:
 
 def paged_verify(model: Transformer) -> StepFn:
     """Speculative decoding's verify call over the paged cache: the step's inputs, the
-    logits of every token ``[R, S, V]`` (``Transformer.paged_verify``)."""
+    logits of every token ``[R, S, V]`` (``Transformer.paged_step(..., every=True)``)."""
 
     def step(*inputs: Tensor) -> Tensor:
-        return model.paged_verify(*inputs)
+        return model.paged_step(*inputs, every=True)
 
     return step
 
@@ -331,7 +331,7 @@ class ModelRunner(StepRunner):
         and generated tokens; default the model's); ``kv_cache_memory``: KV bytes on this rank
         (default: ``max_batch_size`` sequences of ``cache_len`` tokens); ``max_prefill_tokens``:
         prompt tokens per step; ``cpu_gemm``: :func:`backend_for`'s; ``verify_call``: compile
-        speculative decoding's verify call too (``Transformer.paged_verify``, as the step)."""
+        speculative decoding's verify call too (``paged_step(..., every=True)``, as the step)."""
         self.model, self.args, self.engine = model, model.args, engine
         self.moe = getattr(model, "moe", None)
         self.max_batch_size = max_batch_size

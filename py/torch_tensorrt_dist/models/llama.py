@@ -18,12 +18,13 @@ vocabulary-parallel LM head one all-gather of the logits.
 says how many leading slots of each row are left padding: they are masked out and positions
 (RoPE) start at 0 after them. Everything is a tensor, so decode steps never recompile.
 
-The generation core (``generation/core.py``) runs the paged form: ``setup_paged`` gives every
-layer a pool of KV blocks, and ``paged_step(tokens [R, S], start [R], last [R], table [R, NB])``
-runs R rows, each a decode token or a prompt chunk over its own blocks, and returns the logits
-of each row's last token (``models/paged.py``). A pipeline stage is this model with only its
-parts (``models/stage.py``): its paged step takes and gives hidden states at its boundaries.
-The static form above is what the quantization bench runs.
+The generation core (``generation/core.py``) runs the paged form (``models/paged_steps.py``):
+``setup_paged`` gives every layer a pool of KV blocks, and ``paged_step(tokens [R, S], start
+[R], last [R], past [R, NB], dest [R, S])`` runs R rows, each a decode token or a prompt chunk
+over its own blocks, and returns the logits of each row's last token (``every``: of every
+token). A pipeline stage is this model with only its parts (``models/stage.py``): its paged
+step takes and gives hidden states at its boundaries. The static form above is what the
+quantization bench runs.
 """
 
 from __future__ import annotations
@@ -41,10 +42,9 @@ from torch_tensorrt_dist.models.paged import (
     PagedSlots,
     pack_rows,
     paged_attention,
-    paged_mask,
-    paged_slots,
     unpack_rows,
 )
+from torch_tensorrt_dist.models.paged_steps import PagedSteps
 from torch_tensorrt_dist.models.rope import apply_rope, rope_inv_freq, rope_tables
 from torch_tensorrt_dist.models.stage import StageRole
 from torch_tensorrt_dist.models.vocab import VocabEmbedding, embed_tokens, lm_logits
@@ -273,7 +273,7 @@ def mask_and_positions(
     return mask[:, None], positions
 
 
-class Transformer(nn.Module):
+class Transformer(PagedSteps, nn.Module):
     rope_cos: Tensor  # [L, D] float32, set by setup_caches
     rope_sin: Tensor
     key_slots: Tensor  # [L]: arange(L)
@@ -349,146 +349,6 @@ class Transformer(nn.Module):
         if last_only:
             x = x[:, -1:]
         return self._logits(x)
-
-    def setup_paged(
-        self,
-        num_blocks: int,
-        block_size: int,
-        max_seq_len: int,
-        *,
-        dtype: torch.dtype | None = None,
-        cpu_decode: bool = False,
-    ) -> None:
-        """Allocate each layer's block pools (``num_blocks`` x ``block_size`` tokens, block 0
-        the null block) and the RoPE tables for positions below ``max_seq_len``.
-        ``cpu_decode``: decode steps attend through the CPU op that reads the pools in place
-        (``ops/cpu_attention.py``; the caller checked it is available), else every step
-        gathers the past blocks for ``scaled_dot_product_attention``."""
-        if max_seq_len > self.args.max_seq_len:
-            raise ConfigError(
-                f"max_seq_len={max_seq_len} exceeds the model's limit {self.args.max_seq_len} "
-                "(max_position_embeddings); ask for fewer tokens"
-            )
-        weight = self._model_weight()
-        dtype = dtype or weight.dtype
-        for block in self.blocks:
-            attn = block.attention
-            attn.kv_pages = PagedKVCache(
-                num_blocks, block_size, attn.n_kv_heads, attn.head_dim, dtype, weight.device
-            )
-            attn.kv_pages.cpu_decode = cpu_decode
-        cos, sin = rope_tables(self.args, max_seq_len)
-        self.register_buffer("rope_cos", cos.to(weight.device), persistent=False)
-        self.register_buffer("rope_sin", sin.to(weight.device), persistent=False)
-        self.block_size, self.max_seq_len = block_size, max_seq_len
-        self.paged_version += 1  # a compiled step's direct calls start over (step_dispatch)
-
-    def paged_step(
-        self,
-        tokens: Tensor,
-        start: Tensor,
-        last: Tensor,
-        past: Tensor,
-        dest: Tensor,
-        live: Tensor | None = None,
-    ) -> Tensor:
-        """One step of R rows over the paged cache -> the logits of each row's last token [R, V].
-
-        tokens: [R, S] (a decode row: its last token, S = 1; a prefill chunk: right-padded; a
-        pipeline stage after the first: the previous stage's hidden states [R, S, dim]);
-        start: [R] (the row's tokens already in its blocks: the position of tokens[:, 0]);
-        last: [R] (the index of the row's last real token); past: [R, NBp] (the blocks that hold
-        positions < start, padded with the null block); dest: [R, S] (each token's block, the
-        null block for padding). See ``models/paged.py``. A pipeline stage before the last
-        returns its hidden states [R, S, dim] for the next stage. ``live`` [N]: the step runs
-        packed, its products over the N real tokens only (``models/paged.py``, ``pack_rows``).
-        """
-        x, slots = self._paged_hidden(tokens, start, last, past, dest, live)  # [R, S | 1, N, dim]
-        if self.stage.last:
-            if live is None:
-                r = x.shape[0]
-                x = x.gather(1, last[:, None, None].expand(r, 1, x.shape[-1]))  # [R, 1, dim]
-            else:  # packed row by row: row r's last token is the (sum of lengths to r) - 1th
-                x = x[0, torch.cumsum(last + 1, 0) - 1][:, None]  # [R, 1, dim]
-            out = self._logits(x)[:, 0]
-        else:
-            out = x if live is None else unpack_rows(x, live, dest.shape[0], dest.shape[1])
-        self._write_pages(slots)
-        return out
-
-    def paged_verify(
-        self,
-        tokens: Tensor,
-        start: Tensor,
-        last: Tensor,
-        past: Tensor,
-        dest: Tensor,
-        live: Tensor | None = None,
-    ) -> Tensor:
-        """:meth:`paged_step` with the logits of every token (speculative decoding verifies
-        each position of a row): [R, S, V] (padding positions' logits are never used); packed
-        (``live`` [N]): [N, V], the real tokens row by row. The last pipeline stage only."""
-        if not self.stage.last:
-            raise ValueError("paged_verify runs on a model with the LM head (the last stage)")
-        x, slots = self._paged_hidden(tokens, start, last, past, dest, live)  # [R | 1, S | N, dim]
-        out = self._logits(x)
-        if live is not None:
-            out = out[0]  # [N, V]
-        self._write_pages(slots)
-        return out
-
-    def _write_pages(self, slots: PagedSlots) -> None:
-        # the step's K/V into the pools, last: nothing above reads them, and every write comes
-        # after every op that is not one (one TensorRT engine, then these writes in place)
-        flat = [
-            (k.transpose(1, 2).flatten(0, 1), v.transpose(1, 2).flatten(0, 1))  # [R * S, Hkv, D]
-            for k, v in slots.computed
-        ]
-        for block, (k, v) in zip(self.blocks, flat, strict=True):
-            pages = block.attention.kv_pages
-            assert pages is not None  # checked by every layer above
-            pages(slots.blocks, slots.offsets, k, v)
-
-    def paged_scores(
-        self,
-        tokens: Tensor,
-        start: Tensor,
-        last: Tensor,
-        past: Tensor,
-        dest: Tensor,
-        targets: Tensor,
-    ) -> Tensor:
-        """The negative log likelihood of ``targets`` [R, S] at every position of the rows
-        (the paged step's computation, the head over every token; nothing written) -> [R, S]
-        float32. What ``eval --perplexity`` runs."""
-        x, _ = self._paged_hidden(tokens, start, last, past, dest)
-        logp = F.log_softmax(self._logits(x).float(), dim=-1)  # [R, S, V]
-        return -logp.gather(-1, targets[..., None]).squeeze(-1)
-
-    def _paged_hidden(
-        self,
-        tokens: Tensor,
-        start: Tensor,
-        last: Tensor,
-        past: Tensor,
-        dest: Tensor,
-        live: Tensor | None = None,
-    ) -> tuple[Tensor, PagedSlots]:
-        """The last layer's output [R, S, dim] of a paged step ([1, N, dim] packed, ``live``),
-        and its slots (each layer's K/V in ``slots.computed``, not written yet)."""
-        if self.block_size < 1:
-            raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
-        pos, slots = paged_slots(start, last, past, dest, self.block_size, live)  # pos: [R, S]
-        mask = paged_mask(self.args, start, pos, past.shape[1] * self.block_size)
-        if live is not None:  # [1, N]: the products run over the real tokens only
-            tokens, pos = pack_rows(tokens, live), pack_rows(pos, live)
-        # tokens [R, S], or (a later pipeline stage) the previous stage's hidden [R, S, dim]
-        x = self.tok_embeddings(tokens) if self.stage.first else tokens  # [R, S, dim]
-        cos = self.rope_cos[pos].to(x.dtype)  # [R, S, D]
-        sin = self.rope_sin[pos].to(x.dtype)
-        for layer in self.blocks:
-            x = layer(x, cos, sin, mask, slots)
-        return x, slots
 
     def _check_caches(self) -> None:
         if self.max_seq_len < 0:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TINY",
     "TINY_EXPERTS",
+    "first_layers_checkpoint",
     "hf_checkpoint",
     "hf_greedy",
     "llama_config",
@@ -154,3 +155,33 @@ def llama_config(args: ModelArgs, **fields: Any) -> dict[str, Any]:
         "torch_dtype": "float32",
         **fields,
     }
+
+
+def first_layers_checkpoint(src: str | Path, dst: str | Path, n_layers: int) -> Path:
+    """A Llama checkpoint of ``src``'s first ``n_layers`` layers, its embeddings, final norm
+    and head (a draft model of ``src`` for speculative decoding: the same tokenizer, its
+    files copied); returns ``dst``."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    src, root = Path(src), Path(dst)
+    root.mkdir(parents=True, exist_ok=True)
+    config = json.loads((src / "config.json").read_text())
+    if not 1 <= n_layers <= config["num_hidden_layers"]:
+        raise ValueError(f"{n_layers} layers of {config['num_hidden_layers']}")
+    config["num_hidden_layers"] = n_layers
+    tensors = {}
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        for name in f.keys():  # noqa: SIM118  (safe_open has no __iter__)
+            parts = name.split(".")
+            if "layers" in parts and int(parts[parts.index("layers") + 1]) >= n_layers:
+                continue
+            tensors[name] = f.get_tensor(name)
+    save_file(tensors, str(root / "model.safetensors"))
+    (root / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (src / name).exists():
+            shutil.copy(src / name, root / name)
+    return root

@@ -5,8 +5,9 @@
 
 A decoding row whose proposer offers k tokens runs as a chunk of k + 1 (its last token and the
 k proposals) in the step's verify call, which returns the logits of every position
-(``Transformer.paged_verify``); ``verify.py`` accepts the longest prefix the target agrees
-with and samples one more token, and the core rewinds the blocks of what was rejected.
+(``Transformer.paged_step(..., every=True)``); ``verify.py`` accepts the longest prefix the
+target agrees with and samples one more token; ``speculator.py`` is the core's side of it
+(proposals, the verify call, acceptance, the rewind of the blocks of what was rejected).
 """
 
 from torch_tensorrt_dist.generation.speculative.config import (
