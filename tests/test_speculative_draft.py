@@ -180,6 +180,7 @@ def draft_rank(rank: int, world: int, draft: str, prompts: list[list[int]]) -> l
     from torch_tensorrt_dist.config.jobs import GenerateJob
     from torch_tensorrt_dist.config.run import ModelOptions, Parallel, RunConfig
     from torch_tensorrt_dist.families import rank_for
+    from torch_tensorrt_dist.families.draft import draft_model
 
     out = []
     for spec in (None, replace(DRAFT, draft_model=draft)):
@@ -192,7 +193,7 @@ def draft_rank(rank: int, world: int, draft: str, prompts: list[list[int]]) -> l
             speculative=spec,
         )
         built = rank_for(config, index=rank, world=world, group=dist.group.WORLD)
-        gen = built.spec.generator(built, rows=4, cache_len=CACHE)
+        gen = built.generator(rows=4, cache_len=CACHE, draft=draft_model(built))
         got, core = _run(gen, prompts, 16)
         out.append((got, core.spec_proposed, core.spec_accepted))
     return out

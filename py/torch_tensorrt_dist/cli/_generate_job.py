@@ -13,6 +13,7 @@ from typing import Any, cast
 from torch_tensorrt_dist.config.jobs import GenerateJob
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank, check_kv_cache
+from torch_tensorrt_dist.families.draft import draft_model
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.models.tokenizer import Tokenizer, load_tokenizer
 
@@ -42,7 +43,8 @@ class Built:
 
 def build(rank: Rank) -> Built:
     prompts, cache_len = request(rank.config, rank.spec, rank.plan)
-    gen = rank.generator(rows=len(prompts), cache_len=cache_len, progress=True)
+    draft = draft_model(rank, progress=True)  # --speculative draft: its shard, else None
+    gen = rank.generator(rows=len(prompts), cache_len=cache_len, progress=True, draft=draft)
     return Built(gen, rank.tokenizer(), prompts)
 
 

@@ -14,6 +14,7 @@ from torch_tensorrt_dist.config.jobs import ServeJob
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank, check_kv_cache
+from torch_tensorrt_dist.families.draft import draft_model
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
@@ -71,7 +72,7 @@ def build(rank: Rank) -> Built:
     job = cast(ServeJob, rank.config.job)
     sock = bind_socket(job.host, job.port) if rank.index == 0 else None
     rows, cache_len = shape(rank.config, rank.plan)
-    gen = rank.generator(rows=rows, cache_len=cache_len)
+    gen = rank.generator(rows=rows, cache_len=cache_len, draft=draft_model(rank))
     return Built(gen, rank.tokenizer(), rows, cache_len, signals, sock)
 
 

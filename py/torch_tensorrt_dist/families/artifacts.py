@@ -85,9 +85,17 @@ class ArtifactsSpec(ModelSpec):
         raise ConfigError("the artifacts hold compiled steps: run them through their generator")
 
     def generator(
-        self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False
+        self,
+        rank: Rank,
+        *,
+        rows: int,
+        cache_len: int,
+        progress: bool = False,
+        draft: Transformer | None = None,
     ) -> Generator:
         """The compiled graphs of this rank (its rows and length are the manifest's)."""
+        if draft is not None:
+            raise ConfigError("--speculative runs without --artifacts (no verify graph in them)")
         p, config = rank.plan.parallel, rank.config
         return load_generator(
             self.root,

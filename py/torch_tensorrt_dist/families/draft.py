@@ -36,9 +36,23 @@ def _draft_config(config: RunConfig) -> RunConfig | None:
 
 
 def _plan(config: RunConfig) -> tuple[ModelSpec, ModelPlan]:
-    from torch_tensorrt_dist.families import checkpoint_spec
+    """The draft's native family (the spec its ``config.json``'s ``model_type`` registered
+    in ``MODEL_TYPES``; a preset: dense) and its plan; a model type no native family runs is
+    refused here (a draft runs in :data:`DRAFT_FAMILIES`)."""
+    from torch_tensorrt_dist.families.spec import MODEL_TYPES, resolve_model
+    from torch_tensorrt_dist.models.checkpoint_files import load_config_json
 
-    spec = checkpoint_spec(config)
+    path, preset = resolve_model(config.model.model)
+    kind = "llama"  # a preset, or a folder without config.json: the dense reader's
+    if path is not None and (path / "config.json").is_file():
+        kind = load_config_json(path).get("model_type", "llama")
+    family = MODEL_TYPES.get(kind) if isinstance(kind, str) else None
+    if family is None or family.family not in DRAFT_FAMILIES:
+        raise ConfigError(
+            f"its model_type {kind!r} runs in no native family that drafts; a draft model "
+            f"runs in the {' or '.join(DRAFT_FAMILIES)} family (Llama, Qwen, Mistral, Mixtral ...)"
+        )
+    spec = family(path, preset)
     return spec, spec.plan(config)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from torch_tensorrt_dist.config.run import RunConfig
+from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Rank, build_generator
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.models.llama import Transformer
@@ -59,10 +60,20 @@ class PipelineSpec(ModelSpec):
         return self.inner.load(replace(rank, stage=place), progress=progress)
 
     def generator(
-        self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False
+        self,
+        rank: Rank,
+        *,
+        rows: int,
+        cache_len: int,
+        progress: bool = False,
+        draft: Transformer | None = None,
     ) -> Generator:
         if rank.plan.parallel.pp == 1:
-            return self.inner.generator(rank, rows=rows, cache_len=cache_len, progress=progress)
+            return self.inner.generator(
+                rank, rows=rows, cache_len=cache_len, progress=progress, draft=draft
+            )
+        if draft is not None:
+            raise ConfigError("--speculative runs without --pp (one stage holds every layer)")
         place = self.place(rank)
         model = self.inner.load(replace(rank, stage=place), progress=progress)
         return build_generator(model, rank.config, rows, cache_len, stage=place)

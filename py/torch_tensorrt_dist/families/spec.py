@@ -148,9 +148,19 @@ class Rank:
         """This rank's shard of the model, quantized when asked (``spec.load``)."""
         return self.spec.load(self, progress=progress)
 
-    def generator(self, *, rows: int, cache_len: int, progress: bool = False) -> Generator:
-        """A generator over this rank's shard (``spec.generator``)."""
-        return self.spec.generator(self, rows=rows, cache_len=cache_len, progress=progress)
+    def generator(
+        self,
+        *,
+        rows: int,
+        cache_len: int,
+        progress: bool = False,
+        draft: Transformer | None = None,
+    ) -> Generator:
+        """A generator over this rank's shard (``spec.generator``); ``draft``: this rank's
+        shard of the draft model (``--speculative draft``: ``families.draft.draft_model``)."""
+        return self.spec.generator(
+            self, rows=rows, cache_len=cache_len, progress=progress, draft=draft
+        )
 
     def tokenizer(self) -> Tokenizer:
         return load_tokenizer(self.plan.tokenizer_dir, vocab_size=self.plan.args.vocab_size)
@@ -214,12 +224,15 @@ class ModelSpec:
         return model  # type: ignore[return-value]  # a family's decoder: Transformer's steps
 
     def generator(
-        self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False
+        self,
+        rank: Rank,
+        *,
+        rows: int,
+        cache_len: int,
+        progress: bool = False,
+        draft: Transformer | None = None,
     ) -> Generator:
-        from torch_tensorrt_dist.families.draft import draft_model
-
         model = rank.model(progress=progress)
-        draft = draft_model(rank, progress=progress)  # --speculative draft: its shard
         return build_generator(model, rank.config, rows, cache_len, draft=draft)
 
     def request_len(

@@ -76,14 +76,11 @@ from torch_tensorrt_dist.generation.sequence import (
 from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
 from torch_tensorrt_dist.generation.speculative.draft import DraftProposer
 from torch_tensorrt_dist.generation.speculative.speculator import Speculator
-from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
+from torch_tensorrt_dist.generation.step_inputs import StepFn, StepLimits, step_inputs
 from torch_tensorrt_dist.generation.stops import StopText
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
 
 __all__ = ["CoreError", "Emitted", "GenerationCore", "Request", "RowError", "Sequence", "StepFn"]
-
-#: ``(tokens [R, S], start [R], last [R], past [R, NBp], dest [R, S]) -> logits [R, V]``
-StepFn = Callable[..., Tensor]
 
 
 class GenerationCore:

@@ -24,12 +24,12 @@ import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.core import StepFn
 from torch_tensorrt_dist.generation.kv_blocks import blocks_for
 from torch_tensorrt_dist.generation.kv_memory import KVLayout, kv_layout
 from torch_tensorrt_dist.generation.step_dispatch import StepDispatch, shape_class
 from torch_tensorrt_dist.generation.step_inputs import (
     DEFAULT_BLOCK_SIZE,
+    StepFn,
     StepLimits,
     decode_example,
     prefill_example,

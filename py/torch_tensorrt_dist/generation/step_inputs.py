@@ -19,7 +19,7 @@ decoding rows is 17 tokens, not 8 x 10.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
+    "StepFn",
     "StepLimits",
     "decode_example",
     "mark_step_dims",
@@ -43,6 +44,10 @@ __all__ = [
     "step_inputs",
     "warmup_prompts",
 ]
+
+#: the step graph's call: ``(tokens [R, S], start [R], last [R], past [R, NBp], dest [R, S])
+#: -> logits [R, V]``
+StepFn = Callable[..., Tensor]
 
 DEFAULT_BLOCK_SIZE = 16
 

@@ -17,7 +17,8 @@ states at its boundaries.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -37,8 +38,26 @@ from torch_tensorrt_dist.models.rope import rope_tables
 from torch_tensorrt_dist.models.stage import StageRole
 from torch_tensorrt_dist.models.vocab import VocabEmbedding
 
-if TYPE_CHECKING:
-    from torch_tensorrt_dist.models.llama import TransformerBlock
+
+class _PagedAttention(Protocol):
+    """What the steps use of a layer's attention (``llama.Attention``)."""
+
+    n_kv_heads: int
+    head_dim: int
+    kv_pages: PagedKVCache | None
+
+
+class _PagedBlock(Protocol):
+    """What the steps use of a decoder layer (``llama.TransformerBlock``; named by its
+    shape: this module is a base of the model that defines the layer)."""
+
+    @property
+    def attention(self) -> _PagedAttention: ...
+
+    def __call__(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, where: PagedSlots
+    ) -> Tensor: ...
+
 
 __all__ = ["PagedSteps"]
 
@@ -59,7 +78,7 @@ class PagedSteps:
     if TYPE_CHECKING:
 
         @property
-        def blocks(self) -> list[TransformerBlock]: ...
+        def blocks(self) -> Sequence[_PagedBlock]: ...
 
         def _model_weight(self) -> Tensor: ...
 

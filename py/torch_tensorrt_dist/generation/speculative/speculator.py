@@ -18,8 +18,9 @@ are the server's ``/metrics``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.generation.kv_blocks import blocks_for
@@ -31,7 +32,30 @@ from torch_tensorrt_dist.generation.speculative.verify import verify_pick
 from torch_tensorrt_dist.generation.step_inputs import step_inputs
 
 if TYPE_CHECKING:
-    from torch_tensorrt_dist.generation.core import GenerationCore
+    from torch_tensorrt_dist.generation.grammar import Grammars
+    from torch_tensorrt_dist.generation.kv_blocks import BlockPool
+    from torch_tensorrt_dist.generation.sampler import Failure, Pick
+    from torch_tensorrt_dist.generation.step_inputs import StepLimits
+
+
+class GenerationCore(Protocol):
+    """What the speculator uses of ``generation.core.GenerationCore`` (named by its shape:
+    the core holds a speculator)."""
+
+    sequences: dict[int, Sequence]
+    running: list[Sequence]
+    pool: BlockPool
+    limits: StepLimits
+    block_size: int
+    device: torch.device
+    grammars: Grammars | None
+    mark_dynamic: bool
+    pack: bool
+
+    def _next(self, seq: Sequence, pick: Pick | Failure) -> Emitted: ...
+
+    def _commit(self, seq: Sequence) -> None: ...
+
 
 __all__ = ["Speculator"]
 
