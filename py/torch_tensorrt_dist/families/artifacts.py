@@ -12,7 +12,14 @@ from torch_tensorrt_dist.artifacts.load import check_options, load_generator, mo
 from torch_tensorrt_dist.artifacts.manifest import read_manifest, verify_files
 from torch_tensorrt_dist.config.run import Parallel, RunConfig
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Prompts, Rank, model_salt
+from torch_tensorrt_dist.families.spec import (
+    Draft,
+    ModelPlan,
+    ModelSpec,
+    Prompts,
+    Rank,
+    model_salt,
+)
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.runtime.env import is_launched, plan_from_env
@@ -85,13 +92,7 @@ class ArtifactsSpec(ModelSpec):
         raise ConfigError("the artifacts hold compiled steps: run them through their generator")
 
     def generator(
-        self,
-        rank: Rank,
-        *,
-        rows: int,
-        cache_len: int,
-        progress: bool = False,
-        draft: Transformer | None = None,
+        self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False, draft: Draft = None
     ) -> Generator:
         """The compiled graphs of this rank (its rows and length are the manifest's)."""
         if draft is not None:

@@ -10,7 +10,13 @@ from dataclasses import replace
 
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.families.spec import ModelPlan, ModelSpec, Rank, build_generator
+from torch_tensorrt_dist.families.spec import (
+    Draft,
+    ModelPlan,
+    ModelSpec,
+    Rank,
+    build_generator,
+)
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.models.llama import Transformer
 from torch_tensorrt_dist.parallel.pipeline import StagePlace, split_layers
@@ -60,13 +66,7 @@ class PipelineSpec(ModelSpec):
         return self.inner.load(replace(rank, stage=place), progress=progress)
 
     def generator(
-        self,
-        rank: Rank,
-        *,
-        rows: int,
-        cache_len: int,
-        progress: bool = False,
-        draft: Transformer | None = None,
+        self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False, draft: Draft = None
     ) -> Generator:
         if rank.plan.parallel.pp == 1:
             return self.inner.generator(

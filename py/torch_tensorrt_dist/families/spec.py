@@ -154,10 +154,9 @@ class Rank:
         rows: int,
         cache_len: int,
         progress: bool = False,
-        draft: Transformer | None = None,
+        draft: Draft = None,
     ) -> Generator:
-        """A generator over this rank's shard (``spec.generator``); ``draft``: this rank's
-        shard of the draft model (``--speculative draft``: ``families.draft.draft_model``)."""
+        """A generator over this rank's shard (``spec.generator``), with ``draft``'s."""
         return self.spec.generator(
             self, rows=rows, cache_len=cache_len, progress=progress, draft=draft
         )
@@ -165,6 +164,10 @@ class Rank:
     def tokenizer(self) -> Tokenizer:
         return load_tokenizer(self.plan.tokenizer_dir, vocab_size=self.plan.args.vocab_size)
 
+
+#: this rank's shard of the draft model (``--speculative draft``: ``families.draft.draft_model``)
+#: or None
+Draft = Transformer | None
 
 #: config.json ``model_type`` -> the native family's spec that runs it (each spec class that
 #: names ``model_types`` adds itself; ``families/__init__.py`` imports every family module)
@@ -224,13 +227,7 @@ class ModelSpec:
         return model  # type: ignore[return-value]  # a family's decoder: Transformer's steps
 
     def generator(
-        self,
-        rank: Rank,
-        *,
-        rows: int,
-        cache_len: int,
-        progress: bool = False,
-        draft: Transformer | None = None,
+        self, rank: Rank, *, rows: int, cache_len: int, progress: bool = False, draft: Draft = None
     ) -> Generator:
         model = rank.model(progress=progress)
         return build_generator(model, rank.config, rows, cache_len, draft=draft)
