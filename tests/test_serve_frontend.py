@@ -336,22 +336,28 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
 def test_a_killed_rank_0_leaves_its_streams_a_503_and_no_http_process() -> None:
+    """A stream whose headers have gone when rank 0 dies ends with the 503 error event, then
+    ``[DONE]``, never a finish; the HTTP process ends. Rank 0 is stopped (SIGSTOP) before the
+    request, so the stream is open when it is killed whatever the machine's load (a stream
+    killed after its first token could end first: its 200 tokens take a second)."""
     srv = start_server(_ARGS)
     try:
         rank0 = srv.health()["pids"][0]
         [child] = _children(rank0)
         body = {**_BODY, "max_tokens": 200, "stream": True}
-        events = []
+        os.kill(rank0, signal.SIGSTOP)  # the child forwards the request; rank 0 cannot answer
         with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=60) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                events.append(line[6:])
-                if len(events) == 1:
-                    os.kill(rank0, signal.SIGKILL)
-        assert events[-1] == "[DONE]"
-        error = json.loads(events[-2])["error"]
-        assert error["message"] == GONE, error
+            assert r.status_code == 200  # the stream's headers have come: it is open
+            os.kill(rank0, signal.SIGKILL)
+            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]", events
+        chunks = [json.loads(e) for e in events[:-1]]
+        errors = [c["error"] for c in chunks if "error" in c]
+        assert len(errors) == 1, chunks
+        assert errors[0]["message"] == GONE, errors
+        assert "error" in chunks[-1], chunks  # the last event before [DONE]
+        finished = [c for c in chunks for ch in c.get("choices", ()) if ch.get("finish_reason")]
+        assert not finished, finished  # the stream was cut, not ended
         deadline = time.monotonic() + 20
         while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
             if Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] == "Z":
