@@ -90,6 +90,30 @@ def test_eager_engine_exact(ckpts: Any, kind: str) -> None:
         assert native.tokens == ref
 
 
+@pytest.mark.parametrize("kind", ["llama", "gemma3_text", "gpt_oss"])
+def test_cpu_decode_attention_exact(ckpts: Any, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode steps through the CPU decode-attention op (what the Inductor engine takes on the
+    CPU) give HF's tokens: llama, gemma3_text (sliding windows, its own scaling) attend through
+    it; gpt_oss's sinks keep the gathered form (the op has none)."""
+    from torch_tensorrt_dist.models import hf_attention
+    from torch_tensorrt_dist.models.hf_model import PagedHFModel
+    from torch_tensorrt_dist.ops import cpu_attention
+
+    if not cpu_attention.available():
+        pytest.skip(f"the CPU op is not built here: {cpu_attention.unavailable_reason()}")
+    setup, op, calls = PagedHFModel.setup_paged, hf_attention.decode_attention, []
+
+    def with_op(model: PagedHFModel, *args: Any, **kw: Any) -> None:
+        setup(model, *args, **{**kw, "cpu_decode": True})
+
+    monkeypatch.setattr(PagedHFModel, "setup_paged", with_op)
+    monkeypatch.setattr(hf_attention, "decode_attention", lambda *a: (calls.append(1), op(*a))[1])
+    path, ref = ckpts(kind)
+    res, _ = _ours(path, "none")
+    assert res.tokens == ref
+    assert bool(calls) == (kind != "gpt_oss")
+
+
 def test_preemption_and_prefix_cache(ckpts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A pool too small for the three rows at once (10 blocks of 4; they need 8 + 4 + 3)
     preempts and recomputes, and still gives HF's tokens; a prompt given again after the first
