@@ -40,10 +40,11 @@ def _ours(
     *,
     impl: str = "transformers",
     prompts: list[list[int]] = _hf_ckpt.PROMPTS,
+    quantize: QuantConfig | None = None,
     **options: Any,
 ) -> Any:
     """Greedy tokens of the prompts through the spec ``impl`` picks, and the rank's model."""
-    config = _config(path, impl=impl)
+    config = _config(path, impl=impl).with_(quantize=quantize)
     spec = checkpoint_spec(config)
     model = Rank(config, spec, spec.plan(config)).model()
     kw = dict(max_batch_size=4, cache_len=64, block_size=4, max_prefill_tokens=8) | options
@@ -112,6 +113,22 @@ def test_cpu_decode_attention_exact(ckpts: Any, kind: str, monkeypatch: pytest.M
     res, _ = _ours(path, "none")
     assert res.tokens == ref
     assert bool(calls) == (kind != "gpt_oss")
+
+
+@pytest.mark.parametrize("quant", [QuantConfig("int8"), QuantConfig("int4", 32)])
+def test_quantized_as_native(ckpts: Any, quant: QuantConfig) -> None:
+    """``--quantize``: the plan's colwise / rowwise linears become weight-only ones (the seven
+    of each layer), and llama's tokens are the native family's quantized alike."""
+    from torch_tensorrt_dist.quantization.modules import WeightOnlyLinear
+
+    path, _ = ckpts("llama")
+    res, model = _ours(path, "none", quantize=quant)
+    native, _ = _ours(path, "none", impl="native", quantize=quant)
+    assert res.tokens == native.tokens
+    quantized = [m for m in model.modules() if isinstance(m, WeightOnlyLinear)]
+    assert len(quantized) == 7 * 2 and {m.kind for m in quantized} == {
+        "int8" if quant.scheme == "int8" else "int4_cpu"
+    }
 
 
 def test_preemption_and_prefix_cache(ckpts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,14 +224,22 @@ def test_refusals_before_any_weight(tmp_path: Path, ckpts: Any) -> None:
     assert "--tp 4 does not divide" in _plan_error(heads, tp=4)
     path, _ = ckpts("llama")
     assert "`compile` does not package" in _plan_error(path, command="compile")
+    phi3, _ = ckpts("phi3")  # its plan gathers qkv: no quantized colwise / rowwise slice
+    quantized = _config(phi3, impl="transformers", tp=2).with_(quantize=QuantConfig("int8"))
+    with pytest.raises(
+        ConfigError, match=r"splits model\.layers\.0\.\S+ as '(colwise_ga|rowwise_sp)"
+    ):
+        checkpoint_spec(quantized).plan(quantized)
+    embeddings = _config(path, impl="transformers").with_(quantize=QuantConfig("int8", None, True))
+    with pytest.raises(ConfigError, match="--quantize-embeddings"):
+        checkpoint_spec(embeddings).plan(embeddings)
     for change in (
-        dict(quantize=QuantConfig("int8")),
         dict(parallel=Parallel(tp=1, pp=2)),
         dict(parallel=Parallel(tp=1, ep=2)),
         dict(speculative=SpeculativeConfig("ngram", 4)),
     ):
         config = _config(path, impl="transformers").with_(**change)
-        with pytest.raises(ConfigError, match=r"--quantize is not|with --tp only|--speculative"):
+        with pytest.raises(ConfigError, match=r"with --tp only|--speculative"):
             checkpoint_spec(config).plan(config)
 
 
