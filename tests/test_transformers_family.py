@@ -131,6 +131,15 @@ def test_quantized_as_native(ckpts: Any, quant: QuantConfig) -> None:
     }
 
 
+def test_shared_parameter_filled_once(tmp_path: Path) -> None:
+    """roberta's LM head shares its bias with the decoder linear: the loader fills the one
+    parameter for both modules (it was left on the meta device), and the tokens are HF's
+    (the survey's own run of a tiny checkpoint, ``testing/hf_survey._exact``)."""
+    from torch_tensorrt_dist.testing.hf_survey import _exact
+
+    assert _exact("roberta", tmp_path) == "exact"
+
+
 def test_preemption_and_prefix_cache(ckpts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A pool too small for the three rows at once (10 blocks of 4; they need 8 + 4 + 3)
     preempts and recomputes, and still gives HF's tokens; a prompt given again after the first

@@ -284,23 +284,28 @@ def _fill(
     device: torch.device | str,
 ) -> int:
     """Allocate every parameter's local shard and read it, and the stored buffers; returns
-    the bytes read."""
+    the bytes read. A parameter two modules share (a tied head, roberta's head bias) is read
+    once and stays shared."""
     from torch.distributed.tensor import DTensor
 
     readers = _Readers(tensors)
+    filled: dict[int, nn.Parameter] = {}
     try:
-        for param_name, _ in model.named_parameters():
+        for param_name, _ in model.named_parameters(remove_duplicate=False):
             owner, _, attr = param_name.rpartition(".")
             module = model.get_submodule(owner)
             p = module._parameters[attr]
             assert p is not None
+            if id(p) in filled:
+                module._parameters[attr] = filled[id(p)]
+                continue
             value = _read(readers, param_name, sources[aliases.get(param_name, param_name)], p)
             value = value.to(device)
             if isinstance(p, DTensor):
                 value = DTensor.from_local(
                     value, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
                 )
-            module._parameters[attr] = nn.Parameter(value, requires_grad=False)
+            module._parameters[attr] = filled[id(p)] = nn.Parameter(value, requires_grad=False)
         for buffer_name, b in list(model.named_buffers()):
             source = sources.get(buffer_name)
             if isinstance(source, str):
