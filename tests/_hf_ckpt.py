@@ -67,20 +67,25 @@ def save(kind: str, root: Path, **overrides: Any) -> tuple[Path, Any]:
 
 
 def tp_rank_generate(rank: int, world: int, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """In a spawned gloo rank: each job's checkpoint through the transformers family at the
-    world's TP, its greedy tokens, the bytes this rank read, its pools' bytes per token and the
-    plan's estimate of them (``check_kv_cache``'s)."""
+    """In a spawned gloo rank: each job's checkpoint through the transformers family (or the
+    job's ``impl``, with its ``quantize`` scheme if any) at the world's TP, its greedy tokens,
+    the bytes this rank read, its pools' bytes per token and the plan's estimate of them
+    (``check_kv_cache``'s)."""
     import torch.distributed as dist
 
     from torch_tensorrt_dist.config import GenerateJob, ModelOptions, Parallel, RunConfig
     from torch_tensorrt_dist.families import Rank, checkpoint_spec
     from torch_tensorrt_dist.generation.generate import Generator
     from torch_tensorrt_dist.generation.kv_memory import kv_layout_for
+    from torch_tensorrt_dist.quantization.scheme import QuantConfig
 
     out = []
     for job in jobs:
-        model_options = ModelOptions(model=job["path"], model_impl="transformers")
+        impl = job.get("impl", "transformers")
+        model_options = ModelOptions(model=job["path"], model_impl=impl)
         config = RunConfig("generate", model_options, Parallel(tp=world), GenerateJob())
+        if job.get("quantize"):
+            config = config.with_(quantize=QuantConfig(*job["quantize"]))
         spec = checkpoint_spec(config)
         place = Rank(config, spec, spec.plan(config), rank, world, group=dist.group.WORLD)
         model = place.model()
@@ -93,13 +98,9 @@ def tp_rank_generate(rank: int, world: int, jobs: list[dict[str, Any]]) -> list[
             max_prefill_tokens=8,
         )
         res = gen.generate(job["prompts"], max_new_tokens=job["new"])
-        pools = sum(p.k_pool[0, 0].nbytes + p.v_pool[0, 0].nbytes for p in model.kv_pools)
-        estimate = kv_layout_for(place.plan.args, tp=world, dtype=torch.float32, block_size=1)
-        out.append(
-            {
-                "tokens": res.tokens,
-                "bytes_read": model.bytes_read,
-                "kv_bytes": (pools, estimate.bytes_per_token),
-            }
-        )
+        out.append({"tokens": res.tokens, "bytes_read": model.bytes_read})
+        if impl == "transformers":  # (the native model's pools are its layers')
+            pools = sum(p.k_pool[0, 0].nbytes + p.v_pool[0, 0].nbytes for p in model.kv_pools)
+            estimate = kv_layout_for(place.plan.args, tp=world, dtype=torch.float32, block_size=1)
+            out[-1]["kv_bytes"] = (pools, estimate.bytes_per_token)
     return out

@@ -41,10 +41,11 @@ def _ours(
     *,
     impl: str = "transformers",
     prompts: list[list[int]] = _hf_ckpt.PROMPTS,
+    quantize: QuantConfig | None = None,
     **options: Any,
 ) -> Any:
     """Greedy tokens of the prompts through the spec ``impl`` picks, and the rank's model."""
-    config = _config(path, impl=impl)
+    config = _config(path, impl=impl).with_(quantize=quantize)
     spec = checkpoint_spec(config)
     model = Rank(config, spec, spec.plan(config)).model()
     kw = dict(max_batch_size=4, cache_len=64, block_size=4, max_prefill_tokens=8) | options
@@ -89,6 +90,55 @@ def test_eager_engine_exact(ckpts: Any, kind: str) -> None:
         native, model = _ours(path, "eager", impl="native")
         assert not hasattr(model, "hf")  # the native Transformer
         assert native.tokens == ref
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3_text", "gpt_oss"])
+def test_cpu_decode_attention_exact(ckpts: Any, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode steps through the CPU decode-attention op (what the Inductor engine takes on the
+    CPU) give HF's tokens: llama, gemma3_text (sliding windows, its own scaling) attend through
+    it; gpt_oss's sinks keep the gathered form (the op has none)."""
+    from torch_tensorrt_dist.models import hf_attention
+    from torch_tensorrt_dist.models.hf_model import PagedHFModel
+    from torch_tensorrt_dist.ops import cpu_attention
+
+    if not cpu_attention.available():
+        pytest.skip(f"the CPU op is not built here: {cpu_attention.unavailable_reason()}")
+    setup, op, calls = PagedHFModel.setup_paged, hf_attention.decode_attention, []
+
+    def with_op(model: PagedHFModel, *args: Any, **kw: Any) -> None:
+        setup(model, *args, **{**kw, "cpu_decode": True})
+
+    monkeypatch.setattr(PagedHFModel, "setup_paged", with_op)
+    monkeypatch.setattr(hf_attention, "decode_attention", lambda *a: (calls.append(1), op(*a))[1])
+    path, ref = ckpts(kind)
+    res, _ = _ours(path, "none")
+    assert res.tokens == ref
+    assert bool(calls) == (kind != "gpt_oss")
+
+
+@pytest.mark.parametrize("quant", [QuantConfig("int8"), QuantConfig("int4", 32)])
+def test_quantized_as_native(ckpts: Any, quant: QuantConfig) -> None:
+    """``--quantize``: the plan's colwise / rowwise linears become weight-only ones (the seven
+    of each layer), and llama's tokens are the native family's quantized alike."""
+    from torch_tensorrt_dist.quantization.modules import WeightOnlyLinear
+
+    path, _ = ckpts("llama")
+    res, model = _ours(path, "none", quantize=quant)
+    native, _ = _ours(path, "none", impl="native", quantize=quant)
+    assert res.tokens == native.tokens
+    quantized = [m for m in model.modules() if isinstance(m, WeightOnlyLinear)]
+    assert len(quantized) == 7 * 2 and {m.kind for m in quantized} == {
+        "int8" if quant.scheme == "int8" else "int4_cpu"
+    }
+
+
+def test_shared_parameter_filled_once(tmp_path: Path) -> None:
+    """roberta's LM head shares its bias with the decoder linear: the loader fills the one
+    parameter for both modules (it was left on the meta device), and the tokens are HF's
+    (the survey's own run of a tiny checkpoint, ``testing/hf_survey._exact``)."""
+    from torch_tensorrt_dist.testing.hf_survey import _exact
+
+    assert _exact("roberta", tmp_path) == "exact"
 
 
 def test_preemption_and_prefix_cache(ckpts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -184,14 +234,22 @@ def test_refusals_before_any_weight(tmp_path: Path, ckpts: Any) -> None:
     assert "--tp 4 does not divide" in _plan_error(heads, tp=4)
     path, _ = ckpts("llama")
     assert "`compile` does not package" in _plan_error(path, command="compile")
+    phi3, _ = ckpts("phi3")  # its plan gathers qkv: no quantized colwise / rowwise slice
+    quantized = _config(phi3, impl="transformers", tp=2).with_(quantize=QuantConfig("int8"))
+    with pytest.raises(
+        ConfigError, match=r"splits model\.layers\.0\.\S+ as '(colwise_ga|rowwise_sp)"
+    ):
+        checkpoint_spec(quantized).plan(quantized)
+    embeddings = _config(path, impl="transformers").with_(quantize=QuantConfig("int8", None, True))
+    with pytest.raises(ConfigError, match="--quantize-embeddings"):
+        checkpoint_spec(embeddings).plan(embeddings)
     for change in (
-        dict(quantize=QuantConfig("int8")),
         dict(parallel=Parallel(tp=1, pp=2)),
         dict(parallel=Parallel(tp=1, ep=2)),
         dict(speculative=SpeculativeConfig("ngram", 4)),
     ):
         config = _config(path, impl="transformers").with_(**change)
-        with pytest.raises(ConfigError, match=r"--quantize is not|with --tp only|--speculative"):
+        with pytest.raises(ConfigError, match=r"with --tp only|--speculative"):
             checkpoint_spec(config).plan(config)
 
 

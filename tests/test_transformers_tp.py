@@ -1,7 +1,8 @@
 """The transformers family at TP 2 (one spawn of two gloo ranks for every model): each model
 sharded by its own ``base_model_tp_plan`` gives HF's greedy tokens on both ranks, a rank
-reads half the checkpoint plus what the plan replicates, and the KV-cache estimate checked
-before the ranks start (``check_kv_cache``) is what a rank's pools hold."""
+reads half the checkpoint plus what the plan replicates, the KV-cache estimate checked
+before the ranks start (``check_kv_cache``) is what a rank's pools hold, and llama quantized
+(int8, int4) gives the native family's tokens quantized alike."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ JOBS = (
     ("deepseek_v3", "none"),
     ("llama", "eager"),
 )
+#: weight-only quantization at TP 2: the transformers family's tokens equal the native
+#: family's, quantized alike, on the same llama checkpoint (job options, scheme and group)
+QUANTIZED = (("int8",), ("int4", 32))
 
 
 def _replicated_bytes(path: Path) -> int:
@@ -53,7 +57,14 @@ def test_tp2_exact_and_half_the_bytes(tmp_path: Path) -> None:
         path, ref = made[kind]
         refs.append(ref)
         jobs.append(dict(path=str(path), engine=engine, prompts=_hf_ckpt.PROMPTS, new=NEW))
+    for quantize in QUANTIZED:  # the transformers family's job, then the native family's
+        jobs += [dict(jobs[0], impl=impl, quantize=quantize) for impl in ("transformers", "native")]
     results: Any = run_on_ranks(_hf_ckpt.tp_rank_generate, 2, jobs, timeout=600)
+    n = 2 * len(QUANTIZED)
+    for r0, r1 in zip(results[0][-n::2], results[0][-n + 1 :: 2], strict=True):
+        assert r0["tokens"] == r1["tokens"], "quantized: transformers' tokens != native's"
+    assert [r["tokens"] for r in results[0][-n:]] == [r["tokens"] for r in results[1][-n:]]
+    results, jobs = [r[:-n] for r in results], jobs[:-n]
     kinds = [kind for kind, _ in JOBS]
     for kind, ref, job, r0, r1 in zip(kinds, refs, jobs, results[0], results[1], strict=True):
         assert r0["tokens"] == ref == r1["tokens"], kind

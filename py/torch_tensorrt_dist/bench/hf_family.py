@@ -1,12 +1,16 @@
 """The transformers family's decode step against the native family's on one Llama checkpoint
 (``bench --section hf_family``), TP 1, at 1 and 8 rows, through the ``eager`` engine (our
-backend's graphs run without Inductor) and the ``inductor`` engine.
+backend's graphs run without Inductor) and the ``inductor`` engine; and native Qwen3's decode
+step against native Llama's of the same shape (Inductor, 1 and 8 rows).
 
-The checkpoint is a small Llama built with transformers' own ``LlamaConfig`` and saved as a
-checkpoint directory; both families load it (``--model-impl native`` / ``transformers``), decode
-the same prompts greedily and must give the same tokens. The figure is the ratio of their mean
-decode step times (``GenerationResult.decode_s / decode_steps``), each the best of 5 runs,
-the two families' runs alternating, after a warm-up run that compiles every shape class.
+The checkpoints are small random-weight models built with transformers' own config classes and
+saved as checkpoint directories. For the first figure both families load the Llama one
+(``--model-impl native`` / ``transformers``), decode the same prompts greedily and must give
+the same tokens. The second loads a Qwen3 and a Llama of the same sizes (Qwen3: per-head q / k
+RMSNorm, no qkv bias) through the native family. Each figure is the ratio of two mean decode
+step times (``GenerationResult.decode_s / decode_steps``: the step as the serving core runs it),
+each the best of 5 runs, the two models' runs alternating, after a warm-up run that compiles
+every shape class.
 """
 
 from __future__ import annotations
@@ -17,38 +21,50 @@ from typing import Any
 
 from torch_tensorrt_dist.bench.common import Figure
 
-__all__ = ["hf_family", "llama_checkpoint", "step_ms"]
+__all__ = ["checkpoint", "hf_family", "llama_checkpoint", "qwen3_figures", "step_ms"]
 
 SECTION = "hf_family (CPU, TP 1, Llama)"
 #: the goal: the transformers family's decode step within this factor of the native one's
 GOAL = 1.15
+QWEN3_SECTION = "hf_family (CPU, TP 1, native Qwen3 vs Llama)"
 
 
-def llama_checkpoint(root: Path, *, layers: int = 4, hidden: int = 256, vocab: int = 512) -> Path:
-    """A random-weight Llama checkpoint saved by transformers (GQA 8 / 4 heads)."""
+def checkpoint(
+    root: Path, model_type: str = "llama", *, layers: int = 4, hidden: int = 256, vocab: int = 512
+) -> Path:
+    """A random-weight checkpoint of ``model_type`` (llama, qwen3) saved by transformers: GQA
+    8 / 4 heads of ``hidden / 8``, an untied head."""
     import torch
     import transformers
 
-    cfg = transformers.LlamaConfig(
+    config_class: Any = transformers.CONFIG_MAPPING[model_type]
+    cfg = config_class(
         hidden_size=hidden,
         intermediate_size=4 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=8,
         num_key_value_heads=4,
+        head_dim=hidden // 8,
         vocab_size=vocab,
         max_position_embeddings=512,
+        tie_word_embeddings=False,
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=0,
     )
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.05)
-    path = root / "llama"
+    path = root / model_type
     model.save_pretrained(path)
     return path
+
+
+def llama_checkpoint(root: Path, **sizes: int) -> Path:
+    """:func:`checkpoint` of a Llama."""
+    return checkpoint(root, "llama", **sizes)
 
 
 def _model(path: Path, impl: str) -> Any:
@@ -110,4 +126,29 @@ def hf_family(
                         f"{hf_tokens == native_tokens}",
                     )
                 )
+    return figures + qwen3_figures(rows, engine="inductor")
+
+
+def qwen3_figures(rows: tuple[int, ...] = (1, 8), engine: str = "inductor") -> list[Figure]:
+    """Native Qwen3's decode step over native Llama's, the same shape (the goal: <= 1)."""
+    import torch
+
+    torch._dynamo.reset()  # the step's code object was compiled for the models before
+    figures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        models = {t: _model(checkpoint(Path(tmp), t), "native") for t in ("qwen3", "llama")}
+        for r in rows:
+            got = step_ms(models, engine, r)
+            ratio = got["qwen3"][0] / got["llama"][0]
+            figures.append(
+                Figure(
+                    QWEN3_SECTION,
+                    f"qwen3 / llama decode step (native), {engine}, {r} row(s)",
+                    round(ratio, 3),
+                    "x",
+                    goal="<= 1.0",
+                    met=ratio <= 1.0,
+                    note=f"{got['qwen3'][0]:.2f} vs {got['llama'][0]:.2f} ms/step",
+                )
+            )
     return figures

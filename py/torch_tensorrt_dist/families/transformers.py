@@ -6,7 +6,8 @@ Chosen for a checkpoint whose ``model_type`` no native family runs, or by
 ``--model-impl transformers`` (``families/__init__.py``). What it cannot run is refused in
 ``plan``, before any weight is read: a checkpoint with its own code, an unknown ``model_type``,
 layers the paged cache cannot hold, no TP plan for ``--tp`` > 1, heads ``--tp`` does not
-divide, a config whose shapes contradict the weights' headers.
+divide, a config whose shapes contradict the weights' headers, ``--quantize`` where the TP plan
+names no linear it can quantize (``quantization/hf_linears.py``).
 """
 
 from __future__ import annotations
@@ -49,11 +50,6 @@ class TransformersSpec(ModelSpec):
                 f"model_type {cfg.model_type!r} runs through transformers with --tp only "
                 "(no --pp, --split or --ep yet)"
             )
-        if config.quantize is not None:
-            raise ConfigError(
-                f"--quantize is not applied to transformers' model class ({cfg.model_type!r}) "
-                "yet: drop --quantize"
-            )
         if config.speculative is not None:
             raise ConfigError(
                 f"--speculative needs a verify call (every token's logits) that transformers' "
@@ -69,17 +65,32 @@ class TransformersSpec(ModelSpec):
         from torch_tensorrt_dist.parallel.hf_load import build_meta, check_hf_checkpoint
 
         assert self.path is not None  # read_hf checked it
-        check_hf_checkpoint(self.path, build_meta(cfg, DTYPES[m.dtype]))  # headers: no weight
+        meta = build_meta(cfg, DTYPES[m.dtype])
+        check_hf_checkpoint(self.path, meta)  # headers: no weight
+        if config.quantize is not None:
+            from torch_tensorrt_dist.quantization.hf_linears import hf_refusal
+
+            reason = hf_refusal(meta, tp, embeddings=config.quantize.embeddings)
+            if reason is not None:
+                raise ConfigError(f"{cfg.model_type!r}: {reason}")
         return self.checkpoint_plan(config, model_args(cfg, tp=tp))
 
     def load(self, rank: Rank, *, progress: bool = False) -> PagedHFModel:  # type: ignore[override]
         from torch_tensorrt_dist.parallel.hf_load import load_hf
 
         assert rank.plan.path is not None  # plan checked it
-        return load_hf(
+        config = rank.config
+        model = load_hf(
             rank.plan.path,
             self.read_hf(),
             group=rank.group,
-            dtype=DTYPES[rank.config.model.dtype],
+            dtype=DTYPES[config.model.dtype],
             device=rank.device,
         )
+        if config.quantize is not None:  # the plan's colwise / rowwise linears, this rank's
+            from torch_tensorrt_dist.quantization.hf_linears import quantize_hf
+
+            tp = config.parallel.tp or 1
+            group = rank.group if tp > 1 else None
+            quantize_hf(model.hf, config.quantize, engine=config.engine, group=group)
+        return model

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.paged import PagedKVCache, PagedSlots, pack_rows, unpack_rows
+from torch_tensorrt_dist.ops.cpu_attention import decode_attention
 
 __all__ = [
     "PAGED_ATTENTION",
@@ -145,10 +146,17 @@ def paged_attention_forward(
     layer: int = getattr(module, "layer_idx")  # noqa: B009  (transformers' attention modules)
     pool: PagedKVCache = paged.pools[layer]  # type: ignore[assignment]
     slots = paged.slots
-    past_k, past_v = pool.gather(slots.past)  # [R, Hkv, NBp * bs, D]
-    paged.computed.append((pool, key, value))
-    q, k, v = query, key, value
     live = slots.live
+    paged.computed.append((pool, key, value))
+    decode = live is None and query.shape[2] == 1
+    if pool.cpu_decode and decode and softcap is None and s_aux is None:
+        # a decode step: the CPU op reads the pools in place (no gathered past, no concat)
+        k, v = key.to(pool.k_pool.dtype), value.to(pool.v_pool.dtype)
+        mask = paged.mask(sliding_window)  # [R, 1, 1, NBp * bs + 1]
+        y = decode_attention(query, pool.k_pool, pool.v_pool, slots.past, k, v, mask, scaling)
+        return y.transpose(1, 2), None  # [R, 1, Hq, D]
+    past_k, past_v = pool.gather(slots.past)  # [R, Hkv, NBp * bs, D]
+    q, k, v = query, key, value
     if live is not None:  # [1, H, N, D] -> [R, H, S, D]
         r, s = paged.pos.shape
         q, k, v = (unpack_rows(t.transpose(1, 2), live, r, s).transpose(1, 2) for t in (q, k, v))

@@ -82,7 +82,10 @@ class PagedHFModel(nn.Module):
         cpu_decode: bool = False,
     ) -> None:
         """Each layer's block pools (``num_blocks`` x ``block_size`` tokens, block 0 the null
-        block). ``cpu_decode`` is not taken: decode steps gather their past as prefill does."""
+        block). ``cpu_decode``: decode steps attend through the CPU op that reads the pools in
+        place (``ops/cpu_attention.py``; the caller checked it is available) where K and V have
+        one head size and the layer has no soft-capping or sinks; else they gather their past
+        as prefill does."""
         if max_seq_len > self.args.max_seq_len:
             raise ConfigError(
                 f"max_seq_len={max_seq_len} exceeds the model's limit {self.args.max_seq_len} "
@@ -98,6 +101,9 @@ class PagedHFModel(nn.Module):
             )
             for _ in range(self.args.n_layers)
         )
+        for pool in self.kv_pools:
+            assert isinstance(pool, PagedKVCache)
+            pool.cpu_decode = cpu_decode and kv.k_dim == kv.v_dim
         self.block_size, self.max_seq_len = block_size, max_seq_len
         self.paged_version += 1
 

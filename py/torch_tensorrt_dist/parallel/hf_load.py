@@ -6,11 +6,9 @@ rank's slices with our safetensors reader (never a full read per rank).
 
 The model class is transformers' (``AutoModelForCausalLM``'s for the ``model_type``), built with
 its parameters on the meta device (its buffers, RoPE frequencies, computed as transformers
-computes them) and our attention (``models/hf_attention.py``). Under ``tp`` > 1,
-transformers' ``apply_tensor_parallelism`` applies the model's ``base_model_tp_plan``: each
-sharded parameter becomes a DTensor whose local shard's place in the full tensor gives the
-slice read (``compute_local_shape_and_global_offset``); its collectives are the plan's own
-(c10d calls that Dynamo captures and our lowering types, one graph per rank).
+computes them) and our attention (``models/hf_attention.py``). Under ``tp`` > 1 the model is
+sharded by its own ``base_model_tp_plan`` (``parallel/hf_shard.py``): each sharded parameter
+becomes a DTensor whose local shard's place in the full tensor gives the slice read.
 
 Checkpoint names follow transformers' load-time conversions (``conversion_mapping``) where the
 class's names differ: its renamings, and experts stored one tensor per expert that the class
@@ -32,19 +30,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torch_tensorrt_dist.errors import CheckpointError, ConfigError
+from torch_tensorrt_dist.errors import CheckpointError
 from torch_tensorrt_dist.models.checkpoint_files import checkpoint_tensors
 from torch_tensorrt_dist.models.hf_attention import PAGED_ATTENTION, register_paged_attention
 from torch_tensorrt_dist.models.hf_config import causal_lm_class, kv_shape, model_args
 from torch_tensorrt_dist.models.hf_model import PagedHFModel
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
+from torch_tensorrt_dist.parallel.hf_shard import head_split, shard, shard_slice, untie
 
-__all__ = ["GATHERED_HEAD", "Fused", "build_meta", "check_hf_checkpoint", "load_hf"]
-
-#: the plan styles of a vocabulary-split LM head whose output transformers gathers (a
-#: DTensor redistribute, whose split guards on the step's row count): the head runs as plain
-#: ``colwise`` and ``PagedHFModel.paged_step`` gathers its logits (``models/vocab.py``'s way)
-GATHERED_HEAD = ("colwise_gather_output", "colwise_rep")
+__all__ = ["Fused", "build_meta", "check_hf_checkpoint", "load_hf"]
 
 logger = logging.getLogger(__name__)
 
@@ -220,24 +214,6 @@ def check_hf_checkpoint(
     return tensors, sources
 
 
-def _slice(p: torch.Tensor) -> tuple[torch.Size, int | None, int, int]:
-    """(local shape, dim, start, stop) of a (DTensor) parameter's shard in its full tensor."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    if not isinstance(p, DTensor):
-        return p.shape, None, 0, 0
-    full = tuple(p.shape)
-    local, offset = compute_local_shape_and_global_offset(full, p.device_mesh, p.placements)
-    dims = [d for d in range(len(full)) if local[d] != full[d]]
-    if len(dims) > 1:
-        raise CheckpointError(f"a shard split along dims {dims}: one dim is read at a time")
-    if not dims:
-        return torch.Size(local), None, 0, 0
-    d = dims[0]
-    return torch.Size(local), d, offset[d], offset[d] + local[d]
-
-
 def _aliases(model: nn.Module, sources: dict[str, Source]) -> dict[str, str]:
     """Each parameter name -> the parameter name whose source holds it (a tied head: the
     embedding's, which sharding may have given a tensor of its own)."""
@@ -282,7 +258,7 @@ class _Readers:
 
 def _read(readers: _Readers, name: str, source: Source, p: torch.Tensor) -> torch.Tensor:
     """This rank's shard of parameter ``name`` (a DTensor's local part, else the whole)."""
-    shape, dim, start, stop = _slice(p)
+    shape, dim, start, stop = shard_slice(p)
     local = torch.empty(shape, dtype=p.dtype)
     if isinstance(source, str):
         readers.read(local, source, dim, start, stop)
@@ -308,23 +284,28 @@ def _fill(
     device: torch.device | str,
 ) -> int:
     """Allocate every parameter's local shard and read it, and the stored buffers; returns
-    the bytes read."""
+    the bytes read. A parameter two modules share (a tied head, roberta's head bias) is read
+    once and stays shared."""
     from torch.distributed.tensor import DTensor
 
     readers = _Readers(tensors)
+    filled: dict[int, nn.Parameter] = {}
     try:
-        for param_name, _ in model.named_parameters():
+        for param_name, _ in model.named_parameters(remove_duplicate=False):
             owner, _, attr = param_name.rpartition(".")
             module = model.get_submodule(owner)
             p = module._parameters[attr]
             assert p is not None
+            if id(p) in filled:
+                module._parameters[attr] = filled[id(p)]
+                continue
             value = _read(readers, param_name, sources[aliases.get(param_name, param_name)], p)
             value = value.to(device)
             if isinstance(p, DTensor):
                 value = DTensor.from_local(
                     value, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
                 )
-            module._parameters[attr] = nn.Parameter(value, requires_grad=False)
+            module._parameters[attr] = filled[id(p)] = nn.Parameter(value, requires_grad=False)
         for buffer_name, b in list(model.named_buffers()):
             source = sources.get(buffer_name)
             if isinstance(source, str):
@@ -335,18 +316,6 @@ def _fill(
     finally:
         total = readers.close()
     return total
-
-
-def _untie(model: nn.Module, aliases: dict[str, str]) -> None:
-    """Each name of a shared (meta) parameter gets a parameter of its own, so that the TP
-    plan shards each by its own style (both are read from the one checkpoint tensor)."""
-    for name, stored in aliases.items():
-        if name != stored:
-            owner, _, attr = name.rpartition(".")
-            module = model.get_submodule(owner)
-            p = module._parameters[attr]
-            assert p is not None
-            module._parameters[attr] = nn.Parameter(torch.empty_like(p), requires_grad=False)
 
 
 def _retie(model: Any) -> None:
@@ -373,40 +342,15 @@ def load_hf(
     tensors, sources = check_hf_checkpoint(root, model)
     aliases = _aliases(model, sources)
     if tp > 1:  # a tied head gets its own shard (the head's split, not the embedding's)
-        _untie(model, aliases)
-        _shard(model, group, device)
+        untie(model, aliases)
+        shard(model, group, device)
     bytes_read = _fill(model, sources, aliases, tensors, device)
     if tp == 1:
         _retie(model)
     model.to(device)  # the buffers (RoPE frequencies)
     paged = PagedHFModel(model, model_args(cfg, tp=tp), kv_shape(cfg, tp=tp))
-    if tp > 1 and _head_split(model):
+    if tp > 1 and head_split(model):
         paged.group = group
     paged.bytes_read = bytes_read
     logger.info("loaded %s as transformers' %s (tp %d)", root, type(model).__name__, tp)
     return paged
-
-
-def _shard(model: Any, group: dist.ProcessGroup | None, device: torch.device | str) -> None:
-    """Apply the model's ``base_model_tp_plan`` on a mesh of ``group`` (parameters stay on
-    meta, as DTensors of their local shards)."""
-    from torch.distributed.device_mesh import DeviceMesh
-    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
-
-    plan = dict(getattr(model, "tp_plan", None) or {})
-    if not plan:
-        raise ConfigError(f"{type(model).__name__} has no TP plan: it runs with --tp 1 only")
-    head = model.get_output_embeddings()
-    for name, module in model.named_modules():  # the head's shards stay local: the step
-        if module is head and plan.get(name) in GATHERED_HEAD:  # gathers its logits once
-            plan[name] = "colwise"
-    mesh = DeviceMesh.from_group(group, torch.device(device).type)  # type: ignore[arg-type]
-    apply_tensor_parallelism(model, mesh, model._expand_parallel_plan(plan))
-
-
-def _head_split(model: Any) -> bool:
-    """Whether the LM head holds a vocabulary shard (its logits need a gather)."""
-    from torch.distributed.tensor import DTensor, Shard
-
-    w = model.get_output_embeddings().weight
-    return isinstance(w, DTensor) and any(isinstance(p, Shard) for p in w.placements)

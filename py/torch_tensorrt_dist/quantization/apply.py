@@ -26,7 +26,7 @@ from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.quantization.modules import QuantizedEmbedding, WeightOnlyLinear
 from torch_tensorrt_dist.quantization.scheme import QuantConfig
 
-__all__ = ["QuantReport", "layer_kind", "quantize_model", "weight_bytes"]
+__all__ = ["QuantReport", "check_shape", "layer_kind", "quantize_model", "weight_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +105,10 @@ def _targets(model: nn.Module) -> list[tuple[str, str]]:
     return out
 
 
-def _check_shape(path: str, linear: nn.Linear, config: QuantConfig, kind: str) -> None:
-    rows, cols = linear.weight.shape  # this rank's slice
+def check_shape(path: str, weight: torch.Tensor, config: QuantConfig, kind: str) -> None:
+    """ConfigError naming ``path`` where this rank's slice ``weight`` [N, K] does not fit
+    ``kind`` (an int4 group over its columns, the CPU int4 kernel's blocks of rows)."""
+    rows, cols = weight.shape  # this rank's slice
     if config.scheme == "int4" and cols % config.group:
         raise ConfigError(
             f"int4 group size {config.group} does not divide {path}'s {cols} input columns on "
@@ -131,7 +133,7 @@ def quantize_model(
     targets = _targets(model)
     for parent, child_name in targets:
         linear = getattr(model.get_submodule(parent), child_name)
-        _check_shape(f"{parent}.{child_name}", linear, config, kind)
+        check_shape(f"{parent}.{child_name}", linear.weight, config, kind)
     before = after = 0
     with torch.no_grad():
         for parent, child_name in targets:
