@@ -16,6 +16,6 @@ def test_grammar_cost_times_plain_and_grammar_steps() -> None:
     from torch_tensorrt_dist.bench.grammar_cost import grammar_cost
 
     figures = grammar_cost(engine="none", steps=3, blocks=1)
-    assert [f.unit for f in figures] == ["%", "ms"]
+    assert [f.unit for f in figures] == ["%", "%", "ms"]
     assert all(math.isfinite(f.value) for f in figures)
     assert figures[0].met is not None and "ms per step" in figures[0].note

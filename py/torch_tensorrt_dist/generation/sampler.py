@@ -10,14 +10,15 @@ step's logits, its request's settings, its grammar and its own seeded generator.
 Two paths, chosen per row:
 
 - **plain** rows (no grammar, no logits processing, no logprobs) sample from the logits as
-  they are: greedy rows take one argmax over the whole step (one device sync), sampled rows
-  ``sample()`` with their generator, as before this module;
+  they are, all at once (``sampling.sample_each``: one argmax for the greedy rows, one
+  batched draw for the sampled ones, each from its own generator, the token ``sample()``
+  gives the row alone; top-k and top-p rows ``sample()`` one by one);
 - **processed** rows take a float32 copy of their logits (the model's output dtype promoted)
   and, in vLLM's order: the grammar's mask (-inf outside it, applied here, outside the
   compiled graph, so every engine gets it), the logprobs (``logits_process.log_probs``: the
   raw model logprobs after the mask), the settings of ``logits_process`` (``min_tokens``,
   ``logit_bias``, repetition, frequency and presence penalties), then temperature, top-k,
-  top-p and the draw (``sample``).
+  top-p and the draw (``sample_each`` as for plain rows).
 
 Every value here is a function of the row's logits and its own state, never of other rows: a
 request samples the same tokens alone or batched, and on every rank (same logits, same state
@@ -56,7 +57,12 @@ from torch_tensorrt_dist.generation.logits_process import (
     log_probs,
 )
 from torch_tensorrt_dist.generation.plan import Request
-from torch_tensorrt_dist.generation.sampling import make_generator, sample
+from torch_tensorrt_dist.generation.sampling import (
+    SamplingConfig,
+    make_generator,
+    sample,
+    sample_each,
+)
 
 __all__ = ["Failure", "NoTokenLeft", "Pick", "RowSampling", "StepMasks", "sample_step"]
 
@@ -196,19 +202,41 @@ def sample_step(
     ``states[i]``; row ``i`` of ``bitmask`` [N, W] its grammar's mask (rows without a grammar
     are ignored). See the module docstring for the two paths."""
     n, vocab = logits.shape
-    greedy = logits.argmax(dim=-1).tolist()  # one device sync for every plain greedy row
     out: list[Pick | Failure | None] = [None] * n
-    special: list[int] = []
-    for i, state in enumerate(states):
-        if state.processed:
-            special.append(i)
-        elif state.cfg.greedy:
-            out[i] = Pick(int(greedy[i]))
-        else:
-            out[i] = _draw(logits[i : i + 1], state)
+    special = [i for i, state in enumerate(states) if state.processed]
+    plain = [None if s.processed else s.cfg for s in states]
+    if len(special) < n:  # the plain rows: greedy and sampled at once (one device sync)
+        _pick(logits, states, plain, out)
     if special:
         _sample_processed(logits, states, special, vocab, bitmask, mask_failures or {}, out)
     return [p for p in out if p is not None]
+
+
+def _pick(
+    x: Tensor,
+    states: Sequence[RowSampling],
+    cfgs: Sequence[SamplingConfig | None],
+    out: list[Pick | Failure | None],
+    rows: Sequence[int] | None = None,
+) -> None:
+    """Row ``k`` of ``x`` holds the logits of ``states[rows[k]]`` (``rows`` None: of
+    ``states[k]``); each row with a config ``cfgs[k]`` gets its token in ``out``: the rows
+    together (``sample_each``), those it leaves out one by one. With ``rows`` (the processed
+    path), a row without a finite logit fails with ``masked``."""
+    tokens = sample_each(
+        x, cfgs, [states[k if rows is None else rows[k]].gen for k in range(len(cfgs))]
+    )
+    for k, cfg in enumerate(cfgs):
+        if cfg is None:
+            continue
+        i, token = (k if rows is None else rows[k]), tokens[k]
+        if token is not None:
+            out[i] = Pick(token)
+        elif rows is not None and not bool(torch.isfinite(x[k]).any()):
+            # nothing to draw (argmax would give id 0, the softmax NaN)
+            out[i] = Failure("masked", NoTokenLeft(_no_token(states[i])))
+        else:  # top-k, top-p, or logits sample() refuses (NaN, +inf)
+            out[i] = _draw(x[k : k + 1], states[i])
 
 
 class NoTokenLeft(ConfigError):
@@ -257,7 +285,6 @@ def _sample_processed(
         apply_bitmask_(x, rows_of(bitmask))  # rows without a grammar allow every token
     asking = [k for k, i in enumerate(special) if states[i].cfg.logprobs is not None]
     lp = log_probs(x, asking) if asking else None  # raw logprobs: after the mask, before the rest
-    tokens: dict[int, int] = {}
     drawing: list[int] = []
     for k, i in enumerate(special):
         state = states[i]
@@ -275,17 +302,11 @@ def _sample_processed(
             out[i] = Failure("processing", exc)
             continue
         drawing.append(k)
-    # a row with no finite logit has no token to draw (argmax would give id 0, the softmax NaN)
-    finite = torch.isfinite(x).any(dim=-1).tolist() if drawing else []
+    cfgs: list[SamplingConfig | None] = [None] * len(special)
     for k in drawing:
-        i, state = special[k], states[special[k]]
-        if not finite[k]:
-            out[i] = Failure("masked", NoTokenLeft(_no_token(state)))
-            continue
-        pick = _draw(x[k : k + 1], state)
-        if isinstance(pick, Pick):
-            tokens[k] = pick.token
-        out[i] = pick
+        cfgs[k] = states[special[k]].cfg
+    _pick(x, states, cfgs, out, special)
+    tokens = {k: p.token for k in drawing if isinstance(p := out[special[k]], Pick)}
     if lp is None:
         return
     ok = [(j, k) for j, k in enumerate(asking) if k in tokens]

@@ -1,0 +1,68 @@
+"""``sampling.sample_each``: the rows of a step drawn together give each row the token that
+``sample`` gives it alone, from the same generator, step after step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_tensorrt_dist.generation.sampling import SamplingConfig, sample, sample_each
+
+CONFIGS = [
+    None,
+    SamplingConfig(),
+    SamplingConfig(temperature=1.0),
+    SamplingConfig(temperature=0.7),
+    SamplingConfig(temperature=1e-3),
+    SamplingConfig(temperature=100.0),
+    SamplingConfig(temperature=1.0, top_k=3),
+    SamplingConfig(temperature=1.0, top_p=0.5),
+]
+
+
+def _logits(rows: int, vocab: int, dtype: torch.dtype, masked: bool, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, vocab, generator=g) * 5
+    if masked:  # most tokens forbidden (a grammar's mask), one left at least
+        keep = x[:, :1].clone()
+        x[torch.rand(rows, vocab, generator=g) < 0.9] = float("-inf")
+        x[:, :1] = keep
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("vocab", [7, 1024, 5_000])
+def test_each_row_draws_what_it_draws_alone(dtype: torch.dtype, masked: bool, vocab: int) -> None:
+    rows = 2 * len(CONFIGS)
+    cfgs = [CONFIGS[(i * 3) % len(CONFIGS)] for i in range(rows)]
+    alone = [torch.Generator().manual_seed(100 + i) for i in range(rows)]
+    batched = [torch.Generator().manual_seed(100 + i) for i in range(rows)]
+    for step in range(3):
+        x = _logits(rows, vocab, dtype, masked, step)
+        want = [
+            None if c is None else int(sample(x[i : i + 1], c, alone[i])[0])
+            for i, c in enumerate(cfgs)
+        ]
+        got = sample_each(x, cfgs, batched)
+        for i, c in enumerate(cfgs):
+            if c is None:
+                assert got[i] is None
+            elif c.top_k or c.top_p:  # left to sample(): drawn alone, in the same order
+                assert got[i] is None
+                got[i] = int(sample(x[i : i + 1], c, batched[i])[0])
+        assert got == want
+    # no generator of a row left out was advanced
+    assert [g.get_state().equal(h.get_state()) for g, h in zip(alone, batched)] == [True] * rows
+
+
+def test_rows_without_a_finite_maximum_are_left_to_sample() -> None:
+    x = torch.randn(4, 16)
+    x[1] = float("-inf")
+    x[2, 3] = float("nan")
+    x[3, 5] = float("inf")
+    gens = [torch.Generator().manual_seed(i) for i in range(4)]
+    before = [g.get_state() for g in gens]
+    got = sample_each(x, [SamplingConfig(temperature=1.0)] * 4, gens)
+    assert got[0] is not None and got[1:] == [None, None, None]
+    assert [g.get_state().equal(b) for g, b in zip(gens[1:], before[1:])] == [True] * 3
