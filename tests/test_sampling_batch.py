@@ -1,11 +1,18 @@
 """``sampling.sample_each``: the rows of a step drawn together give each row the token that
-``sample`` gives it alone, from the same generator, step after step."""
+``sample`` gives it alone, from the same generator, step after step; grammar masks expanded in
+the mask thread (CPU logits, ``StepMasks.forbid``) sample what the bitmask applied on the
+step's path samples."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
 
+from torch_tensorrt_dist.generation.grammar import GrammarSpec
+from torch_tensorrt_dist.generation.plan import Request
+from torch_tensorrt_dist.generation.sampler import Pick, RowSampling, StepMasks, sample_step
 from torch_tensorrt_dist.generation.sampling import SamplingConfig, sample, sample_each
 
 CONFIGS = [
@@ -66,3 +73,44 @@ def test_rows_without_a_finite_maximum_are_left_to_sample() -> None:
     got = sample_each(x, [SamplingConfig(temperature=1.0)] * 4, gens)
     assert got[0] is not None and got[1:] == [None, None, None]
     assert [g.get_state().equal(b) for g, b in zip(gens[1:], before[1:])] == [True] * 3
+
+
+def _rows(grammars: Any) -> list[RowSampling]:
+    spec = GrammarSpec.json_schema({"type": "array", "items": {"type": "integer"}})
+    cfgs = [
+        (SamplingConfig(temperature=1.0, seed=1), spec),
+        (SamplingConfig(seed=2), None),
+        (SamplingConfig(temperature=0.8, seed=3, logprobs=2), spec),
+        (SamplingConfig(temperature=1.0, seed=4), None),
+        (SamplingConfig(seed=5), spec),
+        (SamplingConfig(temperature=1.0, seed=6, top_k=5), spec),
+    ]
+    return [
+        RowSampling(Request(i, (1,), 50, cfg, grammar=spec), grammars)
+        for i, (cfg, spec) in enumerate(cfgs)
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masks_expanded_in_the_thread_sample_what_the_bitmask_samples(dtype: torch.dtype) -> None:
+    pytest.importorskip("llguidance")
+    from torch_tensorrt_dist.generation.grammar import Grammars, MaskFiller
+
+    grammars = Grammars.for_bytes(vocab_size=300, eos_ids=(299,))
+    filler = MaskFiller()
+    runs = []
+    for device in (None, torch.device("cpu")):  # the bitmask applied here; expanded (CPU)
+        rows, picks = _rows(grammars), []
+        for step in range(6):
+            masks = StepMasks.start(grammars, filler, rows, device)
+            bitmask, failed = masks.wait()
+            assert (masks.forbid is not None) == (device is not None)
+            x = torch.randn(len(rows), 300, generator=torch.Generator().manual_seed(step))
+            got = sample_step(x.to(dtype), rows, bitmask, failed, masks.forbid)
+            for pick, row in zip(got, rows):
+                assert isinstance(pick, Pick)
+                row.accept(pick.token)
+            picks.append(got)
+        runs.append(picks)
+    filler.close()
+    assert runs[0] == runs[1]

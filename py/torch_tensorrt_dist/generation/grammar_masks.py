@@ -22,6 +22,7 @@ __all__ = [
     "MaskFiller",
     "allows_other",
     "apply_bitmask_",
+    "forbidden",
     "id_bits",
     "new_bitmask",
     "unpack_bitmask",
@@ -30,6 +31,8 @@ __all__ = [
 
 class FillsBitmask(Protocol):
     """What fills a step's bitmask (``grammar.Grammars``)."""
+
+    vocab_size: int
 
     def fill_bitmask(self, rows: Sequence[tuple[Any, int]], bitmask: Tensor) -> None: ...
 
@@ -42,14 +45,28 @@ class MaskFiller:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
 
     def submit(
-        self, grammars: FillsBitmask, rows: Sequence[tuple[Any, int]], bitmask: Tensor
-    ) -> Future[None]:
+        self,
+        grammars: FillsBitmask,
+        rows: Sequence[tuple[Any, int]],
+        bitmask: Tensor,
+        *,
+        expand: bool = False,
+    ) -> Future[Tensor | None]:
         """Start ``grammars.fill_bitmask`` (``grammar.Grammars``: ``rows`` of a
-        ``grammar.Matcher`` and its row); ``.result()`` waits (and raises its error)."""
-        return self._pool.submit(grammars.fill_bitmask, list(rows), bitmask)
+        ``grammar.Matcher`` and its row); ``.result()`` waits (and raises its error). With
+        ``expand``, the result is also :func:`forbidden` of the filled bitmask, computed in the
+        thread too (CPU logits: the step then masks with one add), else None."""
+        return self._pool.submit(_fill, grammars, list(rows), bitmask, expand)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _fill(
+    grammars: FillsBitmask, rows: list[tuple[Any, int]], bitmask: Tensor, expand: bool
+) -> Tensor | None:
+    grammars.fill_bitmask(rows, bitmask)
+    return forbidden(bitmask, grammars.vocab_size) if expand else None
 
 
 def id_bits(ids: Sequence[int], vocab_size: int) -> Tensor:
@@ -87,6 +104,13 @@ def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:
 
 #: _FORBID[b, k]: what token bit k of byte b adds to its logit: 0 (allowed) or -inf
 _FORBID = torch.where(_BITS, 0.0, float("-inf")).to(torch.float32)  # [256, 8]
+
+
+def forbidden(bitmask: Tensor, vocab_size: int) -> Tensor:
+    """float32 [B, V] on the CPU: what :func:`apply_bitmask_` adds to the logits, row for row
+    (0 where row ``i`` of ``bitmask`` allows the token, -inf where it forbids it)."""
+    as_bytes = bitmask.contiguous().view(torch.uint8).flatten().long()
+    return _FORBID.index_select(0, as_bytes).view(bitmask.shape[0], -1)[:, :vocab_size]
 
 
 def apply_bitmask_(logits: Tensor, bitmask: Tensor, rows: Sequence[int] | None = None) -> None:

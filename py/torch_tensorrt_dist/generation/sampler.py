@@ -66,6 +66,8 @@ from torch_tensorrt_dist.generation.sampling import (
 
 __all__ = ["Failure", "NoTokenLeft", "Pick", "RowSampling", "StepMasks", "sample_step"]
 
+#: logits dtypes that one add with float32 masks turns into a float32 copy
+_EXPANDS = (torch.float32, torch.bfloat16, torch.float16)
 #: the logprob JSON shows for a token the model gives no chance (-inf is not JSON): vLLM's
 LOGPROB_FLOOR = -9999.0
 
@@ -151,21 +153,30 @@ class StepMasks:
         grammars: Grammars | None = None,
         bitmask: Tensor | None = None,
         rows: Sequence[tuple[Matcher, int]] = (),
-        job: Future[None] | None = None,
+        job: Future[Tensor | None] | None = None,
     ) -> None:
         self._grammars, self.bitmask, self.rows, self._job = grammars, bitmask, list(rows), job
+        self.forbid: Tensor | None = None
+        """After :meth:`wait`, with ``device`` CPU: the masks as what they add to the logits,
+        float32 [N, V] (``grammar_masks.forbidden``), computed in the thread; else None."""
 
     @classmethod
     def start(
-        cls, grammars: Grammars | None, filler: MaskFiller, states: Sequence[RowSampling]
+        cls,
+        grammars: Grammars | None,
+        filler: MaskFiller,
+        states: Sequence[RowSampling],
+        device: torch.device | None = None,
     ) -> StepMasks:
         """Start computing the mask of each row of ``states`` (the rows that sample this step,
-        in the order their logits will come) that has a grammar."""
+        in the order their logits will come) that has a grammar. ``device``: the logits'; on
+        the CPU, the masks are also expanded to :attr:`forbid` in the thread."""
         rows = [(s.matcher, i) for i, s in enumerate(states) if s.matcher is not None]
         if not rows or grammars is None:
             return cls()
         bitmask = new_bitmask(len(states), grammars.vocab_size)
-        return cls(grammars, bitmask, rows, filler.submit(grammars, rows, bitmask))
+        expand = device is not None and torch.device(device).type == "cpu"
+        return cls(grammars, bitmask, rows, filler.submit(grammars, rows, bitmask, expand=expand))
 
     def wait(self) -> tuple[Tensor | None, dict[int, Exception]]:
         """The filled bitmask [N, W] (None: no grammar row), and the rows whose mask failed.
@@ -174,7 +185,7 @@ class StepMasks:
         if self._job is None or self._grammars is None or self.bitmask is None:
             return self.bitmask, failed
         try:
-            self._job.result()
+            self.forbid = self._job.result()
         except MemoryError:
             raise
         except Exception:  # which rows: each alone
@@ -197,10 +208,12 @@ def sample_step(
     states: Sequence[RowSampling],
     bitmask: Tensor | None = None,
     mask_failures: dict[int, Exception] | None = None,
+    forbid: Tensor | None = None,
 ) -> list[Pick | Failure]:
     """Row ``i`` of ``logits`` [N, V] (the model's output dtype) is the next-token logits of
     ``states[i]``; row ``i`` of ``bitmask`` [N, W] its grammar's mask (rows without a grammar
-    are ignored). See the module docstring for the two paths."""
+    are ignored), ``forbid`` the same masks expanded (:attr:`StepMasks.forbid`; None: the
+    bitmask is applied here). See the module docstring for the two paths."""
     n, vocab = logits.shape
     out: list[Pick | Failure | None] = [None] * n
     special = [i for i, state in enumerate(states) if state.processed]
@@ -208,7 +221,8 @@ def sample_step(
     if len(special) < n:  # the plain rows: greedy and sampled at once (one device sync)
         _pick(logits, states, plain, out)
     if special:
-        _sample_processed(logits, states, special, vocab, bitmask, mask_failures or {}, out)
+        masks = (bitmask, forbid)
+        _sample_processed(logits, states, special, vocab, masks, mask_failures or {}, out)
     return [p for p in out if p is not None]
 
 
@@ -269,20 +283,26 @@ def _sample_processed(
     states: Sequence[RowSampling],
     special: list[int],
     vocab: int,
-    bitmask: Tensor | None,
+    masks: tuple[Tensor | None, Tensor | None],
     mask_failures: dict[int, Exception],
     out: list[Pick | Failure | None],
 ) -> None:
+    bitmask, forbid = masks
     # no list indexing on this path: its CPU kernel goes parallel even for 8 rows and waits
     # on a busy core for milliseconds (``apply_bitmask_``); every row is a slice, else one
     # index_select
     every = len(special) == logits.shape[0]
     idx = None if every else torch.tensor(special, dtype=torch.long)
     rows_of = (lambda t: t) if idx is None else (lambda t: t.index_select(0, idx.to(t.device)))
-    # [M, V]: float32, a copy (never the graph's own output)
-    x = rows_of(logits).to(torch.float32, copy=True)
-    if bitmask is not None and any(states[i].matcher is not None for i in special):
-        apply_bitmask_(x, rows_of(bitmask))  # rows without a grammar allow every token
+    # [M, V]: float32, a copy (never the graph's own output), the masks applied (rows without
+    # a grammar allow every token): one add where they came expanded (CPU logits)
+    masked = bitmask is not None and any(states[i].matcher is not None for i in special)
+    if masked and forbid is not None and logits.dtype in _EXPANDS and logits.device.type == "cpu":
+        x = torch.add(rows_of(logits), rows_of(forbid))  # bf16 + float32: float32, exact
+    else:
+        x = rows_of(logits).to(torch.float32, copy=True)
+        if masked and bitmask is not None:
+            apply_bitmask_(x, rows_of(bitmask))
     asking = [k for k, i in enumerate(special) if states[i].cfg.logprobs is not None]
     lp = log_probs(x, asking) if asking else None  # raw logprobs: after the mask, before the rest
     drawing: list[int] = []
