@@ -251,7 +251,8 @@ class GenerationCore:
             return StepMasks()
         if self._masks is None:
             self._masks = MaskFiller()
-        return StepMasks.start(self.grammars, self._masks, [s.sampling for s in sampling])
+        states = [s.sampling for s in sampling]
+        return StepMasks.start(self.grammars, self._masks, states, self.device)
 
     def _rows(self, chunks: dict[int, int]) -> list[tuple[Sequence, int]]:
         rows = []
@@ -320,7 +321,8 @@ class GenerationCore:
         if not done:
             return []
         logits = torch.stack([row for _, row in done])  # [N, V]
-        picks = sample_step(logits, [s.sampling for s, _ in done], bitmask, mask_failures)
+        states = [s.sampling for s, _ in done]
+        picks = sample_step(logits, states, bitmask, mask_failures, masks.forbid)
         return [self._next(seq, pick) for (seq, _), pick in zip(done, picks)]
 
     def _next(self, seq: Sequence, pick: Pick | Failure) -> Emitted:

@@ -15,12 +15,7 @@ How the core calls it (design; integration is the core's):
   request) into its own :class:`Matcher`: the same spec, tokenizer and tokens give the same
   masks on every rank, so ranks still sample alike without communicating. ``n`` > 1: one
   :meth:`Matcher.fork` per choice. A :class:`GrammarError` fails that request only (400).
-- Per step, the mask of a row depends only on its tokens so far, known before the step's graph
-  runs: submit :meth:`Grammars.fill_bitmask` to a :class:`MaskFiller` (a worker thread;
-  llguidance releases the GIL while it computes) just before launching the graph, and wait
-  for it after. Then :func:`apply_bitmask_` on the float32 copy of the logits, *outside* the
-  compiled graph (so it works with every engine, TensorRT included), before the logprobs and
-  :mod:`.logits_process` (vLLM's order).
+- Per step: the masks (:mod:`.grammar_masks`), computed while the step's graph runs.
 - After sampling: :meth:`Matcher.accept`. The request ends with ``stop`` when
   :attr:`Matcher.is_finished` (the grammar admits nothing more; no end-of-text token needed)
   or on an end-of-text token the grammar accepted; :attr:`Matcher.error` set (an engine limit
@@ -43,12 +38,9 @@ stays possible; a model cannot loop on whitespace).
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -56,6 +48,23 @@ import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError
+from torch_tensorrt_dist.generation.grammar_masks import (
+    MaskFiller,
+    allows_other,
+    apply_bitmask_,
+    id_bits,
+    new_bitmask,
+    unpack_bitmask,
+)
+from torch_tensorrt_dist.generation.grammar_spec import (
+    JSON_OPTIONS,
+    GrammarError,
+    GrammarSpec,
+    after_lark,
+    describe,
+    literal,
+    own_options,
+)
 
 __all__ = [
     "GrammarError",
@@ -70,7 +79,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-KINDS = ("json_object", "json_schema", "regex", "choice")
 CACHED_GRAMMARS = 16
 """Specs whose compiled start (or refusal) a :class:`Grammars` keeps: a request that repeats a
 schema takes a copy of its start (0.01-1 ms) instead of compiling it again on the step loop of
@@ -81,120 +89,6 @@ PROBE_TOKENS = 8
 accepted."""
 PROBE_PATHS = 8
 """Paths :meth:`Grammars.check` follows (each from another first token)."""
-JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,16}"}
-"""llguidance's JSON compile options: whitespace between tokens, bounded (see above)."""
-_REGEX_META = set("\\.+*?()|[]{}^$#&-~")
-_WHAT = {
-    "json_object": "the JSON object grammar",
-    "json_schema": "the JSON schema",
-    "regex": "the regex",
-    "choice": "the choice list",
-}
-
-
-class GrammarError(ConfigError):
-    """A grammar the engine cannot compile or follow; ``reason`` is the engine's own text."""
-
-    def __init__(self, message: str, *, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class GrammarSpec:
-    """What a request's output must match, as every rank receives it (:meth:`to_json`)."""
-
-    kind: str
-    """``json_object`` (any JSON object: OpenAI's json mode), ``json_schema``, ``regex`` or
-    ``choice`` (exactly one of the strings: vLLM's ``guided_choice``)."""
-    value: str | tuple[str, ...] = ""
-    """The schema as JSON text, the regex, or the choices; empty for ``json_object``."""
-    after: str = ""
-    """Where the grammar starts: any text may come first, up to and including the first
-    ``after`` (a reasoning model's ``</think>``); "": from the first token."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ConfigError(f"grammar kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        if self.kind == "choice":
-            choices = self.value
-            if isinstance(choices, str) or not isinstance(choices, Sequence) or not choices:
-                raise ConfigError(
-                    f"guided_choice must be a non-empty list of strings, got {choices!r}"
-                )
-            bad = [c for c in choices if not isinstance(c, str)]
-            if bad:
-                raise ConfigError(f"guided_choice must hold strings only, got {bad[0]!r}")
-            object.__setattr__(self, "value", tuple(choices))
-        elif not isinstance(self.value, str):
-            raise ConfigError(f"a {self.kind} grammar is text, got {self.value!r}")
-
-    @classmethod
-    def json_object(cls) -> GrammarSpec:
-        return cls("json_object")
-
-    @classmethod
-    def json_schema(cls, schema: Any) -> GrammarSpec:
-        """``schema``: a JSON schema as a dict (or bool) or as JSON text. The order of its
-        ``properties`` is the order the output gives them in (llguidance), so it is kept."""
-        if isinstance(schema, str):
-            return cls("json_schema", schema)
-        try:
-            return cls("json_schema", json.dumps(schema, allow_nan=False))
-        except (TypeError, ValueError) as exc:
-            raise GrammarError(f"the JSON schema is not JSON: {exc}", reason=str(exc)) from None
-
-    @classmethod
-    def regex(cls, pattern: str) -> GrammarSpec:
-        return cls("regex", pattern)
-
-    @classmethod
-    def choice(cls, choices: Sequence[str]) -> GrammarSpec:
-        return cls("choice", choices if isinstance(choices, str) else tuple(choices))
-
-    def to_json(self) -> dict[str, Any]:
-        value = list(self.value) if isinstance(self.value, tuple) else self.value
-        return {"kind": self.kind, "value": value, "after": self.after}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> GrammarSpec:
-        value = data.get("value", "")
-        value = tuple(value) if isinstance(value, list) else value
-        return cls(data["kind"], value, after=data.get("after", ""))
-
-
-def _literal(text: str) -> str:
-    """``text`` as a regex that matches exactly it (Rust ``regex`` escapes)."""
-    return "".join("\\" + c if c in _REGEX_META else c for c in text)
-
-
-def _after_lark(spec: GrammarSpec) -> str:
-    """``spec`` as a Lark grammar (llguidance's dialect) that any text up to and including the
-    first ``spec.after`` precedes (a lazy lexeme: it ends at the first match)."""
-    if spec.kind == "json_object" or spec.kind == "json_schema":
-        text = "{}" if spec.kind == "json_object" else str(spec.value)
-        schema: Any = {"type": "object"} if spec.kind == "json_object" else json.loads(text)
-        if schema is True:
-            schema = {}
-        if isinstance(schema, dict):  # its own x-guidance options win (``_own_options``)
-            schema = {"x-guidance": JSON_OPTIONS, **schema}
-        body = "%json " + json.dumps(schema)
-    elif spec.kind == "regex":
-        body = "/" + str(spec.value).replace("/", "\\/") + "/"
-    else:
-        body = " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.value)
-    prefix = _literal(spec.after).replace("/", "\\/")
-    return f"start: prefix body\nprefix[lazy]: /(?s:.*){prefix}/\nbody: {body}\n"
-
-
-def _own_options(schema: str) -> bool:
-    """Whether a schema sets llguidance's JSON options itself (a top-level ``x-guidance``,
-    as the tool-call grammars do: ``serving/tools/forced.py``)."""
-    try:
-        value = json.loads(schema)
-    except ValueError:
-        return False  # the engine says why
-    return isinstance(value, dict) and "x-guidance" in value
 
 
 def _llguidance() -> Any:
@@ -270,7 +164,7 @@ class Matcher:
         if not self._m.consume_token(token):
             reason = _reason(self._m)
             raise GrammarError(
-                f"{_WHAT[self.spec.kind]} refused token {token}: {reason}", reason=reason
+                f"{describe(self.spec.kind)} refused token {token}: {reason}", reason=reason
             )
 
     @property
@@ -392,7 +286,7 @@ class Grammars:
         allowed id, then each allowed one-byte token of another first byte, punctuation first
         (JSON's ``{``, ``[``, ``"``: the alternatives of an untyped schema start apart), each for
         up to ``PROBE_TOKENS`` tokens by its lowest allowed id."""
-        start, what = self.compile(spec), _WHAT[spec.kind]
+        start, what = self.compile(spec), describe(spec.kind)
         end = torch.zeros(self.vocab_size, dtype=torch.bool)
         end[[i for i in self.eos_ids if 0 <= i < self.vocab_size]] = True
         allowed = start.allowed()  # the engine fails here when it fails at a step
@@ -459,19 +353,19 @@ class Grammars:
         M = llg.LLMatcher
         try:
             if spec.after:
-                grammar = M.grammar_from_lark(_after_lark(spec))
+                grammar = M.grammar_from_lark(after_lark(spec))
             elif spec.kind == "json_object":
                 grammar = M.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
             elif spec.kind == "json_schema":
-                options = None if _own_options(str(spec.value)) else JSON_OPTIONS
+                options = None if own_options(str(spec.value)) else JSON_OPTIONS
                 grammar = M.grammar_from_json_schema(spec.value, defaults=options)
             elif spec.kind == "regex":
                 grammar = M.grammar_from_regex(spec.value)
             else:
-                grammar = M.grammar_from_regex("(" + "|".join(map(_literal, spec.value)) + ")")
+                grammar = M.grammar_from_regex("(" + "|".join(map(literal, spec.value)) + ")")
         except ValueError as exc:  # not JSON, or not a JSON object
             raise GrammarError(
-                f"{_WHAT[spec.kind]} cannot be compiled: {exc}", reason=str(exc)
+                f"{describe(spec.kind)} cannot be compiled: {exc}", reason=str(exc)
             ) from None
         # verbose_errors off: the reason is the engine's one line, without a dump of its state
         matcher = M(
@@ -479,7 +373,7 @@ class Grammars:
         )
         if matcher.is_error():
             reason = _reason(matcher)
-            raise GrammarError(f"{_WHAT[spec.kind]} cannot be compiled: {reason}", reason=reason)
+            raise GrammarError(f"{describe(spec.kind)} cannot be compiled: {reason}", reason=reason)
         return Matcher(matcher, spec, self.vocab_size)
 
     def fill_bitmask(self, rows: Sequence[tuple[Matcher, int]], bitmask: Tensor) -> None:
@@ -504,81 +398,3 @@ class Grammars:
             self._executor.unsafe_compute_mask_ptr(
                 [(m._m, i) for m, i in rows], bitmask.data_ptr(), w * 4, b
             )
-
-
-class MaskFiller:
-    """Computes a step's masks in a worker thread, so the core can run its graph meanwhile.
-    No matcher of the step may be advanced (:meth:`Matcher.accept`) before ``.result()``."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
-
-    def submit(
-        self, grammars: Grammars, rows: Sequence[tuple[Matcher, int]], bitmask: Tensor
-    ) -> Future[None]:
-        """Start :meth:`Grammars.fill_bitmask`; ``.result()`` waits (and raises its error)."""
-        return self._pool.submit(grammars.fill_bitmask, list(rows), bitmask)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-
-def id_bits(ids: Sequence[int], vocab_size: int) -> Tensor:
-    """A bitmask row int32 [ceil(V / 32)] with the bits of ``ids`` set, and those past the
-    vocabulary (the last word's padding)."""
-    words = (vocab_size + 31) // 32
-    bits = torch.zeros(words * 32, dtype=torch.bool)
-    bits[[i for i in ids if 0 <= i < vocab_size]] = True
-    bits[vocab_size:] = True
-    weights = torch.tensor([1 << k for k in range(31)] + [-(1 << 31)], dtype=torch.int64)
-    return (bits.view(words, 32).long() * weights).sum(-1).to(torch.int32)
-
-
-def allows_other(mask_row: Tensor, bits: Tensor) -> bool:
-    """Whether bitmask row ``mask_row`` int32 [W] allows a token outside ``bits``
-    (:func:`id_bits`)."""
-    return bool((mask_row & ~bits).any())
-
-
-def new_bitmask(rows: int, vocab_size: int) -> Tensor:
-    """An all-allowed bitmask int32 [rows, ceil(V / 32)]: token t is bit t % 32 of word t // 32."""
-    return torch.full((rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
-
-
-#: _BITS[b, k]: bit k of byte b (the bitmask read as bytes is little-endian: token t is bit
-#: t % 8 of byte t // 8)
-_BITS = (torch.arange(256)[:, None] >> torch.arange(8)) & 1 == 1  # [256, 8] bool
-
-
-def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:
-    """int32 [B, W] -> bool [B, V]: which tokens each row allows."""
-    as_bytes = bitmask.contiguous().view(torch.uint8).long()  # [B, 4W]
-    return _BITS[as_bytes].reshape(bitmask.shape[0], -1)[:, :vocab_size]
-
-
-#: _FORBID[b, k]: what token bit k of byte b adds to its logit: 0 (allowed) or -inf
-_FORBID = torch.where(_BITS, 0.0, float("-inf")).to(torch.float32)  # [256, 8]
-
-
-def apply_bitmask_(logits: Tensor, bitmask: Tensor, rows: Sequence[int] | None = None) -> None:
-    """Set to -inf, in place, the logits of the tokens row ``i`` of ``bitmask`` forbids, for
-    each ``i`` in ``rows`` (the rows of float32 ``logits`` [B, V] with a grammar; None: every
-    row, ``bitmask`` [B, W] row for row: a row without a grammar is all ones, which adds 0).
-
-    One table lookup per mask byte and one add (x + 0 is x; x - inf is -inf): ten times
-    faster on a CPU than unpacking bits into a bool mask and ``masked_fill``. Every row at
-    once is one ``add_``; no list indexing and no ``index_add_``, whose CPU kernels go
-    parallel even at 8 x 1,024 and wait on a busy core for milliseconds (median 16 us, mean
-    1.9-10 ms at load 14 on 2 cores, against 3 us for ``add_``)."""
-    if rows is not None and not len(rows):
-        return
-    dev, v = logits.device, logits.shape[1]
-    table = _FORBID if dev.type == "cpu" else _FORBID.to(dev)
-    if rows is None:
-        n = logits.shape[0]
-        as_bytes = bitmask.contiguous().view(torch.uint8).flatten()
-        logits.add_(table.index_select(0, as_bytes.to(dev).long()).view(n, -1)[:, :v])
-        return
-    for i in rows:
-        as_bytes = bitmask[i].contiguous().view(torch.uint8)
-        logits[i].add_(table.index_select(0, as_bytes.to(dev).long()).view(-1)[:v])

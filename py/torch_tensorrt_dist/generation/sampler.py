@@ -10,14 +10,15 @@ step's logits, its request's settings, its grammar and its own seeded generator.
 Two paths, chosen per row:
 
 - **plain** rows (no grammar, no logits processing, no logprobs) sample from the logits as
-  they are: greedy rows take one argmax over the whole step (one device sync), sampled rows
-  ``sample()`` with their generator, as before this module;
+  they are, all at once (``sampling.sample_each``: one argmax for the greedy rows, one
+  batched draw for the sampled ones, each from its own generator, the token ``sample()``
+  gives the row alone; top-k and top-p rows ``sample()`` one by one);
 - **processed** rows take a float32 copy of their logits (the model's output dtype promoted)
   and, in vLLM's order: the grammar's mask (-inf outside it, applied here, outside the
   compiled graph, so every engine gets it), the logprobs (``logits_process.log_probs``: the
   raw model logprobs after the mask), the settings of ``logits_process`` (``min_tokens``,
   ``logit_bias``, repetition, frequency and presence penalties), then temperature, top-k,
-  top-p and the draw (``sample``).
+  top-p and the draw (``sample_each`` as for plain rows).
 
 Every value here is a function of the row's logits and its own state, never of other rows: a
 request samples the same tokens alone or batched, and on every rank (same logits, same state
@@ -56,10 +57,17 @@ from torch_tensorrt_dist.generation.logits_process import (
     log_probs,
 )
 from torch_tensorrt_dist.generation.plan import Request
-from torch_tensorrt_dist.generation.sampling import make_generator, sample
+from torch_tensorrt_dist.generation.sampling import (
+    SamplingConfig,
+    make_generator,
+    sample,
+    sample_each,
+)
 
 __all__ = ["Failure", "NoTokenLeft", "Pick", "RowSampling", "StepMasks", "sample_step"]
 
+#: logits dtypes that one add with float32 masks turns into a float32 copy
+_EXPANDS = (torch.float32, torch.bfloat16, torch.float16)
 #: the logprob JSON shows for a token the model gives no chance (-inf is not JSON): vLLM's
 LOGPROB_FLOOR = -9999.0
 
@@ -145,21 +153,30 @@ class StepMasks:
         grammars: Grammars | None = None,
         bitmask: Tensor | None = None,
         rows: Sequence[tuple[Matcher, int]] = (),
-        job: Future[None] | None = None,
+        job: Future[Tensor | None] | None = None,
     ) -> None:
         self._grammars, self.bitmask, self.rows, self._job = grammars, bitmask, list(rows), job
+        self.forbid: Tensor | None = None
+        """After :meth:`wait`, with ``device`` CPU: the masks as what they add to the logits,
+        float32 [N, V] (``grammar_masks.forbidden``), computed in the thread; else None."""
 
     @classmethod
     def start(
-        cls, grammars: Grammars | None, filler: MaskFiller, states: Sequence[RowSampling]
+        cls,
+        grammars: Grammars | None,
+        filler: MaskFiller,
+        states: Sequence[RowSampling],
+        device: torch.device | None = None,
     ) -> StepMasks:
         """Start computing the mask of each row of ``states`` (the rows that sample this step,
-        in the order their logits will come) that has a grammar."""
+        in the order their logits will come) that has a grammar. ``device``: the logits'; on
+        the CPU, the masks are also expanded to :attr:`forbid` in the thread."""
         rows = [(s.matcher, i) for i, s in enumerate(states) if s.matcher is not None]
         if not rows or grammars is None:
             return cls()
         bitmask = new_bitmask(len(states), grammars.vocab_size)
-        return cls(grammars, bitmask, rows, filler.submit(grammars, rows, bitmask))
+        expand = device is not None and torch.device(device).type == "cpu"
+        return cls(grammars, bitmask, rows, filler.submit(grammars, rows, bitmask, expand=expand))
 
     def wait(self) -> tuple[Tensor | None, dict[int, Exception]]:
         """The filled bitmask [N, W] (None: no grammar row), and the rows whose mask failed.
@@ -168,7 +185,7 @@ class StepMasks:
         if self._job is None or self._grammars is None or self.bitmask is None:
             return self.bitmask, failed
         try:
-            self._job.result()
+            self.forbid = self._job.result()
         except MemoryError:
             raise
         except Exception:  # which rows: each alone
@@ -191,24 +208,49 @@ def sample_step(
     states: Sequence[RowSampling],
     bitmask: Tensor | None = None,
     mask_failures: dict[int, Exception] | None = None,
+    forbid: Tensor | None = None,
 ) -> list[Pick | Failure]:
     """Row ``i`` of ``logits`` [N, V] (the model's output dtype) is the next-token logits of
     ``states[i]``; row ``i`` of ``bitmask`` [N, W] its grammar's mask (rows without a grammar
-    are ignored). See the module docstring for the two paths."""
+    are ignored), ``forbid`` the same masks expanded (:attr:`StepMasks.forbid`; None: the
+    bitmask is applied here). See the module docstring for the two paths."""
     n, vocab = logits.shape
-    greedy = logits.argmax(dim=-1).tolist()  # one device sync for every plain greedy row
     out: list[Pick | Failure | None] = [None] * n
-    special: list[int] = []
-    for i, state in enumerate(states):
-        if state.processed:
-            special.append(i)
-        elif state.cfg.greedy:
-            out[i] = Pick(int(greedy[i]))
-        else:
-            out[i] = _draw(logits[i : i + 1], state)
+    special = [i for i, state in enumerate(states) if state.processed]
+    plain = [None if s.processed else s.cfg for s in states]
+    if len(special) < n:  # the plain rows: greedy and sampled at once (one device sync)
+        _pick(logits, states, plain, out)
     if special:
-        _sample_processed(logits, states, special, vocab, bitmask, mask_failures or {}, out)
+        masks = (bitmask, forbid)
+        _sample_processed(logits, states, special, vocab, masks, mask_failures or {}, out)
     return [p for p in out if p is not None]
+
+
+def _pick(
+    x: Tensor,
+    states: Sequence[RowSampling],
+    cfgs: Sequence[SamplingConfig | None],
+    out: list[Pick | Failure | None],
+    rows: Sequence[int] | None = None,
+) -> None:
+    """Row ``k`` of ``x`` holds the logits of ``states[rows[k]]`` (``rows`` None: of
+    ``states[k]``); each row with a config ``cfgs[k]`` gets its token in ``out``: the rows
+    together (``sample_each``), those it leaves out one by one. With ``rows`` (the processed
+    path), a row without a finite logit fails with ``masked``."""
+    tokens = sample_each(
+        x, cfgs, [states[k if rows is None else rows[k]].gen for k in range(len(cfgs))]
+    )
+    for k, cfg in enumerate(cfgs):
+        if cfg is None:
+            continue
+        i, token = (k if rows is None else rows[k]), tokens[k]
+        if token is not None:
+            out[i] = Pick(token)
+        elif rows is not None and not bool(torch.isfinite(x[k]).any()):
+            # nothing to draw (argmax would give id 0, the softmax NaN)
+            out[i] = Failure("masked", NoTokenLeft(_no_token(states[i])))
+        else:  # top-k, top-p, or logits sample() refuses (NaN, +inf)
+            out[i] = _draw(x[k : k + 1], states[i])
 
 
 class NoTokenLeft(ConfigError):
@@ -241,23 +283,28 @@ def _sample_processed(
     states: Sequence[RowSampling],
     special: list[int],
     vocab: int,
-    bitmask: Tensor | None,
+    masks: tuple[Tensor | None, Tensor | None],
     mask_failures: dict[int, Exception],
     out: list[Pick | Failure | None],
 ) -> None:
+    bitmask, forbid = masks
     # no list indexing on this path: its CPU kernel goes parallel even for 8 rows and waits
     # on a busy core for milliseconds (``apply_bitmask_``); every row is a slice, else one
     # index_select
     every = len(special) == logits.shape[0]
     idx = None if every else torch.tensor(special, dtype=torch.long)
     rows_of = (lambda t: t) if idx is None else (lambda t: t.index_select(0, idx.to(t.device)))
-    # [M, V]: float32, a copy (never the graph's own output)
-    x = rows_of(logits).to(torch.float32, copy=True)
-    if bitmask is not None and any(states[i].matcher is not None for i in special):
-        apply_bitmask_(x, rows_of(bitmask))  # rows without a grammar allow every token
+    # [M, V]: float32, a copy (never the graph's own output), the masks applied (rows without
+    # a grammar allow every token): one add where they came expanded (CPU logits)
+    masked = bitmask is not None and any(states[i].matcher is not None for i in special)
+    if masked and forbid is not None and logits.dtype in _EXPANDS and logits.device.type == "cpu":
+        x = torch.add(rows_of(logits), rows_of(forbid))  # bf16 + float32: float32, exact
+    else:
+        x = rows_of(logits).to(torch.float32, copy=True)
+        if masked and bitmask is not None:
+            apply_bitmask_(x, rows_of(bitmask))
     asking = [k for k, i in enumerate(special) if states[i].cfg.logprobs is not None]
     lp = log_probs(x, asking) if asking else None  # raw logprobs: after the mask, before the rest
-    tokens: dict[int, int] = {}
     drawing: list[int] = []
     for k, i in enumerate(special):
         state = states[i]
@@ -275,17 +322,11 @@ def _sample_processed(
             out[i] = Failure("processing", exc)
             continue
         drawing.append(k)
-    # a row with no finite logit has no token to draw (argmax would give id 0, the softmax NaN)
-    finite = torch.isfinite(x).any(dim=-1).tolist() if drawing else []
+    cfgs: list[SamplingConfig | None] = [None] * len(special)
     for k in drawing:
-        i, state = special[k], states[special[k]]
-        if not finite[k]:
-            out[i] = Failure("masked", NoTokenLeft(_no_token(state)))
-            continue
-        pick = _draw(x[k : k + 1], state)
-        if isinstance(pick, Pick):
-            tokens[k] = pick.token
-        out[i] = pick
+        cfgs[k] = states[special[k]].cfg
+    _pick(x, states, cfgs, out, special)
+    tokens = {k: p.token for k in drawing if isinstance(p := out[special[k]], Pick)}
     if lp is None:
         return
     ok = [(j, k) for j, k in enumerate(asking) if k in tokens]

@@ -1,0 +1,137 @@
+"""Grammar masks as bitmasks, and applying them to logits: int32 [B, ceil(V / 32)], token t
+is bit t % 32 of word t // 32 (llguidance's layout), one row per sampling row. The engine that
+fills them, and the matchers they come from: :mod:`.grammar`.
+
+Per step, the mask of a row depends only on its tokens so far, known before the step's graph
+runs: submit ``Grammars.fill_bitmask`` to a :class:`MaskFiller` (a worker thread; llguidance
+releases the GIL while it computes) just before launching the graph, and wait for it after.
+Then :func:`apply_bitmask_` on the float32 copy of the logits, *outside* the compiled graph
+(so it works with every engine, TensorRT included), before the logprobs and
+:mod:`.logits_process` (vLLM's order)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "MaskFiller",
+    "allows_other",
+    "apply_bitmask_",
+    "forbidden",
+    "id_bits",
+    "new_bitmask",
+    "unpack_bitmask",
+]
+
+
+class FillsBitmask(Protocol):
+    """What fills a step's bitmask (``grammar.Grammars``)."""
+
+    vocab_size: int
+
+    def fill_bitmask(self, rows: Sequence[tuple[Any, int]], bitmask: Tensor) -> None: ...
+
+
+class MaskFiller:
+    """Computes a step's masks in a worker thread, so the core can run its graph meanwhile.
+    No matcher of the step may be advanced (``Matcher.accept``) before ``.result()``."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
+
+    def submit(
+        self,
+        grammars: FillsBitmask,
+        rows: Sequence[tuple[Any, int]],
+        bitmask: Tensor,
+        *,
+        expand: bool = False,
+    ) -> Future[Tensor | None]:
+        """Start ``grammars.fill_bitmask`` (``grammar.Grammars``: ``rows`` of a
+        ``grammar.Matcher`` and its row); ``.result()`` waits (and raises its error). With
+        ``expand``, the result is also :func:`forbidden` of the filled bitmask, computed in the
+        thread too (CPU logits: the step then masks with one add), else None."""
+        return self._pool.submit(_fill, grammars, list(rows), bitmask, expand)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _fill(
+    grammars: FillsBitmask, rows: list[tuple[Any, int]], bitmask: Tensor, expand: bool
+) -> Tensor | None:
+    grammars.fill_bitmask(rows, bitmask)
+    return forbidden(bitmask, grammars.vocab_size) if expand else None
+
+
+def id_bits(ids: Sequence[int], vocab_size: int) -> Tensor:
+    """A bitmask row int32 [ceil(V / 32)] with the bits of ``ids`` set, and those past the
+    vocabulary (the last word's padding)."""
+    words = (vocab_size + 31) // 32
+    bits = torch.zeros(words * 32, dtype=torch.bool)
+    bits[[i for i in ids if 0 <= i < vocab_size]] = True
+    bits[vocab_size:] = True
+    weights = torch.tensor([1 << k for k in range(31)] + [-(1 << 31)], dtype=torch.int64)
+    return (bits.view(words, 32).long() * weights).sum(-1).to(torch.int32)
+
+
+def allows_other(mask_row: Tensor, bits: Tensor) -> bool:
+    """Whether bitmask row ``mask_row`` int32 [W] allows a token outside ``bits``
+    (:func:`id_bits`)."""
+    return bool((mask_row & ~bits).any())
+
+
+def new_bitmask(rows: int, vocab_size: int) -> Tensor:
+    """An all-allowed bitmask int32 [rows, ceil(V / 32)]: token t is bit t % 32 of word t // 32."""
+    return torch.full((rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+#: _BITS[b, k]: bit k of byte b (the bitmask read as bytes is little-endian: token t is bit
+#: t % 8 of byte t // 8)
+_BITS = (torch.arange(256)[:, None] >> torch.arange(8)) & 1 == 1  # [256, 8] bool
+
+
+def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:
+    """int32 [B, W] -> bool [B, V]: which tokens each row allows."""
+    as_bytes = bitmask.contiguous().view(torch.uint8).long()  # [B, 4W]
+    return _BITS[as_bytes].reshape(bitmask.shape[0], -1)[:, :vocab_size]
+
+
+#: _FORBID[b, k]: what token bit k of byte b adds to its logit: 0 (allowed) or -inf
+_FORBID = torch.where(_BITS, 0.0, float("-inf")).to(torch.float32)  # [256, 8]
+
+
+def forbidden(bitmask: Tensor, vocab_size: int) -> Tensor:
+    """float32 [B, V] on the CPU: what :func:`apply_bitmask_` adds to the logits, row for row
+    (0 where row ``i`` of ``bitmask`` allows the token, -inf where it forbids it)."""
+    as_bytes = bitmask.contiguous().view(torch.uint8).flatten().long()
+    return _FORBID.index_select(0, as_bytes).view(bitmask.shape[0], -1)[:, :vocab_size]
+
+
+def apply_bitmask_(logits: Tensor, bitmask: Tensor, rows: Sequence[int] | None = None) -> None:
+    """Set to -inf, in place, the logits of the tokens row ``i`` of ``bitmask`` forbids, for
+    each ``i`` in ``rows`` (the rows of float32 ``logits`` [B, V] with a grammar; None: every
+    row, ``bitmask`` [B, W] row for row: a row without a grammar is all ones, which adds 0).
+
+    One table lookup per mask byte and one add (x + 0 is x; x - inf is -inf): ten times
+    faster on a CPU than unpacking bits into a bool mask and ``masked_fill``. Every row at
+    once is one ``add_``; no list indexing and no ``index_add_``, whose CPU kernels go
+    parallel even at 8 x 1,024 and wait on a busy core for milliseconds (median 16 us, mean
+    1.9-10 ms at load 14 on 2 cores, against 3 us for ``add_``)."""
+    if rows is not None and not len(rows):
+        return
+    dev, v = logits.device, logits.shape[1]
+    table = _FORBID if dev.type == "cpu" else _FORBID.to(dev)
+    if rows is None:
+        n = logits.shape[0]
+        as_bytes = bitmask.contiguous().view(torch.uint8).flatten()
+        logits.add_(table.index_select(0, as_bytes.to(dev).long()).view(n, -1)[:, :v])
+        return
+    for i in rows:
+        as_bytes = bitmask[i].contiguous().view(torch.uint8)
+        logits[i].add_(table.index_select(0, as_bytes.to(dev).long()).view(-1)[:v])
