@@ -211,6 +211,7 @@ def _child(
             signal.signal(sig, signal.SIG_IGN)
         signal.set_wakeup_fd(-1)
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # its thread pool did not survive
+        fresh_torch_pool()
         _close_fds_but(sock.fileno(), conn.fileno())
         gc.freeze()  # rank 0's heap: never scanned here (its pages stay shared)
         _serve(
@@ -226,6 +227,16 @@ def _child(
         code = 1
     finally:
         os._exit(code)
+
+
+def fresh_torch_pool() -> None:
+    """Rebuild torch's intra-op thread pool in a forked child while it has one thread. After a
+    fork torch replaces the pool at its next use, and two threads that use it first at once
+    race there ("pool INTERNAL ASSERT FAILED ... Invalid thread pool!"): the child's request
+    threads do (``prepare``'s grammar checks run tensor ops)."""
+    import torch
+
+    torch.set_num_threads(torch.get_num_threads())
 
 
 def _close_fds_but(*keep: int) -> None:
