@@ -80,6 +80,12 @@ def _serve_clients(*, quick: bool = False) -> list[Figure]:
     return serve_clients(ClientSizes.quick() if quick else ClientSizes())
 
 
+def _serve_vllm() -> list[Figure]:
+    from torch_tensorrt_dist.bench.serve_vllm import serve_vllm
+
+    return serve_vllm()
+
+
 def _grammar() -> list[Figure]:
     from torch_tensorrt_dist.bench.grammar_cost import grammar_cost
 
@@ -117,6 +123,7 @@ SECTIONS: dict[str, Callable[[], list[Figure]]] = {
     "serve": _serve,
     "serve_control": _serve_control,
     "serve_clients": _serve_clients,
+    "serve_vllm": _serve_vllm,
     "grammar": _grammar,
     "speculative": _speculative,
     "hf_family": _hf_family,
