@@ -8,13 +8,13 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from torch_tensorrt_dist.config.jobs import GenerateJob
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank, check_kv_cache
 from torch_tensorrt_dist.families.draft import draft_model
-from torch_tensorrt_dist.generation.generate import Generator
+from torch_tensorrt_dist.generation.generate import GenerationResult, Generator
 from torch_tensorrt_dist.models.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["Output", "build", "check", "request", "run"]
@@ -66,7 +66,7 @@ def run(rank: Rank, built: Built) -> int:
         on_step=on_step,
     )
     p = plan.parallel
-    fields: dict[str, Any] = {
+    fields: dict[str, object] = {
         "tp": p.tp,
         "pp": p.pp,
         "ep": p.ep,
@@ -89,7 +89,9 @@ def run(rank: Rank, built: Built) -> int:
 class Output:
     """Rank 0's output of one request; other ranks print nothing."""
 
-    def __init__(self, job: GenerateJob, tok: Any, stop_ids: Sequence[int], rank: int) -> None:
+    def __init__(
+        self, job: GenerateJob, tok: Tokenizer, stop_ids: Sequence[int], rank: int
+    ) -> None:
         from torch_tensorrt_dist.generation import TextStream
 
         self.job, self.tok, self.stop_ids, self.rank = job, tok, tuple(stop_ids), rank
@@ -111,7 +113,7 @@ class Output:
 
         return step
 
-    def result(self, result: Any, fields: dict[str, Any], status: str) -> None:
+    def result(self, result: GenerationResult, fields: dict[str, object], status: str) -> None:
         """The texts, then one JSON object (``--json``: the result and ``fields``) or the
         ``status`` line with ttft and decode speed on stderr."""
         if self.rank != 0:
