@@ -4,6 +4,7 @@ server (no timed assertions: the figures are printed, not judged here)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -149,10 +150,10 @@ def test_serve_section_small_run() -> None:
     second request of a shared prefix reports its full blocks as cached."""
     from torch_tensorrt_dist.bench.serve import serve_figures
 
-    sizes = ServeSizes(
+    sizes = replace(  # the quick run's, at sizes of a few seconds, our server alone
+        ServeSizes.quick(),
         clients=(1, 2),
         rounds=1,
-        requests_per_client=1,
         min_requests=1,
         max_tokens=4,
         burst_requests=4,

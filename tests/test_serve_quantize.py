@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from torch_tensorrt_dist.cli import _serve_job, build_parser, main
+from torch_tensorrt_dist.cli import build_parser, main
 from torch_tensorrt_dist.cli._options import run_config
 from torch_tensorrt_dist.cli._rank import plan_run
+from torch_tensorrt_dist.cli._serve_job import ServeRankJob
 from torch_tensorrt_dist.config import ServeJob
 from torch_tensorrt_dist.families import Rank
 from torch_tensorrt_dist.generation.core import Request
@@ -32,10 +33,11 @@ def test_serving_core_on_a_quantized_shard_gives_generates_tokens(
     assert len(want) >= 4  # greedy ids of the quantized model (it stops at </s> or 12)
 
     ns = build_parser().parse_args(["serve", *args, "--max-batch-size", "2"])
-    config, spec, plan = plan_run(run_config(ns, ServeJob(port=0)))  # as every rank plans
+    job = ServeRankJob()
+    config, spec, plan = plan_run(run_config(ns, ServeJob(port=0)), job)  # as every rank plans
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:  # one rank of one: its shard, quantized (and its stop signals and socket: undone)
-        built = _serve_job.build(Rank(config, spec, plan))
+        built = job.build(Rank(config, spec, plan))
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)

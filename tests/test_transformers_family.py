@@ -135,10 +135,10 @@ def test_quantized_as_native(ckpts: Any, quant: QuantConfig) -> None:
 def test_shared_parameter_filled_once(tmp_path: Path) -> None:
     """roberta's LM head shares its bias with the decoder linear: the loader fills the one
     parameter for both modules (it was left on the meta device), and the tokens are HF's
-    (the survey's own run of a tiny checkpoint, ``testing/hf_survey._exact``)."""
-    from torch_tensorrt_dist.testing.hf_survey import _exact
+    (the survey's own run of a tiny checkpoint, ``testing/hf_survey.tp1_verdict``)."""
+    from torch_tensorrt_dist.testing.hf_survey import tp1_verdict
 
-    assert _exact("roberta", tmp_path) == "exact"
+    assert tp1_verdict("roberta", tmp_path) == "exact"
 
 
 def test_preemption_and_prefix_cache(ckpts: Any, monkeypatch: pytest.MonkeyPatch) -> None:

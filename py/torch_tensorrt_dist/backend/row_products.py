@@ -4,8 +4,12 @@
     n = products_as_reductions(aten_gm, gemm_weights(real_inputs))   # before Inductor
 
 ``x @ w.t()`` (``F.linear``: ``mm(x, permute(w, [1, 0]))`` or ``addmm``; ``w`` a 2-D float32
-parameter, a graph input, laid out row-major, [out, in]) becomes
-``sum(w[:, None, :] * x[None, :, :], -1).t()``. Inductor generates one C++ loop nest for it:
+parameter, a graph input, laid out row-major, [out, in]) becomes a call of the C++ op
+``rows_mm(x, w)`` (``ops/cpu_rows_mm.py``, an extern kernel for Inductor) where that op builds,
+else ``sum(w[:, None, :] * x[None, :, :], -1).t()``. The op keeps the sums of a block of up to 8
+token rows in registers at once, each weight vector loaded once for the block, and prefetches
+the weights ahead: 5 or 8 token rows cost little more than one (its docstring has the
+figures). The reduction's form is what it replaced: Inductor generates one C++ loop nest for it:
 over the outputs, then the rows, each output a dot product along the weight's contiguous row,
 vectorized. Each weight row is read from memory once a step and used for every row of the
 step from the L1 cache; nothing is packed. Why: a decode step of few rows is bound by reading
@@ -15,13 +19,19 @@ Measured on the bench checkpoint's shapes (fp32, one thread, this AMD EPYC; 48 w
 1 row, 74 against 99-165 at 8, about the same at 32. The whole decode step: see
 ``REDUCE_ROWS`` (``generation/generate.py``); from about 16 rows on, Inductor's one
 accumulator per output (no register blocking over the rows) loses to MKL's GEMM, so the
-generator gives the reductions to steps of few token rows only (rows x tokens).
+generator gives the reductions to steps of few token rows only (rows x tokens). The op does
+not lose there: the demo model's 29 products through it against ATen's (row-major, one
+thread, this Xeon, CPU time, load average 11) take 0.87x ATen's time at 1 row, 0.54x at 8,
+0.68x at 20 and 0.95x at 40 (at two threads 0.05-0.3x); ``REDUCE_ROWS`` has not moved.
 
 The operand that is not the weight is made a buffer first (``inductor_force_stride_order``):
 Inductor would otherwise compute what produces it (an RMSNorm's scaling, SiLU times the up
 projection) again inside the loop, once per output. Its values are those of ``mm`` to float32
 rounding (the sum runs in another order); each row's result does not depend on the other rows
 of the step.
+
+The op adds each output's products as 16 lane sums along the row, then a tree; Inductor's
+vectorized reduction did the same here (the demo model's logits came out equal either way).
 
 Nothing here applies to a product of two activations, to a weight that is not float32 or not
 row-major (``models/weight_layout.py`` lays them out column-major for ATen's products; the
@@ -61,11 +71,16 @@ def gemm_weights(real_inputs: Sequence[Any]) -> list[int]:
 
 
 def products_as_reductions(
-    gm: fx.GraphModule, weights: Collection[int], inputs: int | None = None
+    gm: fx.GraphModule,
+    weights: Collection[int],
+    inputs: int | None = None,
+    *,
+    kernel: bool = True,
 ) -> int:
     """Rewrite ``gm``'s products of an activation with a row-major float32 weight (one of the
     graph inputs at the positions ``weights``: :func:`gemm_weights` of the ``inputs``
-    inputs Dynamo gave) as reductions, in place; returns how many (also counted in Dynamo's
+    inputs Dynamo gave) as ``rows_mm`` calls (``kernel`` and the op builds) or reductions, in
+    place; returns how many (also counted in Dynamo's
     ``counters["torch_tensorrt_dist"]["reduced_products"]``). Where the graph does not have
     ``inputs`` placeholders (an input that AOTAutograd flattened or added), the positions say
     nothing: nothing is rewritten (a log line says so)."""
@@ -80,12 +95,21 @@ def products_as_reductions(
         )
         return 0
     allowed = {placeholders[i] for i in weights if i < len(placeholders)}
+    op = _rows_mm() if kernel else None
     rewritten = 0
     for node in list(graph.nodes):
         operands = _product_operands(node, allowed)
         if operands is None:
             continue
         x, w, bias = operands
+        if op is not None:  # the register-blocked kernel (``ops/cpu_rows_mm.py``)
+            with graph.inserting_before(node):
+                out = graph.call_function(op, (x, w))
+                if bias is not None:
+                    out = graph.call_function(aten.add.Tensor, (out, bias))
+            _replace(graph, node, out)
+            rewritten += 1
+            continue
         with graph.inserting_before(node):
             k = int(w.meta["val"].shape[1])
             buffered = graph.call_function(
@@ -107,17 +131,29 @@ def products_as_reductions(
                     aten.clone.default, (out,), {"memory_format": torch.contiguous_format}
                 )
                 out.meta = dict(node.meta)
-        transpose = node.args[-1]
-        node.replace_all_uses_with(out)
-        graph.erase_node(node)
-        if isinstance(transpose, fx.Node) and not transpose.users:
-            graph.erase_node(transpose)
+        _replace(graph, node, out)
         rewritten += 1
     if rewritten:
         gm.recompile()
         counters["torch_tensorrt_dist"]["reduced_products"] += rewritten
     logger.debug("%d products with weights as reductions", rewritten)
     return rewritten
+
+
+def _rows_mm() -> Any:
+    """The ``rows_mm`` op where it builds (``ops/cpu_rows_mm.py``), else None."""
+    from torch_tensorrt_dist.ops import cpu_rows_mm
+
+    return torch.ops.tensorrt_dist_gemm.rows_mm.default if cpu_rows_mm.available() else None
+
+
+def _replace(graph: fx.Graph, node: fx.Node, out: fx.Node) -> None:
+    """``out`` in place of the product ``node``; its weight's transpose goes with it."""
+    transpose = node.args[-1]
+    node.replace_all_uses_with(out)
+    graph.erase_node(node)
+    if isinstance(transpose, fx.Node) and not transpose.users:
+        graph.erase_node(transpose)
 
 
 def _product_operands(

@@ -16,10 +16,14 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError, VerificationError
 from torch_tensorrt_dist.runtime._rank_entry import FAILURE_DIR_ENV
+
+if TYPE_CHECKING:
+    from torch_tensorrt_dist.config.run import RunConfig
+    from torch_tensorrt_dist.runtime.launcher import LaunchResult
 
 __all__ = [
     "alike_on_every_rank",
@@ -75,15 +79,17 @@ def exit_codes() -> Iterator[None]:
         raise SystemExit(2) from exc
 
 
-def rank_entry(rank_main: Callable[[Any], int], ns: Any, log_level: int = logging.WARNING) -> None:
-    """Entry of a rank our launcher started (``launch(rank_entry, n, [rank_main, ns,
-    log_level])``): ``rank_main(ns)``, its errors and non-zero return as the rank's exit
+def rank_entry(
+    rank_main: Callable[[RunConfig], int], config: RunConfig, log_level: int = logging.WARNING
+) -> None:
+    """Entry of a rank our launcher started (``launch(rank_entry, n, [rank_main, config,
+    log_level])``): ``rank_main(config)``, its errors and non-zero return as the rank's exit
     status. ``log_level``: the command's (``-v``: INFO, ``-vv``: DEBUG); a started process
     has no logging set up, and its lines name the rank."""
     rank = os.environ.get("RANK", "?")
     logging.basicConfig(level=log_level, format=f"%(levelname)s rank {rank} %(name)s: %(message)s")
     with exit_codes():
-        code = rank_main(ns)
+        code = rank_main(config)
     if code:
         raise SystemExit(code)
 
@@ -156,7 +162,9 @@ def refuse(exc: BaseException, code: int, prefix: str = "error") -> int:
     return code
 
 
-def print_launch_failure(result: Any, *, verbose: int = 0, prefix: str = "error: ") -> None:
+def print_launch_failure(
+    result: LaunchResult, *, verbose: int = 0, prefix: str = "error: "
+) -> None:
     """The launcher's report of a failed job: the failed rank's error, then the line that
     names it (the traceback is logged at ``-v``; say so when it is not shown)."""
     if result.ok or not result.message:

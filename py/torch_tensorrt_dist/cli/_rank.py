@@ -1,14 +1,16 @@
 """One way to build a rank, for every command that runs a model (``generate``, ``serve``,
 ``eval``, ``compile``).
 
-    return start(ns, generate_job_of)          # a command's run(): plan, then run or launch
+    return start(ns, generate_job_of, GenerateRankJob())   # a command's run(): plan, then run
+                                                           # here or launch the ranks
 
 :func:`start` reads the options into a :class:`RunConfig` and has the model's family plan it
 (bad input is one line, before any rank starts); then it runs :func:`rank_main` in this process
 (one rank, or a rank of another launcher) or launches the ranks, each of which runs
 :func:`rank_main`: set its threads, join the world, plan and load its shard (one verdict of all
-ranks, ``runtime.agree``), then the command's job (``_generate_job``, ``_serve_job``,
-``_eval_job``, ``_compile_job``: ``check``, ``build``, ``run``).
+ranks, ``runtime.agree``), then the command's :class:`RankJob` (``_generate_job``,
+``_serve_job``, ``_eval_job``, ``_compile_job``: ``check``, ``build``, ``run``), which the
+command names.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable
-from types import ModuleType
+from typing import Generic, TypeVar
 
-from torch_tensorrt_dist.cli import _compile_job, _eval_job, _generate_job, _serve_job
 from torch_tensorrt_dist.cli._failures import (
     alike_on_every_rank,
     check_world,
@@ -28,24 +30,40 @@ from torch_tensorrt_dist.cli._failures import (
     refuse,
 )
 from torch_tensorrt_dist.cli._options import run_config
-from torch_tensorrt_dist.config.jobs import CompileJob, EvalJob, GenerateJob, Job, ServeJob
+from torch_tensorrt_dist.config.jobs import Job
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.errors import TensorRTDistError, VerificationError
 from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank, checkpoint_spec
 
-__all__ = ["plan_run", "rank_main", "spec_for", "start"]
+__all__ = ["RankJob", "plan_run", "rank_main", "spec_for", "start"]
 
 logger = logging.getLogger(__name__)
 
-#: what each kind of job runs once the model is planned: ``check(config, spec, plan)`` (also in the
-#: launching process), ``build(rank)`` (with the model, inside the loading verdict),
-#: ``run(rank, built) -> exit code``
-JOBS: dict[type, ModuleType] = {
-    GenerateJob: _generate_job,
-    ServeJob: _serve_job,
-    EvalJob: _eval_job,
-    CompileJob: _compile_job,
-}
+B = TypeVar("B")
+
+
+class RankJob(ABC, Generic[B]):
+    """What a command does in each rank once the model is planned: :meth:`check` (also in the
+    launching process, before any rank starts), :meth:`build` (with the model, inside the
+    loading verdict: what :meth:`run` takes), :meth:`run` (-> the exit code). Each command
+    names its own (``cli/_<command>_job.py``); it holds no state, so a launched rank gets it
+    with its :meth:`rank_main`."""
+
+    @abstractmethod
+    def check(self, config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
+        """Refuse what this job cannot run with the planned model (ConfigError)."""
+
+    @abstractmethod
+    def build(self, rank: Rank) -> B:
+        """What the job runs with: this rank's shard, or its generator."""
+
+    @abstractmethod
+    def run(self, rank: Rank, built: B) -> int:
+        """The job: the exit code."""
+
+    def rank_main(self, config: RunConfig) -> int:
+        """One rank of this job (:func:`rank_main`)."""
+        return rank_main(config, self)
 
 
 def spec_for(config: RunConfig) -> ModelSpec:
@@ -57,12 +75,12 @@ def spec_for(config: RunConfig) -> ModelSpec:
     return checkpoint_spec(config)
 
 
-def plan_run(config: RunConfig) -> tuple[RunConfig, ModelSpec, ModelPlan]:
+def plan_run(config: RunConfig, job: RankJob[B]) -> tuple[RunConfig, ModelSpec, ModelPlan]:
     """The model's plan and the job's checks; the config with the layout resolved."""
     spec = spec_for(config)
     plan = spec.plan(config)
     config = config.with_(parallel=plan.parallel)
-    JOBS[type(config.job)].check(config, spec, plan)
+    job.check(config, spec, plan)
     if config.speculative is not None:  # --draft-model: its config.json, before any weight
         from torch_tensorrt_dist.families.draft import check_draft_plan
 
@@ -70,7 +88,7 @@ def plan_run(config: RunConfig) -> tuple[RunConfig, ModelSpec, ModelPlan]:
     return config, spec, plan
 
 
-def rank_main(config: RunConfig) -> int:
+def rank_main(config: RunConfig, job: RankJob[B]) -> int:
     """One rank of any command: its threads, the world, its shard, the job; the exit code."""
     import torch.distributed as dist
 
@@ -86,15 +104,14 @@ def rank_main(config: RunConfig) -> int:
     with use_threads(threads):
         world = check_world(config.parallel.sizes(), note=f"{config.command} uses every rank: ")
         index, device, group = join_world(world)
-        job = JOBS[type(config.job)]
         # every rank plans and loads its own shard; no rank goes on (echoes a prompt, compiles,
         # runs a collective) until all have (runtime.agree: one rank's error stops every rank)
         what = "artifacts" if config.model.artifacts is not None else "checkpoint"
         with agreed(f"loading the {what}"):
-            config, spec, plan = plan_run(config)
+            config, spec, plan = plan_run(config, job)
             rank = Rank(config, spec, plan, index, world, device, group, threads)
             built = job.build(rank)
-        code = int(job.run(rank, built))
+        code = job.run(rank, built)
     if code == 0 and world > 1 and dist.is_initialized():
         dist.destroy_process_group()  # a normal end; after an error the launcher stops the ranks
     return code
@@ -103,12 +120,13 @@ def rank_main(config: RunConfig) -> int:
 def start(
     ns: argparse.Namespace,
     job_of: Callable[[argparse.Namespace], Job],
+    job: RankJob[B],
     *,
     launch_ranks: Callable[[RunConfig], int] | None = None,
 ) -> int:
     """A command's run: its options as a :class:`RunConfig` (``job_of`` reads the command's
-    own), planned before any rank starts; then :func:`rank_main` here, or the ranks launched
-    (``launch_ranks``: the command's own way to launch them)."""
+    own), planned before any rank starts; then ``job`` in :func:`rank_main` here, or the ranks
+    launched (``launch_ranks``: the command's own way to launch them)."""
     from torch_tensorrt_dist.runtime import is_launched, launch
     from torch_tensorrt_dist.runtime.threads import rank_thread_count
 
@@ -117,14 +135,14 @@ def start(
         with alike_on_every_rank():  # options and files: every rank refuses them alike
             config = run_config(ns, job_of(ns))
             rank_thread_count(config.threads)  # a bad OMP_NUM_THREADS too
-            config = plan_run(config)[0]
+            config = plan_run(config, job)[0]
         single = config.parallel.world == 1 or launched
         if config.engine == "tensorrt":  # what to install, before any rank starts
             from torch_tensorrt_dist.conversion.availability import require_tensorrt_engine
 
             require_tensorrt_engine(isolated=not single)  # the launcher stays free of CUDA
         if single:
-            return rank_main(config)
+            return rank_main(config, job)
     except VerificationError as exc:  # a wrong engine, not bad input
         return refuse(exc, 1)
     except TensorRTDistError as exc:
@@ -135,7 +153,7 @@ def start(
 
     level = logging.getLogger().getEffectiveLevel()  # -v reaches the ranks
     result = launch(
-        rank_entry, config.parallel.world, [rank_main, config, level], env=rank_env(os.environ)
+        rank_entry, config.parallel.world, [job.rank_main, config, level], env=rank_env(os.environ)
     )
     print_launch_failure(result, verbose=ns.verbose)
     return int(result.returncode)

@@ -16,6 +16,7 @@ import argparse
 from typing import Any
 
 from torch_tensorrt_dist.cli import _options as opt
+from torch_tensorrt_dist.cli._compile_job import CompileRankJob
 from torch_tensorrt_dist.cli._rank import start
 from torch_tensorrt_dist.config.jobs import CompileJob
 from torch_tensorrt_dist.errors import ConfigError
@@ -56,4 +57,4 @@ def _job(ns: argparse.Namespace) -> CompileJob:
 
 
 def run(ns: argparse.Namespace) -> int:
-    return start(ns, _job)
+    return start(ns, _job, CompileRankJob())

@@ -17,6 +17,7 @@ import argparse
 from typing import Any
 
 from torch_tensorrt_dist.cli import _options as opt
+from torch_tensorrt_dist.cli._eval_job import EvalRankJob
 from torch_tensorrt_dist.cli._rank import start
 from torch_tensorrt_dist.config.jobs import EvalJob
 
@@ -51,4 +52,4 @@ def _job(ns: argparse.Namespace) -> EvalJob:
 
 
 def run(ns: argparse.Namespace) -> int:
-    return start(ns, _job)
+    return start(ns, _job, EvalRankJob())

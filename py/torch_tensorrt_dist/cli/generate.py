@@ -19,6 +19,7 @@ import argparse
 from typing import Any
 
 from torch_tensorrt_dist.cli import _options as opt
+from torch_tensorrt_dist.cli._generate_job import GenerateRankJob
 from torch_tensorrt_dist.cli._rank import start
 from torch_tensorrt_dist.config.jobs import GenerateJob
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
@@ -78,4 +79,4 @@ def _job(ns: argparse.Namespace) -> GenerateJob:
 
 
 def run(ns: argparse.Namespace) -> int:
-    return start(ns, _job)
+    return start(ns, _job, GenerateRankJob())

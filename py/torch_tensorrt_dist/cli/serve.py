@@ -37,7 +37,7 @@ from torch_tensorrt_dist.cli._options import (
     add_threads,
 )
 from torch_tensorrt_dist.cli._rank import start
-from torch_tensorrt_dist.cli._serve_job import API_KEY_ENV
+from torch_tensorrt_dist.cli._serve_job import API_KEY_ENV, ServeRankJob
 from torch_tensorrt_dist.config.jobs import (
     DEFAULT_STEP_TIMEOUT_S,
     DEFAULT_WRITE_TIMEOUT_S,
@@ -164,14 +164,19 @@ def _job(ns: argparse.Namespace) -> ServeJob:
 
 
 def run(ns: argparse.Namespace) -> int:
-    return start(ns, _job, launch_ranks=lambda config: _launch(config, ns.verbose))
+    rank_job = ServeRankJob()
+    return start(
+        ns,
+        _job,
+        rank_job,
+        launch_ranks=lambda config: _launch(config, rank_job, verbose=ns.verbose),
+    )
 
 
-def _launch(config: RunConfig, verbose: int) -> int:
+def _launch(config: RunConfig, rank_job: ServeRankJob, *, verbose: int) -> int:
     """The server's ranks: a drained rank ends by the signal the launcher forwarded
     (``_serve_job``), which is a clean end here, not a failure."""
     from torch_tensorrt_dist.cli._failures import print_launch_failure, rank_entry
-    from torch_tensorrt_dist.cli._rank import rank_main
     from torch_tensorrt_dist.runtime import launch
     from torch_tensorrt_dist.runtime.huge_pages import rank_env
 
@@ -192,7 +197,11 @@ def _launch(config: RunConfig, verbose: int) -> int:
         result = launch(
             rank_entry,
             world,
-            [rank_main, config, logging.getLogger().getEffectiveLevel()],  # -v reaches ranks
+            [
+                rank_job.rank_main,
+                config,
+                logging.getLogger().getEffectiveLevel(),
+            ],  # -v reaches ranks
             stop_timeout=stop_timeout,
             env=rank_env(os.environ),  # runtime/huge_pages.py
         )

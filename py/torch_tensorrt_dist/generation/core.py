@@ -305,13 +305,14 @@ class GenerationCore:
         out = []
         for i, (seq, n) in enumerate(rows):
             seq.computed += n
-            self._commit(seq)
+            self.commit_blocks(seq)
             if seq.computed == len(seq.tokens):
                 out.append((seq, logits[i]))
         return out
 
-    def _commit(self, seq: Sequence) -> None:
-        """Offer the sequence's newly full blocks to the prefix cache."""
+    def commit_blocks(self, seq: Sequence) -> None:
+        """Offer the sequence's newly full blocks to the prefix cache (after a step computed
+        them; the speculator too, after it accepted a draft's tokens)."""
         if self.pool.prefix_caching:
             for block, key in seq.new_keys(self.block_size, self.salt):
                 self.pool.commit(block, key)
@@ -323,11 +324,13 @@ class GenerationCore:
         logits = torch.stack([row for _, row in done])  # [N, V]
         states = [s.sampling for s, _ in done]
         picks = sample_step(logits, states, bitmask, mask_failures, masks.forbid)
-        return [self._next(seq, pick) for (seq, _), pick in zip(done, picks)]
+        return [self.apply_pick(seq, pick) for (seq, _), pick in zip(done, picks)]
 
-    def _next(self, seq: Sequence, pick: Pick | Failure) -> Emitted:
-        """Advance the request by its picked token (its grammar, its penalty state, its text);
-        with ``isolate``, an exception (or a failed pick) fails this request only."""
+    def apply_pick(self, seq: Sequence, pick: Pick | Failure) -> Emitted:
+        """Advance the request by its picked token (its grammar, its penalty state, its text):
+        what the step emits for it. With ``isolate``, an exception (or a failed pick) fails
+        this request only. The speculator passes each accepted token of a draft through it,
+        as plain decoding would."""
         stage = "grammar"
         try:
             if isinstance(pick, Failure):

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.hf_attention import PagedStep
 from torch_tensorrt_dist.models.llama_args import ModelArgs
-from torch_tensorrt_dist.models.paged import PagedKVCache, pack_rows, paged_slots
+from torch_tensorrt_dist.models.paged import PagedKVCache, StepArgs, pack_rows, paged_slots
 from torch_tensorrt_dist.models.stage import StageRole
 
 __all__ = ["KVShape", "PagedHFModel"]
@@ -119,21 +119,14 @@ class PagedHFModel(nn.Module):
         heads, head_dim = self.kv.layout()
         return self.args.n_layers, heads, head_dim, size
 
-    def paged_step(
-        self,
-        tokens: Tensor,
-        start: Tensor,
-        last: Tensor,
-        past: Tensor,
-        dest: Tensor,
-        live: Tensor | None = None,
-    ) -> Tensor:
-        """One step of R rows -> the logits of each row's last token [R, V] (the arguments as
-        ``Transformer.paged_step``'s: tokens [R, S], start [R], last [R], past [R, NBp],
-        dest [R, S], and a packed step's ``live`` [N])."""
+    def paged_step(self, *args: Tensor) -> Tensor:
+        """One step of R rows -> the logits of each row's last token [R, V] (``args``: a
+        :class:`~torch_tensorrt_dist.models.paged.StepArgs`, as ``Transformer.paged_step``'s)."""
         if self.block_size < 1:
             raise ConfigError("call PagedHFModel.setup_paged(...) before running a paged step")
-        pos, slots = paged_slots(start, last, past, dest, self.block_size, live)  # pos [R, S]
+        inputs = StepArgs(*args)
+        tokens, start, last, past, _, live = inputs
+        pos, slots = paged_slots(inputs, self.block_size)  # pos [R, S]
         step = PagedStep(start, pos, slots, past.shape[1] * self.block_size, self.kv_pools)
         keep: Tensor | int
         if live is None:  # every token's logits, then each row's last (a decode row: one)

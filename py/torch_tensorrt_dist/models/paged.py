@@ -44,6 +44,7 @@ __all__ = [
     "NULL_BLOCK",
     "PagedKVCache",
     "PagedSlots",
+    "StepArgs",
     "pack_rows",
     "paged_attention",
     "paged_mask",
@@ -97,6 +98,25 @@ class PagedKVCache(nn.Module):
         return k, v
 
 
+class StepArgs(NamedTuple):
+    """The inputs of one paged step, in the order every step function takes them
+    (``Transformer.paged_step(*args)``, ``PagedHFModel.paged_step``, a compiled step)."""
+
+    tokens: Tensor
+    """[R, S]: a decode row's last token (S = 1), a prefill chunk right-padded; a pipeline
+    stage after the first: the previous stage's hidden states [R, S, dim]."""
+    start: Tensor
+    """[R]: the row's tokens already in its blocks (the position of ``tokens[:, 0]``)."""
+    last: Tensor
+    """[R]: the index of the row's last real token."""
+    past: Tensor
+    """[R, NBp]: the blocks that hold positions < start, padded with the null block."""
+    dest: Tensor
+    """[R, S]: each token's block, the null block for padding."""
+    live: Tensor | None = None
+    """[N]: a packed step's real tokens (:func:`pack_rows`); None unpacked."""
+
+
 class PagedSlots(NamedTuple):
     """A step's KV bookkeeping: where each token's K/V goes (block and offset, [R * S] each),
     the rows' past blocks [R, NBp], and the K/V each layer computed (appended by the layers,
@@ -110,25 +130,16 @@ class PagedSlots(NamedTuple):
     live: Tensor | None = None
 
 
-def paged_slots(
-    start: Tensor,
-    last: Tensor,
-    past: Tensor,
-    dest: Tensor,
-    block_size: int,
-    live: Tensor | None = None,
-) -> tuple[Tensor, PagedSlots]:
-    """Positions and KV slots of a step's tokens.
-
-    start, last: [R]; past: [R, NBp]; dest: [R, S] (each token's block) -> positions [R, S]
-    (RoPE and mask) and the slots: padding tokens (s > last) take their row's last position
-    (a short row's padding would otherwise run past the RoPE table near the longest sequence)
-    and write into the null block, whatever ``dest`` says; offsets are positions modulo the
-    block size. (Combining
+def paged_slots(step: StepArgs, block_size: int) -> tuple[Tensor, PagedSlots]:
+    """Positions and KV slots of a step's tokens -> positions [R, S] (RoPE and mask) and the
+    slots: padding tokens (s > last) take their row's last position (a short row's padding
+    would otherwise run past the RoPE table near the longest sequence) and write into the null
+    block, whatever ``dest`` says; offsets are positions modulo the block size. (Combining
     ``dest`` with ``last`` also tells the compiler that both have R rows: the block and offset
     of a write are one length.) ``live`` (a packed step, :func:`pack_rows`): the slots of
     the real tokens only, [N] each, in the packed order.
     """
+    start, last, past, dest, live = step.start, step.last, step.past, step.dest, step.live
     s = dest.shape[1]
     steps = torch.arange(s, device=start.device)
     real = steps[None, :] <= last[:, None]  # [R, S]

@@ -29,6 +29,7 @@ from torch_tensorrt_dist.models.llama_args import ModelArgs
 from torch_tensorrt_dist.models.paged import (
     PagedKVCache,
     PagedSlots,
+    StepArgs,
     pack_rows,
     paged_mask,
     paged_slots,
@@ -121,27 +122,14 @@ class PagedSteps:
         self.block_size, self.max_seq_len = block_size, max_seq_len
         self.paged_version += 1  # a compiled step's direct calls start over (step_dispatch)
 
-    def paged_step(
-        self,
-        tokens: Tensor,
-        start: Tensor,
-        last: Tensor,
-        past: Tensor,
-        dest: Tensor,
-        live: Tensor | None = None,
-        *,
-        every: bool = False,
-    ) -> Tensor:
+    def paged_step(self, *args: Tensor, every: bool = False) -> Tensor:
         """One step of R rows over the paged cache -> the logits of each row's last token [R, V].
 
-        tokens: [R, S] (a decode row: its last token, S = 1; a prefill chunk: right-padded; a
-        pipeline stage after the first: the previous stage's hidden states [R, S, dim]);
-        start: [R] (the row's tokens already in its blocks: the position of tokens[:, 0]);
-        last: [R] (the index of the row's last real token); past: [R, NBp] (the blocks that hold
-        positions < start, padded with the null block); dest: [R, S] (each token's block, the
-        null block for padding). See ``models/paged.py``. A pipeline stage before the last
-        returns its hidden states [R, S, dim] for the next stage. ``live`` [N]: the step runs
-        packed, its products over the N real tokens only (``models/paged.py``, ``pack_rows``).
+        ``args``: a :class:`~torch_tensorrt_dist.models.paged.StepArgs` (tokens [R, S], start
+        [R], last [R], past [R, NBp], dest [R, S], and a packed step's ``live`` [N]: its
+        products run over the N real tokens only). A pipeline stage takes the previous stage's
+        hidden states [R, S, dim] as ``tokens``, and one before the last returns its own for
+        the next stage.
 
         ``every`` (speculative decoding's verify call, which checks each position of a row;
         the last stage only): the logits of every token, [R, S, V] (padding positions' are
@@ -149,7 +137,9 @@ class PagedSteps:
         """
         if every and not self.stage.last:
             raise ValueError("paged_step(every=True) runs on a model with the LM head")
-        x, slots = self._paged_hidden(tokens, start, last, past, dest, live)  # [R | 1, S | N, dim]
+        step = StepArgs(*args)
+        live, last, dest = step.live, step.last, step.dest
+        x, slots = self._paged_hidden(step)  # [R | 1, S | N, dim]
         if every:
             out = self._logits(x)
             out = out if live is None else out[0]
@@ -189,27 +179,20 @@ class PagedSteps:
         """The negative log likelihood of ``targets`` [R, S] at every position of the rows
         (the paged step's computation, the head over every token; nothing written) -> [R, S]
         float32. What ``eval --perplexity`` runs."""
-        x, _ = self._paged_hidden(tokens, start, last, past, dest)
+        x, _ = self._paged_hidden(StepArgs(tokens, start, last, past, dest))
         logp = F.log_softmax(self._logits(x).float(), dim=-1)  # [R, S, V]
         return -logp.gather(-1, targets[..., None]).squeeze(-1)
 
-    def _paged_hidden(
-        self,
-        tokens: Tensor,
-        start: Tensor,
-        last: Tensor,
-        past: Tensor,
-        dest: Tensor,
-        live: Tensor | None = None,
-    ) -> tuple[Tensor, PagedSlots]:
+    def _paged_hidden(self, step: StepArgs) -> tuple[Tensor, PagedSlots]:
         """The last layer's output [R, S, dim] of a paged step ([1, N, dim] packed, ``live``),
         and its slots (each layer's K/V in ``slots.computed``, not written yet)."""
         if self.block_size < 1:
             raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
-        pos, slots = paged_slots(start, last, past, dest, self.block_size, live)  # pos: [R, S]
-        mask = paged_mask(self.args, start, pos, past.shape[1] * self.block_size)
-        if live is not None:  # [1, N]: the products run over the real tokens only
-            tokens, pos = pack_rows(tokens, live), pack_rows(pos, live)
+        pos, slots = paged_slots(step, self.block_size)  # pos: [R, S]
+        mask = paged_mask(self.args, step.start, pos, step.past.shape[1] * self.block_size)
+        tokens = step.tokens
+        if step.live is not None:  # [1, N]: the products run over the real tokens only
+            tokens, pos = pack_rows(tokens, step.live), pack_rows(pos, step.live)
         # tokens [R, S], or (a later pipeline stage) the previous stage's hidden [R, S, dim]
         x = self.tok_embeddings(tokens) if self.stage.first else tokens  # [R, S, dim]
         cos = self.rope_cos[pos].to(x.dtype)  # [R, S, D]

@@ -33,6 +33,7 @@ __all__ = [
     "refusal",
     "survey",
     "tiny_config",
+    "tp1_verdict",
     "write_table",
 ]
 
@@ -131,7 +132,7 @@ def _reference(cfg: Any, path: Path) -> list[list[int]]:
     return checkpoints.hf_greedy(hf, PROMPTS, NEW)
 
 
-def _exact(kind: str, root: Path) -> str:
+def tp1_verdict(kind: str, root: Path) -> str:
     """A tiny random checkpoint of ``kind`` through this family at TP 1 against
     transformers' greedy ``generate``: "exact", "differs" or the refusal / error."""
     import torch
@@ -191,7 +192,7 @@ def survey(
                         if why is not None:
                             tp1 = f"refused: {why}"
                         else:
-                            tp1 = _exact(kind, Path(tmp)) if run else "plans"
+                            tp1 = tp1_verdict(kind, Path(tmp)) if run else "plans"
             except Exception as exc:  # the table records what went wrong
                 tp1 = f"error: {type(exc).__name__}: {_short(str(exc))[:80]}"
                 if isinstance(exc, ConfigError) and "no tiny config" in str(exc):

@@ -10,7 +10,7 @@ A decode row the plan gives a draft of k tokens runs as k + 1 tokens in the step
 call, with every other one-token row of the step (``verify_fn``: the step with the logits of
 every token, ``Transformer.paged_step(..., every=True)``). :meth:`Speculator.accept` walks
 a row's positions (``verify.verify_pick``): it emits each accepted draft token and the
-target's own token through the core's ``_next``, as plain decoding would, then rewinds the
+target's own token through the core's ``apply_pick``, as plain decoding would, then rewinds the
 blocks that hold only refused tokens' K/V. The counts (``proposed``, ``accepted``, ``rows``)
 are the server's ``/metrics``.
 """
@@ -52,9 +52,9 @@ class GenerationCore(Protocol):
     mark_dynamic: bool
     pack: bool
 
-    def _next(self, seq: Sequence, pick: Pick | Failure) -> Emitted: ...
+    def apply_pick(self, seq: Sequence, pick: Pick | Failure) -> Emitted: ...
 
-    def _commit(self, seq: Sequence) -> None: ...
+    def commit_blocks(self, seq: Sequence) -> None: ...
 
 
 __all__ = ["Speculator"]
@@ -150,7 +150,7 @@ class Speculator:
             if seq.computed == len(seq.tokens):
                 out.append((seq, drafts.get(seq.rid, []), row))
             else:  # a prompt's chunk of one token, not its last
-                core._commit(seq)
+                core.commit_blocks(seq)
         return out
 
     def accept(
@@ -163,7 +163,7 @@ class Speculator:
         for j in range(len(draft) + 1):
             proposed = draft[j] if j < len(draft) else None
             pick, held = verify_pick(logits[j], seq.sampling, core.grammars, proposed)
-            e = core._next(seq, pick)
+            e = core.apply_pick(seq, pick)
             out.append(e)
             if e.finish is not None or not held:
                 break
@@ -180,5 +180,5 @@ class Speculator:
             if len(seq.blocks) > keep:  # what is beyond holds refused tokens only: never read
                 core.pool.release(seq.blocks[keep:])
                 del seq.blocks[keep:]
-            core._commit(seq)
+            core.commit_blocks(seq)
         return out
