@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from torch_tensorrt_dist.testing.multiprocess import use_forkserver
+
 
 def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
@@ -141,6 +143,13 @@ def pytest_report_header(config: pytest.Config) -> str:
     return cpu_report(
         _read("/proc/cpuinfo") or "", _read("/sys/kernel/mm/transparent_hugepage/enabled")
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # run_on_ranks forks its ranks from a server that imported torch once (started at a
+    # worker's first spawn): a fresh interpreter per rank cost seconds of CPU each, about 35
+    # spawns of 2-4 ranks in the suite
+    use_forkserver()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
