@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from torch_tensorrt_dist.testing.multiprocess import use_forkserver
+
 
 def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
@@ -56,7 +58,11 @@ _SKIPS = {
 # alone at the end). A worker takes the next file when it is done with one, so the files that
 # take longest go first. Ordered by each file's total over the 50 slowest tests of a
 # --durations run on 2 cores (2026-12-06, 18 min 26 s: 96 s down to 14 s), then files that were
-# listed before; a file not listed keeps its place after these.
+# listed before; the files that were not listed and start processes or compile are placed by
+# -n 0 --durations runs of them (2026-12-07, at a load of 12: test_weight_layout 220 s, the
+# first Inductor generator of its process, test_registration 129 s, its two interpreters
+# compiling, down to test_kv_blocks 22 s): alphabetical, test_weight_* ran last, one worker
+# alone. The files after these keep their collected order and take seconds each.
 SLOW_FIRST = (
     "test_serve_watchdog.py",
     "test_generate_pp_cli.py",
@@ -68,6 +74,12 @@ SLOW_FIRST = (
     "test_serve_pipeline.py",
     "test_toy_family.py",
     "test_artifacts_inductor.py",
+    "test_registration.py",
+    "test_rank_errors_cli.py",
+    "test_generate_cli.py",
+    "test_weight_layout.py",
+    "test_quantization.py",
+    "test_artifacts_build.py",
     "test_example_simple.py",
     "test_faults.py",
     "test_import_without_tensorrt.py",
@@ -95,6 +107,15 @@ SLOW_FIRST = (
     "test_launcher_run.py",
     "test_paged_conversion.py",
     "test_moe_parallel.py",
+    "test_huge_pages.py",
+    "test_weight_only_conversion.py",
+    "test_serve_frontend.py",
+    "test_launcher_quiet.py",
+    "test_hostile_cli.py",
+    "test_serve_failure.py",
+    "test_serve_quantize.py",
+    "test_serve_liveness.py",
+    "test_kv_blocks.py",
 )
 
 
@@ -141,6 +162,13 @@ def pytest_report_header(config: pytest.Config) -> str:
     return cpu_report(
         _read("/proc/cpuinfo") or "", _read("/sys/kernel/mm/transparent_hugepage/enabled")
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # run_on_ranks forks its ranks from a server that imported torch once (started at a
+    # worker's first spawn): a fresh interpreter per rank cost seconds of CPU each, about 35
+    # spawns of 2-4 ranks in the suite
+    use_forkserver()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
