@@ -20,7 +20,6 @@ from torch_tensorrt_dist.generation.grammar import (
     GrammarError,
     Grammars,
     GrammarSpec,
-    MaskFiller,
     Matcher,
     apply_bitmask_,
     new_bitmask,
@@ -234,7 +233,7 @@ def test_batched_masks_equal_each_matchers_own_and_are_the_same_every_time(
         assert torch.equal(allowed[i], m.allowed()), i
     assert allowed[2].all()  # a row without a grammar stays all-allowed
     # another rank: its own engine from the same tokenizer file, the same specs and tokens,
-    # its masks computed in a worker thread (as while a graph runs): the same bits
+    # its masks computed row by row on this thread (as a CPU step does): the same bits
     assert v.path is not None
     rank1 = Grammars.from_file(v.path, vocab_size=v.vocab, eos_ids=(v.eos,))
     other = [rank1.compile(s) for s in specs]
@@ -242,11 +241,7 @@ def test_batched_masks_equal_each_matchers_own_and_are_the_same_every_time(
         other[0].accept(t)
     other[1].accept(v.tok.encode("7", add_special_tokens=False)[-1])
     again = new_bitmask(4, v.vocab)
-    filler = MaskFiller()
-    try:
-        filler.submit(rank1, [(other[0], 3), (other[1], 0), (other[2], 1)], again).result()
-    finally:
-        filler.close()
+    rank1.fill_bitmask([(other[0], 3), (other[1], 0), (other[2], 1)], again, parallel=False)
     assert torch.equal(again, bitmask)
     x = torch.randn(4, v.vocab)
     y = x.clone()

@@ -1,7 +1,7 @@
 """``sampling.sample_each``: the rows of a step drawn together give each row the token that
-``sample`` gives it alone, from the same generator, step after step; grammar masks expanded in
-the mask thread (CPU logits, ``StepMasks.forbid``) sample what the bitmask applied on the
-step's path samples."""
+``sample`` gives it alone, from the same generator, step after step; grammar masks computed
+row by row and expanded (CPU logits, ``StepMasks.forbid``) sample what the engine's parallel
+masks with the bitmask applied sample."""
 
 from __future__ import annotations
 
@@ -92,17 +92,16 @@ def _rows(grammars: Any) -> list[RowSampling]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_masks_expanded_in_the_thread_sample_what_the_bitmask_samples(dtype: torch.dtype) -> None:
+def test_masks_row_by_row_and_expanded_sample_what_the_bitmask_samples(dtype: torch.dtype) -> None:
     pytest.importorskip("llguidance")
-    from torch_tensorrt_dist.generation.grammar import Grammars, MaskFiller
+    from torch_tensorrt_dist.generation.grammar import Grammars
 
     grammars = Grammars.for_bytes(vocab_size=300, eos_ids=(299,))
-    filler = MaskFiller()
     runs = []
     for device in (None, torch.device("cpu")):  # the bitmask applied here; expanded (CPU)
         rows, picks = _rows(grammars), []
         for step in range(6):
-            masks = StepMasks.start(grammars, filler, rows, device)
+            masks = StepMasks.start(grammars, rows, device)
             bitmask, failed = masks.wait()
             assert (masks.forbid is not None) == (device is not None)
             x = torch.randn(len(rows), 300, generator=torch.Generator().manual_seed(step))
@@ -112,5 +111,4 @@ def test_masks_expanded_in_the_thread_sample_what_the_bitmask_samples(dtype: tor
                 row.accept(pick.token)
             picks.append(got)
         runs.append(picks)
-    filler.close()
     assert runs[0] == runs[1]

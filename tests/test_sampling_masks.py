@@ -15,7 +15,6 @@ from torch_tensorrt_dist.generation.grammar import (
     GrammarError,
     Grammars,
     GrammarSpec,
-    MaskFiller,
     allows_other,
     id_bits,
     new_bitmask,
@@ -108,20 +107,17 @@ def _run(
     """Greedy steps of one row over fixed ``logits`` [V] until the grammar is complete, an end
     id is drawn or 12 tokens: (the tokens, the last pick)."""
     req = Request(0, (1, 2), 12, cfg, stop_ids=cfg.end_ids((EOS,)), grammar=spec)
-    state, filler = RowSampling(req, grammars), MaskFiller()
+    state = RowSampling(req, grammars)
     out: list[int] = []
     pick: Pick | Failure | None = None
-    try:
-        for _ in range(12):
-            bitmask, failed = StepMasks.start(grammars, filler, [state]).wait()
-            pick = sample_step(logits[None].clone(), [state], bitmask, failed)[0]
-            if isinstance(pick, Failure):
-                break
-            out.append(pick.token)
-            if state.accept(pick.token) or pick.token in req.stop_ids:
-                break
-    finally:
-        filler.close()
+    for _ in range(12):
+        bitmask, failed = StepMasks.start(grammars, [state]).wait()
+        pick = sample_step(logits[None].clone(), [state], bitmask, failed)[0]
+        if isinstance(pick, Failure):
+            break
+        out.append(pick.token)
+        if state.accept(pick.token) or pick.token in req.stop_ids:
+            break
     return out, pick
 
 
@@ -189,14 +185,13 @@ def test_a_matcher_the_engine_failed_fails_its_row_not_with_the_end_token(
     its state, not by raising) fails its row at the step, naming the engine's reason."""
     spec = GrammarSpec.regex(r"[^\s\S]")
     req = Request(0, (1, 2), 4, SamplingConfig(), stop_ids=(EOS,), grammar=spec)
-    state, filler = RowSampling(req, grammars), MaskFiller()
-    try:
-        bitmask, failed = StepMasks.start(grammars, filler, [state]).wait()
-    finally:
-        filler.close()
-    assert list(failed) == [0] and "NoExtensionBias" in str(failed[0])
-    pick = sample_step(_favour(EOS)[None], [state], bitmask, failed)[0]
-    assert isinstance(pick, Failure) and pick.stage == "grammar"
+    for device in (None, torch.device("cpu")):  # the engine's threads; row by row (CPU)
+        state = RowSampling(req, grammars)
+        masks = StepMasks.start(grammars, [state], device)
+        bitmask, failed = masks.wait()
+        assert list(failed) == [0] and "NoExtensionBias" in str(failed[0])
+        pick = sample_step(_favour(EOS)[None], [state], bitmask, failed, masks.forbid)[0]
+        assert isinstance(pick, Failure) and pick.stage == "grammar"
 
 
 def test_a_repeated_spec_is_compiled_and_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -342,11 +342,6 @@ def test_tool_grammars_take_compact_calls_and_start_after_the_reasoning() -> Non
         after = replace(spec, after="</think>")
         assert _accepts(grammars, tok, after, "a/b</think>" + good)
         assert not _accepts(grammars, tok, after, "a/b</think>" + bad)
-    from torch_tensorrt_dist.bench.grammar_cost import TOOL_PREFIX, TOOL_SCHEMA
-
-    bench = grammars.compile(GrammarSpec.json_schema(TOOL_SCHEMA))  # the bench's timed prefix
-    for t in tok.encode(TOOL_PREFIX, add_special_tokens=False):
-        bench.accept(t)
 
 
 def test_chat_output_splits_reasoning_then_reads_calls_whole_and_streamed() -> None:

@@ -30,8 +30,9 @@ Sampling (``sampler.py``): a request's settings beyond temperature and top-p (pe
 ``logit_bias``, ``min_tokens``, logprobs) and its grammar (structured output, ``grammars``: the
 engine for the model's tokenizer, built on every rank) are state of its :class:`Sequence`,
 created alike on every rank on join and advanced by each token, so they survive preemption.
-The grammar masks of a step's sampling rows are computed in a worker thread while the step's
-graph runs. A request whose grammar is complete ends with ``stop``.
+The grammar masks of a step's sampling rows are computed once the step's graph is launched
+(on an accelerator, while it runs: ``sampler.StepMasks``). A request whose grammar is
+complete ends with ``stop``.
 
 Per-request isolation (``core.isolate = True``, a server): an exception while joining a request
 (its grammar), sampling its token (its settings, its grammar) or producing the text that
@@ -50,7 +51,7 @@ import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
-from torch_tensorrt_dist.generation.grammar import Grammars, MaskFiller
+from torch_tensorrt_dist.generation.grammar import Grammars
 from torch_tensorrt_dist.generation.kv_blocks import (
     BlockPool,
     blocks_for,
@@ -134,7 +135,6 @@ class GenerationCore:
         #: the grammar engine of structured output (the same on every rank); None: requests
         #: with a grammar fail on join
         self.grammars: Grammars | None = None
-        self._masks: MaskFiller | None = None
         self.mark_dynamic, self.pack = mark_dynamic, pack
         self._unrendered: list[tuple[Emitted, StopText, int | None]] = []
         self.sequences: dict[int, Sequence] = {}
@@ -208,7 +208,7 @@ class GenerationCore:
             if seq.spec is not None and seq.rid not in drafts:
                 seq.spec.tick()
         # the rows that sample this step, in the order _run returns them: their grammar
-        # masks are computed while the graph runs
+        # masks are computed once the graph is launched (on an accelerator, while it runs)
         sampling = [s for s, n in ones + many if s.computed + n == len(s.tokens)]
         masks = self._start_masks(sampling)
         done: list[tuple[Sequence, Tensor]] = []
@@ -249,10 +249,7 @@ class GenerationCore:
     def _start_masks(self, sampling: list[Sequence]) -> StepMasks:
         if self.grammars is None or all(s.sampling.matcher is None for s in sampling):
             return StepMasks()
-        if self._masks is None:
-            self._masks = MaskFiller()
-        states = [s.sampling for s in sampling]
-        return StepMasks.start(self.grammars, self._masks, states, self.device)
+        return StepMasks.start(self.grammars, [s.sampling for s in sampling], self.device)
 
     def _rows(self, chunks: dict[int, int]) -> list[tuple[Sequence, int]]:
         rows = []

@@ -15,7 +15,7 @@ How the core calls it (design; integration is the core's):
   request) into its own :class:`Matcher`: the same spec, tokenizer and tokens give the same
   masks on every rank, so ranks still sample alike without communicating. ``n`` > 1: one
   :meth:`Matcher.fork` per choice. A :class:`GrammarError` fails that request only (400).
-- Per step: the masks (:mod:`.grammar_masks`), computed while the step's graph runs.
+- Per step: the masks (:mod:`.grammar_masks`), computed once the step's graph is launched.
 - After sampling: :meth:`Matcher.accept`. The request ends with ``stop`` when
   :attr:`Matcher.is_finished` (the grammar admits nothing more; no end-of-text token needed)
   or on an end-of-text token the grammar accepted; :attr:`Matcher.error` set (an engine limit
@@ -49,7 +49,6 @@ from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError
 from torch_tensorrt_dist.generation.grammar_masks import (
-    MaskFiller,
     allows_other,
     apply_bitmask_,
     id_bits,
@@ -70,7 +69,6 @@ __all__ = [
     "GrammarError",
     "GrammarSpec",
     "Grammars",
-    "MaskFiller",
     "Matcher",
     "allows_other",
     "apply_bitmask_",
@@ -376,14 +374,14 @@ class Grammars:
             raise GrammarError(f"{describe(spec.kind)} cannot be compiled: {reason}", reason=reason)
         return Matcher(matcher, spec, self.vocab_size)
 
-    def fill_bitmask(self, rows: Sequence[tuple[Matcher, int]], bitmask: Tensor) -> None:
+    def fill_bitmask(
+        self, rows: Sequence[tuple[Matcher, int]], bitmask: Tensor, *, parallel: bool = True
+    ) -> None:
         """Write each matcher's mask into row ``i`` of ``bitmask`` (int32 [B, W], CPU,
-        contiguous: :func:`new_bitmask`), the rows in parallel without the GIL."""
-        if (
-            bitmask.dtype != torch.int32
-            or bitmask.device.type != "cpu"
-            or not bitmask.is_contiguous()
-        ):
+        contiguous: :func:`new_bitmask`) without the GIL: the rows in parallel (the engine's
+        threads), or (``parallel`` False) one by one on this thread, no thread to wake."""
+        fits = bitmask.dtype == torch.int32 and bitmask.device.type == "cpu"
+        if not fits or not bitmask.is_contiguous():
             raise ValueError(
                 "the bitmask must be a contiguous CPU int32 tensor (new_bitmask), got "
                 f"{bitmask.dtype} on {bitmask.device}"
@@ -394,7 +392,9 @@ class Grammars:
                 f"bitmask {tuple(bitmask.shape)} does not fit {self.vocab_size} tokens and "
                 f"rows {[i for _, i in rows]}"
             )
-        if rows:
-            self._executor.unsafe_compute_mask_ptr(
-                [(m._m, i) for m, i in rows], bitmask.data_ptr(), w * 4, b
-            )
+        ptr, size = bitmask.data_ptr(), w * 4
+        if parallel and len(rows) > 1:
+            self._executor.unsafe_compute_mask_ptr([(m._m, i) for m, i in rows], ptr, size, b)
+        else:
+            for m, i in rows:
+                m._m.unsafe_compute_mask_ptr(ptr + i * size, size)

@@ -2,24 +2,20 @@
 is bit t % 32 of word t // 32 (llguidance's layout), one row per sampling row. The engine that
 fills them, and the matchers they come from: :mod:`.grammar`.
 
-Per step, the mask of a row depends only on its tokens so far, known before the step's graph
-runs: submit ``Grammars.fill_bitmask`` to a :class:`MaskFiller` (a worker thread; llguidance
-releases the GIL while it computes) just before launching the graph, and wait for it after.
-Then :func:`apply_bitmask_` on the float32 copy of the logits, *outside* the compiled graph
-(so it works with every engine, TensorRT included), before the logprobs and
-:mod:`.logits_process` (vLLM's order)."""
+Per step, the mask of a row depends only on its tokens so far: ``Grammars.fill_bitmask``
+once the step's graph is launched (``sampler.StepMasks``; llguidance releases the GIL), then
+:func:`apply_bitmask_` on the float32 copy of the logits (or the add of :func:`forbidden`),
+*outside* the compiled graph (so it works with every engine, TensorRT included), before the
+logprobs and :mod:`.logits_process` (vLLM's order)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 __all__ = [
-    "MaskFiller",
     "allows_other",
     "apply_bitmask_",
     "forbidden",
@@ -27,46 +23,6 @@ __all__ = [
     "new_bitmask",
     "unpack_bitmask",
 ]
-
-
-class FillsBitmask(Protocol):
-    """What fills a step's bitmask (``grammar.Grammars``)."""
-
-    vocab_size: int
-
-    def fill_bitmask(self, rows: Sequence[tuple[Any, int]], bitmask: Tensor) -> None: ...
-
-
-class MaskFiller:
-    """Computes a step's masks in a worker thread, so the core can run its graph meanwhile.
-    No matcher of the step may be advanced (``Matcher.accept``) before ``.result()``."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
-
-    def submit(
-        self,
-        grammars: FillsBitmask,
-        rows: Sequence[tuple[Any, int]],
-        bitmask: Tensor,
-        *,
-        expand: bool = False,
-    ) -> Future[Tensor | None]:
-        """Start ``grammars.fill_bitmask`` (``grammar.Grammars``: ``rows`` of a
-        ``grammar.Matcher`` and its row); ``.result()`` waits (and raises its error). With
-        ``expand``, the result is also :func:`forbidden` of the filled bitmask, computed in the
-        thread too (CPU logits: the step then masks with one add), else None."""
-        return self._pool.submit(_fill, grammars, list(rows), bitmask, expand)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-
-def _fill(
-    grammars: FillsBitmask, rows: list[tuple[Any, int]], bitmask: Tensor, expand: bool
-) -> Tensor | None:
-    grammars.fill_bitmask(rows, bitmask)
-    return forbidden(bitmask, grammars.vocab_size) if expand else None
 
 
 def id_bits(ids: Sequence[int], vocab_size: int) -> Tensor:

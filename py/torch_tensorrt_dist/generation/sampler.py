@@ -2,9 +2,9 @@
 step's logits, its request's settings, its grammar and its own seeded generator.
 
     state = RowSampling(request, grammars)          # on join, on every rank (survives preemption)
-    masks = StepMasks.start(grammars, states)       # before the step's graph runs (a thread)
+    masks = StepMasks.start(grammars, states, dev)  # before the step's graph is launched
     logits = step_fn(...)                           # [N, V], the rows that sample
-    picks = sample_step(logits, states, masks.wait())    # Pick (token, logprobs) or Failure
+    picks = sample_step(logits, states, *masks.wait(), masks.forbid)  # Pick or Failure
     finished = state.accept(pick.token)             # grammar and penalty state; True: complete
 
 Two paths, chosen per row:
@@ -26,14 +26,14 @@ created from the same request, same generator). A row's exception is returned as
 :class:`Failure` naming the stage (``sampling``, ``processing``, ``grammar``, ``masked``: no
 token left to draw, :class:`NoTokenLeft`): the core fails that request alone.
 
-The grammar masks depend only on the tokens so far, so they are computed while the graph runs
-(:class:`StepMasks`: llguidance in a worker thread, without the interpreter lock).
+The grammar masks depend only on the tokens so far, so on an accelerator they are computed
+while the graph runs (:class:`StepMasks`: llguidance, without the interpreter lock, after the
+graph's launch has returned).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -43,13 +43,13 @@ from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.grammar import (
     GrammarError,
     Grammars,
-    MaskFiller,
     Matcher,
     allows_other,
     apply_bitmask_,
     id_bits,
     new_bitmask,
 )
+from torch_tensorrt_dist.generation.grammar_masks import forbidden
 from torch_tensorrt_dist.generation.logits_process import (
     RowLogits,
     TokenLogprobs,
@@ -146,52 +146,60 @@ class Failure:
 
 
 class StepMasks:
-    """The grammar masks of a step's sampling rows, computed while its graph runs."""
+    """The grammar masks of a step's sampling rows: :meth:`start` notes the rows before the
+    step's graph is launched, :meth:`wait` computes them once the launch has returned, on
+    the stepping thread. On an accelerator the graph runs meanwhile (its launch does not
+    wait for it); on the CPU the graph has finished and the masks take none of its cores
+    (a thread computing them while it runs only took a core from it: 2 cores, issue 56)."""
 
     def __init__(
         self,
         grammars: Grammars | None = None,
-        bitmask: Tensor | None = None,
         rows: Sequence[tuple[Matcher, int]] = (),
-        job: Future[Tensor | None] | None = None,
+        count: int = 0,
+        device: torch.device | None = None,
     ) -> None:
-        self._grammars, self.bitmask, self.rows, self._job = grammars, bitmask, list(rows), job
+        self._grammars, self.rows, self._count = grammars, list(rows), count
+        self._cpu = device is not None and device.type == "cpu"
+        self.bitmask: Tensor | None = None
+        """After :meth:`wait`: the masks, int32 [N, W] (None: no grammar row)."""
         self.forbid: Tensor | None = None
         """After :meth:`wait`, with ``device`` CPU: the masks as what they add to the logits,
-        float32 [N, V] (``grammar_masks.forbidden``), computed in the thread; else None."""
+        float32 [N, V] (``grammar_masks.forbidden``; the step then masks with one add)."""
 
     @classmethod
     def start(
         cls,
         grammars: Grammars | None,
-        filler: MaskFiller,
         states: Sequence[RowSampling],
         device: torch.device | None = None,
     ) -> StepMasks:
-        """Start computing the mask of each row of ``states`` (the rows that sample this step,
-        in the order their logits will come) that has a grammar. ``device``: the logits'; on
-        the CPU, the masks are also expanded to :attr:`forbid` in the thread."""
+        """The masks of each row of ``states`` (the rows that sample this step, in the order
+        their logits will come) that has a grammar. ``device``: the logits'."""
         rows = [(s.matcher, i) for i, s in enumerate(states) if s.matcher is not None]
         if not rows or grammars is None:
             return cls()
-        bitmask = new_bitmask(len(states), grammars.vocab_size)
-        expand = device is not None and torch.device(device).type == "cpu"
-        return cls(grammars, bitmask, rows, filler.submit(grammars, rows, bitmask, expand=expand))
+        return cls(grammars, rows, len(states), None if device is None else torch.device(device))
 
     def wait(self) -> tuple[Tensor | None, dict[int, Exception]]:
-        """The filled bitmask [N, W] (None: no grammar row), and the rows whose mask failed.
-        A failed batch is computed again row by row, so that only the rows that raise fail."""
+        """Compute the masks: the bitmask [N, W] (None: no grammar row), and the rows whose
+        mask failed. On the CPU the rows go one by one on this thread (no thread to wake, no
+        core taken from the graph's threads); else the engine's threads take them together
+        and a failed batch is computed again row by row, so that only the rows that raise
+        fail."""
         failed: dict[int, Exception] = {}
-        if self._job is None or self._grammars is None or self.bitmask is None:
+        grammars = self._grammars
+        if grammars is None or self.bitmask is not None:
             return self.bitmask, failed
+        self.bitmask = bitmask = new_bitmask(self._count, grammars.vocab_size)
         try:
-            self.forbid = self._job.result()
+            grammars.fill_bitmask(self.rows, bitmask, parallel=not self._cpu)
         except MemoryError:
             raise
         except Exception:  # which rows: each alone
             for matcher, i in self.rows:
                 try:
-                    self._grammars.fill_bitmask([(matcher, i)], self.bitmask)
+                    grammars.fill_bitmask([(matcher, i)], bitmask)
                 except MemoryError:
                     raise
                 except Exception as exc:
@@ -200,7 +208,9 @@ class StepMasks:
             reason = matcher.error
             if reason is not None and i not in failed:
                 failed[i] = GrammarError(f"the grammar engine failed: {reason}", reason=reason)
-        return self.bitmask, failed
+        if self._cpu:
+            self.forbid = forbidden(bitmask, grammars.vocab_size)
+        return bitmask, failed
 
 
 def sample_step(
