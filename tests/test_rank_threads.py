@@ -36,6 +36,37 @@ def test_threads_for(cores: int, local: int, flag: int | None, env: str | None, 
 
 
 @pytest.mark.parametrize(
+    ("cores", "local", "flag", "env", "want"),
+    [
+        (2, 1, None, None, 1),  # serve on 2 cores: one for the HTTP process
+        (16, 1, None, None, 15),
+        (1, 1, None, None, 1),  # never below 1
+        (17, 2, None, None, 8),
+        (2, 1, None, "2", 2),  # OMP_NUM_THREADS and --threads as given
+        (2, 1, 2, None, 2),
+    ],
+)
+def test_a_reserved_core_is_left_out_of_the_share(
+    cores: int, local: int, flag: int | None, env: str | None, want: int
+) -> None:
+    assert threads_for(cores, local, flag, env, reserve=1) == want
+
+
+def test_serve_in_one_process_reserves_a_core_for_its_http_process() -> None:
+    from torch_tensorrt_dist.cli import build_parser
+    from torch_tensorrt_dist.cli._options import run_config
+    from torch_tensorrt_dist.cli._rank import reserved_cores
+    from torch_tensorrt_dist.config import GenerateJob, ServeJob
+
+    def config(argv: list[str], job: GenerateJob | ServeJob):  # type: ignore[no-untyped-def]
+        return run_config(build_parser().parse_args(argv), job)
+
+    assert reserved_cores(config(["serve", "--engine", "eager"], ServeJob())) == 1
+    assert reserved_cores(config(["serve", "--engine", "eager", "--tp", "2"], ServeJob())) == 0
+    assert reserved_cores(config(["generate", "--prompt", "x"], GenerateJob(("x",)))) == 0
+
+
+@pytest.mark.parametrize(
     ("flag", "env", "message"),
     [
         (0, None, "--threads must be an integer >= 1, got 0"),
