@@ -169,6 +169,14 @@ def pytest_configure(config: pytest.Config) -> None:
     # worker's first spawn): a fresh interpreter per rank cost seconds of CPU each, about 35
     # spawns of 2-4 ranks in the suite
     use_forkserver()
+    # the openai client's models build the pydantic schema of their base class at its first
+    # use, and pydantic's rebuild is not thread-safe: two test threads parsing their first
+    # responses together failed with "type object 'BaseModel' has no attribute
+    # '__pydantic_core_schema__'" (test_qwen3's concurrent requests); built once here
+    if _has("openai"):
+        from openai import BaseModel
+
+        BaseModel.model_rebuild()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
