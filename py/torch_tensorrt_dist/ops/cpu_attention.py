@@ -22,108 +22,33 @@ says why.
 
 The library's name holds a hash of its source, the compile flags, torch's version and the CPU's
 instruction-set flags (it is built with ``-march=native``): a cache shared by other machines or
-other torch builds never loads a library built for another.
+other torch builds never loads a library built for another (``ops/_cpp_build.py``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import platform
-import threading
-import time
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-__all__ = ["NAMESPACE", "available", "decode_attention", "library_name", "unavailable_reason"]
+from torch_tensorrt_dist.ops._cpp_build import CppOp
 
-logger = logging.getLogger(__name__)
+__all__ = ["NAMESPACE", "available", "decode_attention", "library_name", "unavailable_reason"]
 
 NAMESPACE = "tensorrt_dist_cpu"
 SOURCE = Path(__file__).with_name("cpu_decode_attention.cpp")
-CFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math"]
-
-_lock = threading.Lock()
-_state: dict[str, object] = {}  # "ok": bool once tried; "reason": why not
 
 
-def _cpu_flags() -> str:
-    """The CPU's instruction-set flags (Linux), else the machine's name."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return platform.machine() + platform.processor()
+def _fake(q: Tensor, *rest: object) -> Tensor:  # the kernel checks the others (C++)
+    return q.new_empty(q.shape)  # contiguous, as the kernel returns it
 
 
-def library_name() -> str:
-    """The extension's name: a hash of what the built library depends on (module docstring)."""
-    h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode()):
-        h.update(part)
-    h.update(_cpu_flags().encode())
-    return f"torchtrt_dist_cpu_attention_{h.hexdigest()[:16]}"
-
-
-def available() -> bool:
-    """Build (once per machine and source) and load the op; False, with a warning saying why,
-    where it cannot be built. Safe from several threads; ranks share the build by its lock."""
-    with _lock:
-        if "ok" not in _state:
-            _state["ok"] = _load()
-        return bool(_state["ok"])
-
-
-def unavailable_reason() -> str:
-    """Why :func:`available` said False ("" when it did not, or was not asked)."""
-    return str(_state.get("reason", ""))
-
-
-def _load() -> bool:
-    if hasattr(torch.ops, NAMESPACE) and hasattr(getattr(torch.ops, NAMESPACE), "decode_attention"):
-        _register_fake()
-        return True  # loaded by someone else in this process (a test, another import path)
-    start = time.perf_counter()
-    if not torch.cuda.is_available():  # its import warns that no CUDA runtime is found
-        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    try:
-        from torch.utils.cpp_extension import load
-
-        name = library_name()
-        logger.info("CPU decode attention: building or loading %s", name)
-        load(
-            name=name,
-            sources=[str(SOURCE)],
-            extra_cflags=CFLAGS,
-            is_python_module=False,
-            verbose=False,
-        )
-    except Exception as exc:  # no compiler, a failed build: keep the reference attention
-        _state["reason"] = f"{type(exc).__name__}: {str(exc).strip()[-800:]}"
-        logger.warning(
-            "the CPU decode-attention op could not be built; decode steps use "
-            "scaled_dot_product_attention over gathered blocks (%s)",
-            _state["reason"],
-        )
-        return False
-    logger.info("CPU decode attention ready in %.1f s", time.perf_counter() - start)
-    _register_fake()
-    return True
-
-
-def _register_fake() -> None:
-    if _state.get("fake"):
-        return
-
-    @torch.library.register_fake(f"{NAMESPACE}::decode_attention")
-    def _(q: Tensor, *rest: object) -> Tensor:  # the kernel checks the others (C++)
-        return q.new_empty(q.shape)  # contiguous, as the kernel returns it
-
-    _state["fake"] = True
+#: where the op cannot be built (``ops/_cpp_build.py``: ``available()`` says False and why)
+_FALLBACK = "decode steps use scaled_dot_product_attention over gathered blocks"
+_OP = CppOp("cpu_attention", SOURCE, NAMESPACE, {"decode_attention": _fake}, _FALLBACK)
+library_name, available = _OP.library_name, _OP.available
+unavailable_reason = _OP.unavailable_reason
 
 
 def decode_attention(

@@ -19,78 +19,33 @@ Each output is the dot product of its row and the weight's row in a fixed order:
 result does not depend on the other rows of the call or on the threads; the values are
 ``mm``'s to float32 rounding. Only ``backend/row_products.py`` uses it, for the Inductor
 engine (an extern kernel: the op has a fake implementation for tracing); where it cannot be
-built, the products stay Inductor's reductions. The library's name holds a hash of its
-source, the compile flags, torch's version and the CPU's flags, as ``cpu_attention``'s.
+built, the products stay Inductor's reductions. It is built as ``cpu_attention``'s
+(``ops/_cpp_build.py``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import threading
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from torch_tensorrt_dist.ops.cpu_attention import CFLAGS, _cpu_flags
+from torch_tensorrt_dist.ops._cpp_build import CppOp
 
 __all__ = ["NAMESPACE", "available", "rows_mm"]
-
-logger = logging.getLogger(__name__)
 
 NAMESPACE = "tensorrt_dist_gemm"
 SOURCE = Path(__file__).with_name("cpu_rows_mm.cpp")
 
-_lock = threading.Lock()
-_state: dict[str, object] = {}
+
+def _fake(x: Tensor, w: Tensor) -> Tensor:
+    return x.new_empty((x.shape[0], w.shape[0]))  # contiguous, as the kernel returns it
 
 
-def library_name() -> str:
-    h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode()):
-        h.update(part)
-    h.update(_cpu_flags().encode())
-    return f"torchtrt_dist_cpu_rows_mm_{h.hexdigest()[:16]}"
-
-
-def available() -> bool:
-    """Build (once per machine and source) and load the op; False, with a warning saying why,
-    where it cannot be built. Safe from several threads."""
-    with _lock:
-        if "ok" not in _state:
-            _state["ok"] = _load()
-        return bool(_state["ok"])
-
-
-def _load() -> bool:
-    if not (hasattr(torch.ops, NAMESPACE) and hasattr(getattr(torch.ops, NAMESPACE), "rows_mm")):
-        if not torch.cuda.is_available():  # its import warns that no CUDA runtime is found
-            logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-        try:
-            from torch.utils.cpp_extension import load
-
-            load(
-                name=library_name(),
-                sources=[str(SOURCE)],
-                extra_cflags=CFLAGS,
-                is_python_module=False,
-                verbose=False,
-            )
-        except Exception as exc:  # no compiler, a failed build: Inductor's reductions stay
-            _state["reason"] = f"{type(exc).__name__}: {str(exc).strip()[-800:]}"
-            logger.warning(
-                "the CPU rows_mm op could not be built; products of few rows stay "
-                "Inductor's reductions (%s)",
-                _state["reason"],
-            )
-            return False
-
-    @torch.library.register_fake(f"{NAMESPACE}::rows_mm")
-    def _(x: Tensor, w: Tensor) -> Tensor:
-        return x.new_empty((x.shape[0], w.shape[0]))  # contiguous, as the kernel returns it
-
-    return True
+#: where the op cannot be built (``ops/_cpp_build.py``: ``available()`` says False and why)
+_FALLBACK = "products of few rows stay Inductor's reductions"
+_OP = CppOp("cpu_rows_mm", SOURCE, NAMESPACE, {"rows_mm": _fake}, _FALLBACK)
+library_name, available = _OP.library_name, _OP.available
 
 
 def rows_mm(x: Tensor, w: Tensor) -> Tensor:
