@@ -54,16 +54,19 @@ def test_a_reserved_core_is_left_out_of_the_share(
 
 def test_serve_in_one_process_reserves_a_core_for_its_http_process() -> None:
     from torch_tensorrt_dist.cli import build_parser
+    from torch_tensorrt_dist.cli._generate_job import GenerateRankJob
     from torch_tensorrt_dist.cli._options import run_config
-    from torch_tensorrt_dist.cli._rank import reserved_cores
+    from torch_tensorrt_dist.cli._serve_job import ServeRankJob
     from torch_tensorrt_dist.config import GenerateJob, ServeJob
 
     def config(argv: list[str], job: GenerateJob | ServeJob):  # type: ignore[no-untyped-def]
         return run_config(build_parser().parse_args(argv), job)
 
-    assert reserved_cores(config(["serve", "--engine", "eager"], ServeJob())) == 1
-    assert reserved_cores(config(["serve", "--engine", "eager", "--tp", "2"], ServeJob())) == 0
-    assert reserved_cores(config(["generate", "--prompt", "x"], GenerateJob(("x",)))) == 0
+    serve = ["serve", "--engine", "eager"]
+    assert ServeRankJob().reserved_cores(config(serve, ServeJob())) == 1
+    assert ServeRankJob().reserved_cores(config([*serve, "--tp", "2"], ServeJob())) == 0
+    generate = config(["generate", "--prompt", "x"], GenerateJob(("x",)))
+    assert GenerateRankJob().reserved_cores(generate) == 0
 
 
 @pytest.mark.parametrize(

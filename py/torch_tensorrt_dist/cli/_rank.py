@@ -30,7 +30,7 @@ from torch_tensorrt_dist.cli._failures import (
     refuse,
 )
 from torch_tensorrt_dist.cli._options import run_config
-from torch_tensorrt_dist.config.jobs import Job, ServeJob
+from torch_tensorrt_dist.config.jobs import Job
 from torch_tensorrt_dist.config.run import RunConfig
 from torch_tensorrt_dist.errors import TensorRTDistError, VerificationError
 from torch_tensorrt_dist.families import ModelPlan, ModelSpec, Rank, checkpoint_spec
@@ -48,6 +48,15 @@ class RankJob(ABC, Generic[B]):
     loading verdict: what :meth:`run` takes), :meth:`run` (-> the exit code). Each command
     names its own (``cli/_<command>_job.py``); it holds no state, so a launched rank gets it
     with its :meth:`rank_main`."""
+
+    #: cores the job's rank leaves to another process of its command when it is the only rank
+    #: (``serve``: its HTTP process, ``runtime/threads.py``)
+    reserve_cores: int = 0
+
+    def reserved_cores(self, config: RunConfig) -> int:
+        """The cores this rank leaves out of its threads: :attr:`reserve_cores` in one
+        process; launched ranks share what the launcher gives them."""
+        return self.reserve_cores if config.parallel.world == 1 else 0
 
     @abstractmethod
     def check(self, config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
@@ -88,13 +97,6 @@ def plan_run(config: RunConfig, job: RankJob[B]) -> tuple[RunConfig, ModelSpec, 
     return config, spec, plan
 
 
-def reserved_cores(config: RunConfig) -> int:
-    """Cores a rank leaves to another process of its command: ``serve`` in one process leaves
-    one to its HTTP process (``runtime/threads.py``); launched ranks share what the launcher
-    gives them."""
-    return 1 if isinstance(config.job, ServeJob) and config.parallel.world == 1 else 0
-
-
 def rank_main(config: RunConfig, job: RankJob[B]) -> int:
     """One rank of any command: its threads, the world, its shard, the job; the exit code."""
     import torch.distributed as dist
@@ -107,7 +109,7 @@ def rank_main(config: RunConfig, job: RankJob[B]) -> int:
     # a launched rank's first tensor is yet to come (runtime/huge_pages.py)
     logger.info(use_huge_pages().describe())
     with alike_on_every_rank():
-        threads = rank_thread_count(config.threads, reserve=reserved_cores(config))
+        threads = rank_thread_count(config.threads, reserve=job.reserved_cores(config))
     with use_threads(threads):
         world = check_world(config.parallel.sizes(), note=f"{config.command} uses every rank: ")
         index, device, group = join_world(world)

@@ -60,6 +60,10 @@ class Built:
 class ServeRankJob(RankJob[Built]):
     """``serve``'s job in a rank (``start(ns, job_of, ServeRankJob())``)."""
 
+    #: in one process, a core for the HTTP process: on 2 cores, the rank's 2 threads left it
+    #: none between steps (``runtime/threads.py``)
+    reserve_cores = 1
+
     def check(self, config: RunConfig, spec: ModelSpec, plan: ModelPlan) -> None:
         rows, cache_len = shape(config, plan)
         if plan.manifest is None:  # artifacts hold the KV cache they were compiled for
