@@ -7,8 +7,9 @@
 :func:`start` reads the options into a :class:`RunConfig` and has the model's family plan it
 (bad input is one line, before any rank starts); then it runs :func:`rank_main` in this process
 (one rank, or a rank of another launcher) or launches the ranks, each of which runs
-:func:`rank_main`: set its threads, join the world, plan and load its shard (one verdict of all
-ranks, ``runtime.agree``), then the command's :class:`RankJob` (``_generate_job``,
+:func:`rank_main`: set its threads, join the world, plan (a rank started by this process; in one
+process, the plan of :func:`start`) and load its shard (one verdict of all ranks,
+``runtime.agree``), then the command's :class:`RankJob` (``_generate_job``,
 ``_serve_job``, ``_eval_job``, ``_compile_job``: ``check``, ``build``, ``run``), which the
 command names.
 """
@@ -97,8 +98,12 @@ def plan_run(config: RunConfig, job: RankJob[B]) -> tuple[RunConfig, ModelSpec, 
     return config, spec, plan
 
 
-def rank_main(config: RunConfig, job: RankJob[B]) -> int:
-    """One rank of any command: its threads, the world, its shard, the job; the exit code."""
+def rank_main(
+    config: RunConfig, job: RankJob[B], planned: tuple[ModelSpec, ModelPlan] | None = None
+) -> int:
+    """One rank of any command: its threads, the world, its shard, the job; the exit code.
+    ``planned``: the model's spec and plan where this process has them (:func:`start`, with
+    ``config`` as :func:`plan_run` gave it); else the rank plans."""
     import torch.distributed as dist
 
     from torch_tensorrt_dist.runtime import agreed
@@ -117,7 +122,10 @@ def rank_main(config: RunConfig, job: RankJob[B]) -> int:
         # runs a collective) until all have (runtime.agree: one rank's error stops every rank)
         what = "artifacts" if config.model.artifacts is not None else "checkpoint"
         with agreed(f"loading the {what}"):
-            config, spec, plan = plan_run(config, job)
+            if planned is None:  # a rank our launcher started
+                config, spec, plan = plan_run(config, job)
+            else:
+                spec, plan = planned
             rank = Rank(config, spec, plan, index, world, device, group, threads)
             built = job.build(rank)
         code = job.run(rank, built)
@@ -144,14 +152,14 @@ def start(
         with alike_on_every_rank():  # options and files: every rank refuses them alike
             config = run_config(ns, job_of(ns))
             rank_thread_count(config.threads)  # a bad OMP_NUM_THREADS too
-            config = plan_run(config, job)[0]
+            config, spec, plan = plan_run(config, job)
         single = config.parallel.world == 1 or launched
         if config.engine == "tensorrt":  # what to install, before any rank starts
             from torch_tensorrt_dist.conversion.availability import require_tensorrt_engine
 
             require_tensorrt_engine(isolated=not single)  # the launcher stays free of CUDA
         if single:
-            return rank_main(config, job)
+            return rank_main(config, job, (spec, plan))
     except VerificationError as exc:  # a wrong engine, not bad input
         return refuse(exc, 1)
     except TensorRTDistError as exc:
