@@ -36,3 +36,29 @@ def test_one_process_plans_once_and_builds_from_that_plan() -> None:
     (rank,) = job.ranks
     assert rank.plan is job.checked[0]
     assert rank.config.parallel == rank.plan.parallel  # the config with the layout resolved
+
+
+def test_the_rank_trampoline_is_reached_through_the_runtime_package_only() -> None:
+    """``runtime/_rank_entry.py`` is the launcher's (run by path); the commands and the server
+    use its exits by their public names (``runtime.end_now``, ``runtime.end_by_signal``)."""
+    import ast
+    from pathlib import Path
+
+    import torch_tensorrt_dist
+    from torch_tensorrt_dist import runtime
+    from torch_tensorrt_dist.runtime import _rank_entry
+
+    assert runtime.end_now is _rank_entry.end_now
+    assert runtime.end_by_signal is _rank_entry.end_by_signal
+    assert runtime.FAILURE_DIR_ENV == _rank_entry.FAILURE_DIR_ENV
+    package = Path(torch_tensorrt_dist.__file__).parent
+    private = []
+    for path in package.rglob("*.py"):
+        if path.parent.name == "runtime":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module is not None:
+                names = {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+                if "torch_tensorrt_dist.runtime._rank_entry" in names:
+                    private.append(str(path.relative_to(package)))
+    assert private == []

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
 from torch_tensorrt_dist.errors import ConfigError, TensorRTDistError, VerificationError
-from torch_tensorrt_dist.runtime._rank_entry import FAILURE_DIR_ENV
+from torch_tensorrt_dist.runtime import FAILURE_DIR_ENV
 
 if TYPE_CHECKING:
     from torch_tensorrt_dist.config.run import RunConfig

@@ -125,7 +125,7 @@ class ServeRankJob(RankJob[Built]):
         if launched_by_us and result.signal is not None:
             # the launcher forwarded a SIGTERM (or SIGINT) and now waits for this process to end:
             # the drain has finished, so end by that signal, as asked
-            from torch_tensorrt_dist.runtime._rank_entry import end_by_signal
+            from torch_tensorrt_dist.runtime import end_by_signal
 
             if dist.is_initialized():
                 dist.destroy_process_group()

@@ -4,10 +4,13 @@
 * :func:`launch` - start N ranks of a script, module or function (torchrun or mpirun).
 * :func:`agree` / :func:`agreed` - every rank learns whether a step failed on any rank.
 * :func:`plan_from_env` - the pure reading of launcher variables behind ``init_distributed``.
+* :func:`end_now` / :func:`end_by_signal` - end a rank at once (its failure record left, in
+  ``FAILURE_DIR_ENV``'s folder) or by a signal.
 """
 
 from __future__ import annotations
 
+from torch_tensorrt_dist.runtime._rank_entry import FAILURE_DIR_ENV, end_by_signal, end_now
 from torch_tensorrt_dist.runtime.agree import agree, agreed
 from torch_tensorrt_dist.runtime.distributed import DistInfo, init_distributed
 from torch_tensorrt_dist.runtime.env import DistPlan, is_launched, mpi_world_size, plan_from_env
@@ -20,6 +23,7 @@ from torch_tensorrt_dist.runtime.timeouts import (
 )
 
 __all__ = [
+    "FAILURE_DIR_ENV",
     "TIMEOUT_ENV",
     "CollectiveTimeoutError",
     "DistInfo",
@@ -28,6 +32,8 @@ __all__ = [
     "agree",
     "agreed",
     "collective_timeouts_explained",
+    "end_by_signal",
+    "end_now",
     "init_distributed",
     "is_launched",
     "launch",

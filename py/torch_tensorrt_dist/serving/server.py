@@ -42,7 +42,7 @@ from torch_tensorrt_dist.errors import ConfigError, EngineUnavailableError, Step
 from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.generation.grammar import Grammars
 from torch_tensorrt_dist.models.tokenizer import Tokenizer
-from torch_tensorrt_dist.runtime._rank_entry import end_now
+from torch_tensorrt_dist.runtime import end_now
 from torch_tensorrt_dist.serving import watchdog
 from torch_tensorrt_dist.serving.chat import ChatTemplate
 from torch_tensorrt_dist.serving.control import ControlChannel, measure_latency
