@@ -110,19 +110,8 @@ def serve_rank(
             beat.stop()
         summary = loop.stats.summary(rank, loop.channel.payload_steps)
         return ServeResult(0, summary, signals.first)
-    return _lead(
-        gen,
-        loop,
-        tokenizer,
-        chat,
-        stop_ids,
-        config,
-        control,
-        on_ready,
-        signals,
-        sock,
-        grammar_error,
-    )
+    lead = _Lead(gen, tokenizer, chat, stop_ids, config, control, signals, on_ready, sock)
+    return _serve_lead(lead, loop, grammar_error)
 
 
 def _grammars(
@@ -137,19 +126,24 @@ def _grammars(
         return None, str(exc)
 
 
-def _lead(
-    gen: Generator,
-    loop: StepLoop,
-    tokenizer: Tokenizer,
-    chat: ChatTemplate | None,
-    stop_ids: tuple[int, ...],
-    config: ServeJob,
-    control: dist.ProcessGroup | None,
-    on_ready: Callable[[str, float, str], None] | None,
-    signals: StopSignals,
-    sock: socket.socket | None,
-    grammar_error: str,
-) -> ServeResult:
+@dataclass(frozen=True)
+class _Lead:
+    """What rank 0 serves with: :func:`serve_rank`'s arguments, its stop signals installed."""
+
+    gen: Generator
+    tokenizer: Tokenizer
+    chat: ChatTemplate | None
+    stop_ids: tuple[int, ...]
+    config: ServeJob
+    control: dist.ProcessGroup | None
+    signals: StopSignals
+    on_ready: Callable[[str, float, str], None] | None
+    sock: socket.socket | None
+
+
+def _serve_lead(lead: _Lead, loop: StepLoop, grammar_error: str) -> ServeResult:
+    """Rank 0: HTTP in its own process, the warm-up, then the leader's step loop until a
+    drain ends it (or a failure); ``grammar_error``: why structured output is unavailable."""
     from torch_tensorrt_dist.serving.api import ServedModel, create_app
     from torch_tensorrt_dist.serving.bridge import ServerState
     from torch_tensorrt_dist.serving.http import bind_socket
@@ -157,19 +151,20 @@ def _lead(
     from torch_tensorrt_dist.serving.limits import request_limits
     from torch_tensorrt_dist.serving.stream_out import StreamLimits
 
+    config, control, signals = lead.config, lead.control, lead.signals
     state, metrics = ServerState(), Metrics()
-    sock = sock or bind_socket(config.host, config.port)
+    sock = lead.sock or bind_socket(config.host, config.port)
 
-    run = gen.runner
+    run = lead.gen.runner
 
     def check(prompt_len: int, max_new: int) -> None:
         run.check([[0] * prompt_len], max_new)
 
-    limits = request_limits(tokenizer, cache_len=run.cache_len)
+    limits = request_limits(lead.tokenizer, cache_len=run.cache_len)
     model = ServedModel(
         config.served_model_name or "model",
-        tokenizer,
-        chat,
+        lead.tokenizer,
+        lead.chat,
         run.cache_len,
         run.args.vocab_size,
         check,
@@ -178,8 +173,8 @@ def _lead(
         max_queue=config.max_queue,
         grammars=loop.core.grammars,
         grammar_error=grammar_error,
-        eos_ids=stop_ids,
-        tool_format=served_format(config.tool_call_parser, chat.source if chat else None),
+        eos_ids=lead.stop_ids,
+        tool_format=served_format(config.tool_call_parser, lead.chat.source if lead.chat else None),
         reasoning=config.reasoning_parser is not None,
     )
 
@@ -229,10 +224,10 @@ def _lead(
 
     leader = Leader(
         loop,
-        gen.scheduler(loop.core),
+        lead.gen.scheduler(loop.core),
         inbox,
         state,
-        stop_ids=stop_ids,
+        stop_ids=lead.stop_ids,
         idle_tick_s=IDLE_TICK_S,
         drain_timeout_s=config.drain_timeout,
         on_token=metrics.token,
@@ -240,7 +235,7 @@ def _lead(
     )
     dog: watchdog.Watchdog | None = None
     try:
-        warm = gen.warmup_all(stop=lambda: _stop_agreed(control, signals), progress=True)
+        warm = lead.gen.warmup_all(stop=lambda: _stop_agreed(control, signals), progress=True)
         settle_heap()
         metrics.control_latency.set(measure_latency(control))
         state.pids = _rank_pids(control)
@@ -248,8 +243,8 @@ def _lead(
         signals.deadline(config.drain_timeout + DRAIN_GRACE_S, late)
         if state.state == "warming":
             state.set("ready")
-            if on_ready is not None:
-                on_ready(http.url, warm, f"{http.loop}, own process")  # URL, warm-up s, HTTP
+            if lead.on_ready is not None:  # URL, warm-up s, HTTP
+                lead.on_ready(http.url, warm, f"{http.loop}, own process")
         with gil_switch(switch_interval(run.engine)):
             leader.run()
     except Exception as exc:  # a failed collective (a rank died) or a failed graph
