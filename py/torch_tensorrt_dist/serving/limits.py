@@ -20,8 +20,8 @@ of the step loop, and counts in ``--max-queue``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from torch_tensorrt_dist.models.tokenizer import Tokenizer
 from torch_tensorrt_dist.serving.protocol import RequestError
 from torch_tensorrt_dist.serving.schema import MAX_STOP_CHARS, ChatRequest, Params
 
@@ -48,7 +48,7 @@ class RequestLimits:
     cache_len: int
 
 
-def longest_token_chars(tokenizer: Any) -> int:
+def longest_token_chars(tokenizer: Tokenizer) -> int:
     """The most characters one token's text can take: the longest piece of the vocabulary
     (``tokenizers`` tokenizers), else 4 (the byte tokenizer: one byte, at most one character)."""
     inner = getattr(tokenizer, "_tok", None)
@@ -58,7 +58,7 @@ def longest_token_chars(tokenizer: Any) -> int:
     return max(1, max(len(piece) for piece in vocab))
 
 
-def request_limits(tokenizer: Any, *, cache_len: int) -> RequestLimits:
+def request_limits(tokenizer: Tokenizer, *, cache_len: int) -> RequestLimits:
     """The limits of a server whose requests hold at most ``cache_len`` tokens."""
     chars = 2 * cache_len * longest_token_chars(tokenizer)
     return RequestLimits(

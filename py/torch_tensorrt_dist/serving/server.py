@@ -274,7 +274,7 @@ def _stop_agreed(control: dist.ProcessGroup | None, signals: StopSignals) -> boo
     return bool(flag.item())
 
 
-def _store() -> object:
+def _store() -> dist.Store:
     """A connection of its own to the c10d store (its heartbeat thread uses it)."""
     store = dist.distributed_c10d._get_default_store()
     clone = getattr(store, "clone", None)

@@ -28,9 +28,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 __all__ = [
+    "BeatStore",
     "Heartbeat",
     "PeerBeat",
     "PeerBeats",
@@ -135,10 +136,23 @@ def judge(step: int, waited_s: float, peers: Iterable[PeerBeat], *, stale_s: flo
     return Verdict(step, waited_s, (0,), why)
 
 
+class BeatStore(Protocol):
+    """What the beats need of a key-value store: the c10d store's ``set``, ``check``, ``get``
+    (``torch.distributed.Store``)."""
+
+    def set(self, key: str, value: str) -> None: ...
+
+    def check(self, keys: list[str]) -> bool: ...
+
+    def get(self, key: str) -> bytes: ...
+
+
 class Heartbeat:
     """A daemon thread writing this rank's beat into ``store`` every ``beat_s``."""
 
-    def __init__(self, store: Any, rank: int, progress: StepProgress, *, beat_s: float) -> None:
+    def __init__(
+        self, store: BeatStore, rank: int, progress: StepProgress, *, beat_s: float
+    ) -> None:
         self.store, self.rank, self.progress, self.beat_s = store, rank, progress, beat_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -170,7 +184,7 @@ class PeerBeats:
     """Rank 0's view of the other ranks' heartbeats (``poll`` from one thread only)."""
 
     def __init__(
-        self, store: Any, ranks: Iterable[int], clock: Callable[[], float] = time.monotonic
+        self, store: BeatStore, ranks: Iterable[int], clock: Callable[[], float] = time.monotonic
     ):
         self.store, self.ranks, self.clock = store, list(ranks), clock
         self._last: dict[int, tuple[str, float]] = {}  # rank -> (its beat's text, when it changed)
