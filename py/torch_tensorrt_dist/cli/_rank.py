@@ -113,8 +113,9 @@ def rank_main(
 
     # a launched rank's first tensor is yet to come (runtime/huge_pages.py)
     logger.info(use_huge_pages().describe())
+    reserve = job.reserved_cores(config)  # cores left to another process of the command
     with alike_on_every_rank():
-        threads = rank_thread_count(config.threads, reserve=job.reserved_cores(config))
+        threads = rank_thread_count(config.threads, reserve=reserve)
     with use_threads(threads):
         world = check_world(config.parallel.sizes(), note=f"{config.command} uses every rank: ")
         index, device, group = join_world(world)
@@ -151,8 +152,8 @@ def start(
     try:
         with alike_on_every_rank():  # options and files: every rank refuses them alike
             config = run_config(ns, job_of(ns))
-            rank_thread_count(config.threads)  # a bad OMP_NUM_THREADS too
             config, spec, plan = plan_run(config, job)
+            rank_thread_count(config.threads)  # a bad OMP_NUM_THREADS too
         single = config.parallel.world == 1 or launched
         if config.engine == "tensorrt":  # what to install, before any rank starts
             from torch_tensorrt_dist.conversion.availability import require_tensorrt_engine
