@@ -1,9 +1,9 @@
-"""The transformers family's pipeline stages (``--pp``, ``models/hf_stage.py``): on two gloo
-ranks (one spawn for every model), each stage reads only its own parts' tensors and holds KV
-pools for its own layers, and the two stages together give HF's greedy tokens through the
-native families' pipeline path (``PipelineSpec``, ``PipelineGenerator``); a class without a
-``base_model_pp_plan``, or whose forward scales the hidden states it is given, is refused by
-name before any weight is read."""
+"""The transformers family's pipeline stages (``--pp``, ``models/hf_stage.py``): on four gloo
+ranks (one spawn for both models: PP 2 x TP 2, PP 4), each stage reads only its own parts'
+tensors and holds KV pools for its own layers, and the stages together give HF's greedy
+tokens through the native families' pipeline path (``PipelineSpec``, ``PipelineGenerator``);
+a class without a ``base_model_pp_plan``, or whose forward scales the hidden states it is
+given, is refused by name before any weight is read."""
 
 from __future__ import annotations
 
@@ -26,11 +26,13 @@ pytestmark = pytest.mark.transformers
 NEW = 6
 
 
-def _config(path: str | Path, *, pp: int = 2, split: tuple[int, ...] | None = None) -> RunConfig:
+def _config(
+    path: str | Path, *, pp: int = 2, tp: int = 1, split: tuple[int, ...] | None = None
+) -> RunConfig:
     return RunConfig(
         "generate",
         ModelOptions(model=str(path), model_impl="transformers"),  # (llama, qwen3: native too)
-        Parallel(tp=1, pp=pp, split=split),
+        Parallel(tp=tp, pp=pp, split=split),
         GenerateJob(),
         engine="none",
         cache=CacheOptions(block_size=4, max_prefill_tokens=8),  # chunked prefill, packed steps
@@ -48,7 +50,7 @@ def pp_rank_generate(rank: int, world: int, jobs: list[dict[str, Any]]) -> list[
 
     out = []
     for job in jobs:
-        config = _config(job["path"], split=job.get("split"))
+        config = _config(job["path"], pp=job["pp"], tp=job["tp"], split=job.get("split"))
         spec = checkpoint_spec(config)
         assert isinstance(spec, PipelineSpec) and isinstance(spec.inner, TransformersSpec)
         plan = spec.plan(config)
@@ -78,36 +80,45 @@ def _tensor_bytes(path: Path) -> dict[str, int]:
 
 
 @pytest.mark.timeout(300)
-def test_pp2_exact_and_each_stage_reads_its_share(tmp_path: Path) -> None:
-    """llama (2 layers, 1 + 1, its own head) and qwen3 (3 layers
-    split 2 + 1, a tied head: the last stage keeps the embedding the head reads) at PP 2: both
-    ranks sample HF's tokens; stage 0 reads the embedding and its layers, stage 1 its layers,
-    the norm and the head, every tensor read by one stage (the tied embedding by both)."""
+def test_stages_exact_and_each_reads_its_share(tmp_path: Path) -> None:
+    """One spawn of 4 gloo ranks. llama (2 layers, its own head) at PP 2 x TP 2: each stage
+    sharded by the model's own TP plan over its stage's TP group (the parts of other stages
+    left out of the plan), each rank reading a quarter of the tensors and the norms it
+    replicates. qwen3 (5 layers, a tied head) at PP 4, split 2 + 1 + 1 + 1: middle stages take
+    and give hidden states; the first stage reads the embedding and its layers, the last its
+    layer, the norm and the embedding again (the head's matrix), every tensor read by one stage.
+    Every rank samples HF's greedy tokens."""
     llama, llama_hf = _hf_ckpt.save("llama", tmp_path)
     qwen3, qwen3_hf = _hf_ckpt.save(
-        "qwen3", tmp_path, num_hidden_layers=3, tie_word_embeddings=True
+        "qwen3", tmp_path, num_hidden_layers=5, tie_word_embeddings=True
     )
+    prompts = _hf_ckpt.PROMPTS
+    refs = [hf_greedy(m, prompts, NEW) for m in (llama_hf, qwen3_hf)]
     jobs = [
-        dict(path=str(llama), prompts=_hf_ckpt.PROMPTS),
-        dict(path=str(qwen3), split=(2, 1), prompts=_hf_ckpt.PROMPTS),
+        dict(path=str(llama), pp=2, tp=2, prompts=prompts),
+        dict(path=str(qwen3), pp=4, tp=1, split=(2, 1, 1, 1), prompts=prompts),
     ]
-    refs = [hf_greedy(m, _hf_ckpt.PROMPTS, NEW) for m in (llama_hf, qwen3_hf)]
-    results: Any = run_on_ranks(pp_rank_generate, 2, jobs, timeout=300)
-    for i, (path, ref) in enumerate(zip((llama, qwen3), refs, strict=True)):
-        first, last = results[0][i], results[1][i]
-        assert first["tokens"] == ref == last["tokens"], path.name
-        tensors = _tensor_bytes(path)
-        embed = tensors["model.embed_tokens.weight"]
-        total, both = sum(tensors.values()), first["bytes_read"] + last["bytes_read"]
-        assert both == (total + embed if path == qwen3 else total), path.name
-        assert 0 < first["bytes_read"] < total and 0 < last["bytes_read"] < total
-    (llama_first, qwen_first), (llama_last, qwen_last) = results
-    assert (llama_first["pools"], llama_last["pools"]) == ([0], [1])
-    assert (qwen_first["pools"], qwen_last["pools"]) == ([0, 1], [2])
-    assert llama_first["parts"] == ["embed_tokens", "layers"]
-    assert llama_last["parts"] == ["layers", "lm_head", "norm"]
-    assert qwen_first["parts"] == ["embed_tokens", "layers"]
-    assert qwen_last["parts"] == ["embed_tokens", "layers", "norm"]  # (the head's matrix)
+    results: Any = run_on_ranks(pp_rank_generate, 4, jobs, timeout=300)
+    for rank in results:
+        assert [r["tokens"] for r in rank] == refs
+    tensors = _tensor_bytes(llama)
+    norms = sum(b for name, b in tensors.items() if name.endswith("norm.weight"))
+    for rank in results:
+        assert 0 < rank[0]["bytes_read"] <= sum(tensors.values()) / 4 + norms
+    assert [rank[0]["pools"] for rank in results] == [[0], [0], [1], [1]]  # stage-major ranks
+    assert [rank[0]["parts"] for rank in results] == [["embed_tokens", "layers"]] * 2 + [
+        ["layers", "lm_head", "norm"]
+    ] * 2
+    tensors = _tensor_bytes(qwen3)
+    embed = tensors["model.embed_tokens.weight"]
+    assert sum(rank[1]["bytes_read"] for rank in results) == sum(tensors.values()) + embed
+    assert [rank[1]["pools"] for rank in results] == [[0, 1], [2], [3], [4]]
+    assert [rank[1]["parts"] for rank in results] == [
+        ["embed_tokens", "layers"],
+        ["layers"],
+        ["layers"],
+        ["embed_tokens", "layers", "norm"],  # (the tied head's matrix)
+    ]
 
 
 def _plan_error(path: Path) -> str:
@@ -122,8 +133,7 @@ def _plan_error(path: Path) -> str:
 def test_refused_by_name_before_any_weight(tmp_path: Path) -> None:
     """gpt2 (no base_model_pp_plan: a config alone, no weights to read) and granite (its
     forward scales ``inputs_embeds`` by its embedding multiplier, which a later stage must not
-    do again) are refused at PP 2, naming the model type; both plan at PP 1; PP with TP is
-    refused as not run yet."""
+    do again) are refused at PP 2, naming the model type; both plan at PP 1."""
     import transformers
 
     gpt2 = tmp_path / "gpt2"
@@ -137,6 +147,3 @@ def test_refused_by_name_before_any_weight(tmp_path: Path) -> None:
 
     whole = _config(granite, pp=1)
     assert checkpoint_spec(whole).plan(whole).parallel.pp == 1
-    config = _config(granite).with_(parallel=Parallel(tp=2, pp=2))
-    with pytest.raises(ConfigError, match="not both yet"):
-        checkpoint_spec(config).plan(config)

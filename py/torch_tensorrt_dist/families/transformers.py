@@ -11,7 +11,8 @@ names no linear it can quantize (``quantization/hf_linears.py``).
 
 ``--pp`` runs the model's pipeline stages (``families/pipeline.py`` wraps this spec) where its
 class has a ``base_model_pp_plan`` and hands hidden states on unchanged
-(``models/hf_stage.check_pipeline``), with ``--tp 1`` per stage.
+(``models/hf_stage.check_pipeline``); each stage is sharded by the TP plan over its own TP
+group.
 """
 
 from __future__ import annotations
@@ -55,11 +56,6 @@ class TransformersSpec(ModelSpec):
             raise ConfigError(
                 f"model_type {cfg.model_type!r} runs through transformers with --tp only "
                 "(no --ep yet)"
-            )
-        if staged and tp > 1:
-            raise ConfigError(
-                f"model_type {cfg.model_type!r} runs through transformers with --pp or --tp, "
-                f"not both yet (--pp {p.pp} --tp {tp}): use --tp 1 with --pp"
             )
         if config.speculative is not None:
             raise ConfigError(
