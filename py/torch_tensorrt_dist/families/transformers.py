@@ -54,8 +54,8 @@ class TransformersSpec(ModelSpec):
         staged = p.pp > 1 or bool(p.split)
         if p.ep != 1:
             raise ConfigError(
-                f"model_type {cfg.model_type!r} runs through transformers with --tp only "
-                "(no --ep yet)"
+                f"model_type {cfg.model_type!r} runs through transformers with --tp only or "
+                "--pp stages (no --ep yet): drop --ep"
             )
         if config.speculative is not None:
             raise ConfigError(
