@@ -50,9 +50,11 @@ def test_the_columns_follow_the_specs() -> None:
 
 
 #: the survey rows checked against the code (each kind of answer: native, plans, refused for
-#: its layers, for its attention, for no TP plan at TP 2)
+#: its layers, for its attention, for no TP plan at TP 2; at PP 2 for no PP plan, for a forward
+#: that scales the hidden states it is given)
 SAMPLE = (
     "llama",
+    "granite",
     "qwen3_moe",
     "gemma2",
     "deepseek_v3",
@@ -68,15 +70,17 @@ SAMPLE = (
 def test_the_survey_table_covers_every_causal_lm_and_says_what_the_code_does() -> None:
     """docs/models.md's survey table (written by ``python -m torch_tensorrt_dist.testing.hf_survey
     docs/models.md``) has a row for every causal-LM type of the installed transformers; for a
-    sample, its native / refused cells are what ``NATIVE_MODEL_TYPES`` and ``hf_survey.refusal``
-    say today, and the types the family's tests run exact say so."""
-    from torch_tensorrt_dist.testing.hf_survey import causal_lm_types, read_table, refusal
+    sample, its native / refused cells are what ``NATIVE_MODEL_TYPES``, ``hf_survey.refusal``
+    and ``hf_survey.pp_cell`` (PP 2) say today, and the types the family's tests run exact say
+    so."""
+    from torch_tensorrt_dist.testing.hf_survey import causal_lm_types, pp_cell, read_table, refusal
 
     rows = read_table(DOC)
     assert sorted(rows) == causal_lm_types()
     for kind in SAMPLE:
-        tp1, tp2 = rows[kind]
+        tp1, tp2, pp = rows[kind]
         assert tp2 == ("plans" if refusal(kind, 2) is None else f"refused: {refusal(kind, 2)}")
+        assert pp == pp_cell(kind), kind
         if kind in NATIVE_MODEL_TYPES:
             assert tp1 == f"native ({NATIVE_MODEL_TYPES[kind]})", kind
         elif refusal(kind, 1) is not None:

@@ -244,7 +244,6 @@ def test_refusals_before_any_weight(tmp_path: Path, ckpts: Any) -> None:
     with pytest.raises(ConfigError, match="--quantize-embeddings"):
         checkpoint_spec(embeddings).plan(embeddings)
     for change in (
-        dict(parallel=Parallel(tp=1, pp=2)),
         dict(parallel=Parallel(tp=1, ep=2)),
         dict(speculative=SpeculativeConfig("ngram", 4)),
     ):

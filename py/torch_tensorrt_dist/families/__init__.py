@@ -89,12 +89,14 @@ def checkpoint_spec(config: RunConfig) -> ModelSpec:
     impl = config.model.model_impl
     # a preset, or a folder without config.json (the dense reader says so): dense
     family: type[ModelSpec] = DenseSpec
+    staged = p.pp > 1 or bool(p.split)
     if impl == "transformers":
-        return TransformersSpec(path)
+        return PipelineSpec(TransformersSpec(path)) if staged else TransformersSpec(path)
     if path is not None and (path / "config.json").is_file():
         cfg = load_config_json(path)
         if impl == "auto" and cfg.get("model_type", "llama") not in NATIVE_MODEL_TYPES:
-            return TransformersSpec(path)  # no native family runs it: transformers' class does
+            # no native family runs it: transformers' class does (its stages for --pp)
+            return PipelineSpec(TransformersSpec(path)) if staged else TransformersSpec(path)
         family = native_spec(cfg)  # --model-impl native: refused by name
     if p.ep != 1 and not family.expert_parallel:
         raise ConfigError(
@@ -103,7 +105,7 @@ def checkpoint_spec(config: RunConfig) -> ModelSpec:
             "drop --ep"
         )
     spec = family(path, preset)
-    return PipelineSpec(spec) if p.pp > 1 or p.split else spec
+    return PipelineSpec(spec) if staged else spec
 
 
 def rank_for(

@@ -32,7 +32,8 @@ __all__ = ["PipelineGenerator", "PipelineRunner"]
 class PipelineRunner(ModelRunner):
     """A :class:`ModelRunner` over one pipeline stage (build it on every rank): its step is
     this stage's part between its neighbours (``stage_step.StageStep``). ``model`` is the
-    rank's stage (``load_llama(..., stage=place.role)``, ``load_moe``, ``random_llama``)."""
+    rank's stage (``load_llama(..., stage=place.role)``, ``load_moe``, ``random_llama``, or
+    a transformers model's: ``load_hf(..., stage=place.role)``)."""
 
     def __init__(
         self, model: Transformer, place: StagePlace, **options: Unpack[RunnerOptions]
@@ -51,7 +52,7 @@ class PipelineRunner(ModelRunner):
             place.pp_group,
             dim=model.args.dim,
             vocab=model.args.vocab_size,
-            dtype=model.blocks[0].attention_norm.weight.dtype,
+            dtype=model._model_weight().dtype,  # (a transformers model's too: hf_model.py)
             device=self.device,
         )
         self.step = StageStep(self.step, links, self.limits, mark_dynamic=self.mark_dynamic)

@@ -35,7 +35,9 @@ from torch_tensorrt_dist.models.checkpoint_files import checkpoint_tensors
 from torch_tensorrt_dist.models.hf_attention import PAGED_ATTENTION, register_paged_attention
 from torch_tensorrt_dist.models.hf_config import causal_lm_class, kv_shape, model_args
 from torch_tensorrt_dist.models.hf_model import PagedHFModel
+from torch_tensorrt_dist.models.hf_stage import cut_hf_stage
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
+from torch_tensorrt_dist.models.stage import StageRole
 from torch_tensorrt_dist.parallel.hf_shard import head_split, shard, shard_slice, untie
 
 __all__ = ["Fused", "build_meta", "check_hf_checkpoint", "load_hf"]
@@ -321,9 +323,9 @@ def _fill(
 def _retie(model: Any) -> None:
     """Tied weights (the LM head reading the embedding) point at the filled tensor again."""
     if getattr(model.config.get_text_config(), "tie_word_embeddings", False):
-        out = model.get_output_embeddings()
-        if out is not None:
-            out.weight = model.get_input_embeddings().weight
+        out, emb = model.get_output_embeddings(), model.get_input_embeddings()
+        if out is not None and hasattr(out, "weight") and hasattr(emb, "weight"):
+            out.weight = emb.weight  # (not on a pipeline stage without the head)
 
 
 def load_hf(
@@ -333,12 +335,16 @@ def load_hf(
     group: dist.ProcessGroup | None = None,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    stage: StageRole | None = None,
 ) -> PagedHFModel:
     """This rank's shard of the checkpoint's transformers model, as a :class:`PagedHFModel`
-    (``bytes_read``: the checkpoint bytes this rank read)."""
+    (``bytes_read``: the checkpoint bytes this rank read); ``stage``: only this pipeline
+    stage's parts (``models/hf_stage.py``), the only tensors read."""
     root = Path(path)
     tp = 1 if group is None else dist.get_world_size(group)
     model = build_meta(cfg, dtype)
+    if stage is not None:
+        cut_hf_stage(model, stage)
     tensors, sources = check_hf_checkpoint(root, model)
     aliases = _aliases(model, sources)
     if tp > 1:  # a tied head gets its own shard (the head's split, not the embedding's)
@@ -349,7 +355,9 @@ def load_hf(
         _retie(model)
     model.to(device)  # the buffers (RoPE frequencies)
     paged = PagedHFModel(model, model_args(cfg, tp=tp), kv_shape(cfg, tp=tp))
-    if tp > 1 and head_split(model):
+    if stage is not None:
+        paged.stage = stage
+    if tp > 1 and paged.stage.last and head_split(model):
         paged.group = group
     paged.bytes_read = bytes_read
     logger.info("loaded %s as transformers' %s (tp %d)", root, type(model).__name__, tp)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from torch_tensorrt_dist.errors import CheckpointError, ConfigError
+from torch_tensorrt_dist.models.hf_stage import Passthrough
 
 __all__ = ["GATHERED_HEAD", "head_split", "shard", "shard_slice", "untie"]
 
@@ -73,7 +74,10 @@ def shard(model: Any, group: dist.ProcessGroup | None, device: torch.device | st
         if module is head and plan.get(name) in GATHERED_HEAD:  # gathers its logits once
             plan[name] = "colwise"
     mesh = DeviceMesh.from_group(group, torch.device(device).type)  # type: ignore[arg-type]
-    apply_tensor_parallelism(model, mesh, model._expand_parallel_plan(plan))
+    modules = dict(model.named_modules())  # a pipeline stage's absent parts: nothing to split
+    expanded = model._expand_parallel_plan(plan)
+    expanded = {k: v for k, v in expanded.items() if not isinstance(modules.get(k), Passthrough)}
+    apply_tensor_parallelism(model, mesh, expanded)
 
 
 def head_split(model: Any) -> bool:

@@ -2,12 +2,15 @@
 ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` that records, per ``model_type``, whether a native
 family runs it, whether a tiny random-weight checkpoint of it gives transformers' own greedy
 tokens through this family at TP 1, or why it is refused; and whether its TP-2 plan passes the
-checks. It writes the table of ``docs/models.md`` between its markers:
+checks, and whether its pipeline stages (``--pp 2``) pass the plan's checks. It writes the
+table of ``docs/models.md`` between its markers:
 
     python -m torch_tensorrt_dist.testing.hf_survey docs/models.md     # minutes: every type
+    python -m torch_tensorrt_dist.testing.hf_survey docs/models.md --pp-only   # the PP column
 
-``refusal`` is the config-only part (no weights, no model), the part ``tests/test_models_doc.py``
-checks against the written table for a sample of types.
+``refusal`` is the config-only part (no weights, no model) and ``pp_refusal`` the PP checks on
+a meta-device model (no weights), the parts ``tests/test_models_doc.py`` checks against the
+written table for a sample of types.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ __all__ = [
     "BEGIN",
     "END",
     "causal_lm_types",
+    "pp_refusal",
     "read_table",
     "refusal",
     "survey",
@@ -101,6 +105,36 @@ def refusal(kind: str, tp: int) -> str | None:
     return None
 
 
+def pp_refusal(kind: str) -> str | None:
+    """Why this family refuses ``kind`` at ``--pp 2`` (``--tp 1``) before any weight is
+    read: its TP-1 checks, then its PP plan's (``models/hf_stage.py``, on a meta-device
+    model); None: it plans."""
+    import torch
+
+    from torch_tensorrt_dist.models.hf_config import check_runnable
+    from torch_tensorrt_dist.models.hf_stage import check_pipeline
+    from torch_tensorrt_dist.parallel.hf_load import build_meta
+
+    cfg = tiny_config(kind)
+    try:
+        check_runnable(cfg, tp=1)
+        check_pipeline(build_meta(cfg, torch.float32))
+    except ConfigError as exc:
+        return _short(str(exc))
+    return None
+
+
+def pp_cell(kind: str) -> str:
+    """The table's PP cell of ``kind``: "plans", "refused: why", or what went wrong."""
+    try:
+        why = pp_refusal(kind)
+    except Exception as exc:  # the table records what went wrong
+        if isinstance(exc, ConfigError) and "no tiny config" in str(exc):
+            return "not tried: no tiny config"
+        return f"error: {type(exc).__name__}: {_short(str(exc))[:80]}"
+    return "plans" if why is None else f"refused: {why}"
+
+
 @contextmanager
 def _deadline(seconds: int) -> Iterator[None]:
     def expired(signum: int, frame: Any) -> None:
@@ -164,16 +198,20 @@ def tp1_verdict(kind: str, root: Path) -> str:
     return "exact" if got == ref else "differs"
 
 
+#: a table row: (TP 1, TP 2, PP 2)
+Row = tuple[str, str, str]
+
+
 def survey(
     kinds: list[str] | None = None,
     *,
     run: bool = True,
     seconds: int = 120,
-    on_row: Callable[[str, tuple[str, str]], None] | None = None,
-) -> dict[str, tuple[str, str]]:
-    """model_type -> (TP 1, TP 2): "native", "exact", "differs", "refused: why", "error: ...";
-    TP 2 is the plan's checks only ("plans" or "refused: why"); ``run`` False: TP 1 too
-    ("plans" where the config passes, nothing built)."""
+    on_row: Callable[[str, Row], None] | None = None,
+) -> dict[str, Row]:
+    """model_type -> (TP 1, TP 2, PP 2): "native", "exact", "differs", "refused: why",
+    "error: ..."; TP 2 and PP 2 are the plan's checks only ("plans" or "refused: why"); ``run``
+    False: TP 1 too ("plans" where the config passes, nothing built)."""
     from torch_tensorrt_dist.families import NATIVE_MODEL_TYPES
 
     out = {}
@@ -200,48 +238,56 @@ def survey(
                     tp1 = f"not tried: its config class validates no tiny config ({why})"
                 elif "text configs were found" in str(exc):
                     tp1 = "not tried: several text configs (no single one to shrink)"
-            out[kind] = (tp1, tp2)
+            row = (tp1, tp2, pp_cell(kind))
+            out[kind] = row
             if on_row is not None:
-                on_row(kind, (tp1, tp2))
-            print(f"{kind}: {tp1} | {tp2} ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
+                on_row(kind, row)
+            took = time.perf_counter() - start
+            print(f"{kind}: {' | '.join(row)} ({took:.1f} s)", file=sys.stderr)
     return out
 
 
-def read_table(doc: Path) -> dict[str, tuple[str, str]]:
-    """The rows written between :data:`BEGIN` and :data:`END` in ``doc``."""
+def read_table(doc: Path) -> dict[str, Row]:
+    """The rows written between :data:`BEGIN` and :data:`END` in ``doc`` (a row written
+    before the PP column: its PP cell empty)."""
     section = doc.read_text().split(BEGIN, 1)[1].split(END, 1)[0]
     rows = {}
     for line in section.splitlines():
         if line.startswith("| `"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            rows[cells[0].strip("`")] = (cells[1], cells[2])
+            cells = [c.strip() for c in line.strip().strip("|").split("|")] + [""]
+            rows[cells[0].strip("`")] = (cells[1], cells[2], cells[3])
     return rows
 
 
-def _counts(rows: dict[str, tuple[str, str]]) -> dict[str, int]:
-    """How many TP-1 cells begin with each answer ("exact", "refused", ...), most first."""
+def _counts(rows: dict[str, Row], column: int = 0) -> dict[str, int]:
+    """How many cells of a column begin with each answer ("exact", "refused", ...), most
+    first."""
     counts: dict[str, int] = {}
-    for tp1, _ in rows.values():
-        word = "not tried" if tp1.startswith("not tried") else re.split(r"[:( ]", tp1)[0]
+    for row in rows.values():
+        cell = row[column]
+        word = "not tried" if cell.startswith("not tried") else re.split(r"[:( ]", cell)[0]
         counts[word] = counts.get(word, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def write_table(doc: Path, rows: dict[str, tuple[str, str]]) -> None:
+def write_table(doc: Path, rows: dict[str, Row]) -> None:
     """Replace the table between :data:`BEGIN` and :data:`END` in ``doc``."""
     import transformers
+
+    def counts(column: int) -> str:
+        return ", ".join(f"{n} {word}" for word, n in _counts(rows, column).items())
 
     lines = [
         BEGIN,
         "",
         f"transformers {transformers.__version__}: {len(rows)} causal-LM model types; TP 1: "
-        + ", ".join(f"{n} {word}" for word, n in _counts(rows).items())
-        + ".",
+        f"{counts(0)}; PP 2: {counts(2)}.",
         "",
-        "| model_type | TP 1 (tiny checkpoint, greedy vs transformers) | TP 2 (plan checks) |",
-        "| --- | --- | --- |",
+        "| model_type | TP 1 (tiny checkpoint, greedy vs transformers) | TP 2 (plan checks) "
+        "| PP 2 (plan checks) |",
+        "| --- | --- | --- | --- |",
     ]
-    lines += [f"| `{k}` | {a} | {b} |" for k, (a, b) in sorted(rows.items())]
+    lines += [f"| `{k}` | {a} | {b} | {c} |" for k, (a, b, c) in sorted(rows.items())]
     text = doc.read_text()
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
@@ -249,16 +295,24 @@ def write_table(doc: Path, rows: dict[str, tuple[str, str]]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """``DOC [--plans-only] [MODEL_TYPE ...]``: the named types (default every one) walked,
-    their rows written into DOC's table as each finishes (the other rows kept)."""
+    """``DOC [--plans-only | --pp-only] [MODEL_TYPE ...]``: the named types (default every
+    one) walked, their rows written into DOC's table as each finishes (the other rows kept);
+    ``--pp-only``: only their PP cells (the other cells kept)."""
     target, args = Path(argv[0]), argv[1:]
     rows = read_table(target)
+    kinds = [a for a in args if a not in ("--plans-only", "--pp-only")] or None
+    if "--pp-only" in args:
+        for kind in kinds or causal_lm_types():
+            tp1, tp2, _ = rows.get(kind, ("", "", ""))
+            rows[kind] = (tp1, tp2, pp_cell(kind))
+            print(f"{kind}: {rows[kind][2]}", file=sys.stderr)
+        write_table(target, rows)
+        return
 
-    def on_row(kind: str, row: tuple[str, str]) -> None:
+    def on_row(kind: str, row: Row) -> None:
         rows[kind] = row
         write_table(target, rows)
 
-    kinds = [a for a in args if a != "--plans-only"] or None
     survey(kinds, run="--plans-only" not in args, on_row=on_row)
 
 

@@ -1,0 +1,149 @@
+"""The transformers family's pipeline stages (``--pp``, ``models/hf_stage.py``): on four gloo
+ranks (one spawn for both models: PP 2 x TP 2, PP 4), each stage reads only its own parts'
+tensors and holds KV pools for its own layers, and the stages together give HF's greedy
+tokens through the native families' pipeline path (``PipelineSpec``, ``PipelineGenerator``);
+a class without a ``base_model_pp_plan``, or whose forward scales the hidden states it is
+given, is refused by name before any weight is read."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import safetensors
+
+from tests import _hf_ckpt
+from torch_tensorrt_dist.config import GenerateJob, ModelOptions, Parallel, RunConfig
+from torch_tensorrt_dist.config.run import CacheOptions
+from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.testing.checkpoints import hf_greedy
+from torch_tensorrt_dist.testing.multiprocess import run_on_ranks
+
+pytestmark = pytest.mark.transformers
+
+NEW = 6
+
+
+def _config(
+    path: str | Path, *, pp: int = 2, tp: int = 1, split: tuple[int, ...] | None = None
+) -> RunConfig:
+    return RunConfig(
+        "generate",
+        ModelOptions(model=str(path), model_impl="transformers"),  # (llama, qwen3: native too)
+        Parallel(tp=tp, pp=pp, split=split),
+        GenerateJob(),
+        engine="none",
+        cache=CacheOptions(block_size=4, max_prefill_tokens=8),  # chunked prefill, packed steps
+    )
+
+
+def pp_rank_generate(rank: int, world: int, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """In a spawned gloo rank: each job's checkpoint as this rank's pipeline stage (the spec
+    ``checkpoint_spec`` picks, the generator ``Rank.generator`` builds, as ``generate`` does);
+    its greedy tokens, the bytes it read and the layers its KV pools hold."""
+    import torch.distributed as dist
+
+    from torch_tensorrt_dist.families import PipelineSpec, Rank, TransformersSpec, checkpoint_spec
+    from torch_tensorrt_dist.models.paged import PagedKVCache
+
+    out = []
+    for job in jobs:
+        config = _config(job["path"], pp=job["pp"], tp=job["tp"], split=job.get("split"))
+        spec = checkpoint_spec(config)
+        assert isinstance(spec, PipelineSpec) and isinstance(spec.inner, TransformersSpec)
+        plan = spec.plan(config)
+        place = Rank(config, spec, plan, rank, world, group=dist.group.WORLD)
+        gen = place.generator(rows=4, cache_len=64)
+        model = gen.runner.model  # type: ignore[attr-defined]
+        res = gen.generate(job["prompts"], max_new_tokens=NEW)
+        pools = [i for i, p in enumerate(model.kv_pools) if isinstance(p, PagedKVCache)]
+        parts = {n.removeprefix("model.").split(".")[0] for n, _ in model.hf.named_parameters()}
+        out.append(
+            {
+                "tokens": res.tokens,
+                "bytes_read": model.bytes_read,
+                "pools": pools,
+                "parts": sorted(parts),
+            }
+        )
+    return out
+
+
+def _tensor_bytes(path: Path) -> dict[str, int]:
+    with safetensors.safe_open(path / "model.safetensors", "pt") as f:
+        return {
+            name: 4 * math.prod(f.get_slice(name).get_shape())
+            for name in f.keys()  # noqa: SIM118 (safe_open is not a mapping)
+        }
+
+
+@pytest.mark.timeout(300)
+def test_stages_exact_and_each_reads_its_share(tmp_path: Path) -> None:
+    """One spawn of 4 gloo ranks. llama (2 layers, its own head) at PP 2 x TP 2: each stage
+    sharded by the model's own TP plan over its stage's TP group (the parts of other stages
+    left out of the plan), each rank reading a quarter of the tensors and the norms it
+    replicates. qwen3 (5 layers, a tied head) at PP 4, split 2 + 1 + 1 + 1: middle stages take
+    and give hidden states; the first stage reads the embedding and its layers, the last its
+    layer, the norm and the embedding again (the head's matrix), every tensor read by one stage.
+    Every rank samples HF's greedy tokens."""
+    llama, llama_hf = _hf_ckpt.save("llama", tmp_path)
+    qwen3, qwen3_hf = _hf_ckpt.save(
+        "qwen3", tmp_path, num_hidden_layers=5, tie_word_embeddings=True
+    )
+    prompts = _hf_ckpt.PROMPTS
+    refs = [hf_greedy(m, prompts, NEW) for m in (llama_hf, qwen3_hf)]
+    jobs = [
+        dict(path=str(llama), pp=2, tp=2, prompts=prompts),
+        dict(path=str(qwen3), pp=4, tp=1, split=(2, 1, 1, 1), prompts=prompts),
+    ]
+    results: Any = run_on_ranks(pp_rank_generate, 4, jobs, timeout=300)
+    for rank in results:
+        assert [r["tokens"] for r in rank] == refs
+    tensors = _tensor_bytes(llama)
+    norms = sum(b for name, b in tensors.items() if name.endswith("norm.weight"))
+    for rank in results:
+        assert 0 < rank[0]["bytes_read"] <= sum(tensors.values()) / 4 + norms
+    assert [rank[0]["pools"] for rank in results] == [[0], [0], [1], [1]]  # stage-major ranks
+    assert [rank[0]["parts"] for rank in results] == [["embed_tokens", "layers"]] * 2 + [
+        ["layers", "lm_head", "norm"]
+    ] * 2
+    tensors = _tensor_bytes(qwen3)
+    embed = tensors["model.embed_tokens.weight"]
+    assert sum(rank[1]["bytes_read"] for rank in results) == sum(tensors.values()) + embed
+    assert [rank[1]["pools"] for rank in results] == [[0, 1], [2], [3], [4]]
+    assert [rank[1]["parts"] for rank in results] == [
+        ["embed_tokens", "layers"],
+        ["layers"],
+        ["layers"],
+        ["embed_tokens", "layers", "norm"],  # (the tied head's matrix)
+    ]
+
+
+def _plan_error(path: Path) -> str:
+    from torch_tensorrt_dist.families import checkpoint_spec
+
+    config = _config(path)
+    with pytest.raises(ConfigError) as info:
+        checkpoint_spec(config).plan(config)
+    return str(info.value)
+
+
+def test_refused_by_name_before_any_weight(tmp_path: Path) -> None:
+    """gpt2 (no base_model_pp_plan: a config alone, no weights to read) and granite (its
+    forward scales ``inputs_embeds`` by its embedding multiplier, which a later stage must not
+    do again) are refused at PP 2, naming the model type; both plan at PP 1."""
+    import transformers
+
+    gpt2 = tmp_path / "gpt2"
+    transformers.GPT2Config(n_layer=2).save_pretrained(gpt2)
+    message = _plan_error(gpt2)
+    assert "'gpt2' has no base_model_pp_plan" in message and "--pp 1 only" in message
+    granite, _ = _hf_ckpt.save("granite", tmp_path)
+    message = _plan_error(granite)
+    assert "'granite' cannot run as pipeline stages" in message and "inputs_embeds" in message
+    from torch_tensorrt_dist.families import checkpoint_spec
+
+    whole = _config(granite, pp=1)
+    assert checkpoint_spec(whole).plan(whole).parallel.pp == 1
