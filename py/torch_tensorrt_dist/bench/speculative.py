@@ -15,8 +15,9 @@ ever slows one):
 - ``generate``'s decode speed (tokens after the first / time after the first) with and
   without prompt lookup, on quoting prompts (a pydoc passage the model was trained on, then
   its first words again) and on text that matches nothing, with the mean tokens a step;
-- (the ``generate`` figures count every token over the whole calls with ``cpu_time``: on a
-  machine shared with other busy processes the wall clock measures the load)
+- (with ``cpu_time`` the ``generate`` figures are the process's CPU time after each prompt's
+  first token: on a machine shared with other busy processes the wall clock measures the
+  load)
 - whether speculation turns 0.8 of its tokens per step into speed-up (speed-up >= 0.8 x
   tokens a step / verify-cost ratio at R = 1);
 - with a draft model (``draft_figures``): its acceptance rate and the decode speed-up over
@@ -116,18 +117,22 @@ def _generate(
     tokens: int,
     cpu_time: bool = False,
 ) -> tuple[float, float]:
-    """(decode tokens / s, tokens a step) over ``prompts`` one at a time; ``cpu_time``:
-    every token / the calls' CPU time."""
+    """(decode tokens / s, tokens a step) over ``prompts`` one at a time: the tokens after the
+    first over the time after the first (the prefill, the same with or without a proposer,
+    left out); ``cpu_time``: the process's CPU time, else the wall clock."""
     gen.speculative = spec  # the next core speculates, or not (the verify graph stays)
     out, seconds, steps = 0, 0.0, 0
-    start = time.process_time()
     for ids in prompts:
-        res = gen.generate([ids], max_new_tokens=tokens, sampling=SamplingConfig())
+        first: list[float] = []
+
+        def on_step(new: list[list[int]], first: list[float] = first) -> None:
+            if not first and new[0]:  # the first token came: decoding starts
+                first.append(time.process_time())
+
+        res = gen.generate([ids], max_new_tokens=tokens, sampling=SamplingConfig(), on_step=on_step)
         out += len(res.tokens[0]) - 1
-        seconds += res.decode_s
+        seconds += time.process_time() - first[0] if cpu_time else res.decode_s
         steps += res.decode_steps
-    if cpu_time:
-        return (out + len(prompts)) / (time.process_time() - start), out / max(steps, 1)
     return out / seconds, out / max(steps, 1)
 
 

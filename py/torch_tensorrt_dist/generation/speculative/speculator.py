@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.generation.kv_blocks import blocks_for
+from torch_tensorrt_dist.generation.sampler import Pick
 from torch_tensorrt_dist.generation.sequence import CoreError, Emitted, Sequence
 from torch_tensorrt_dist.generation.speculative.config import SpeculativeConfig
 from torch_tensorrt_dist.generation.speculative.draft import DraftProposer
@@ -34,7 +35,7 @@ from torch_tensorrt_dist.generation.step_inputs import step_inputs
 if TYPE_CHECKING:
     from torch_tensorrt_dist.generation.grammar import Grammars
     from torch_tensorrt_dist.generation.kv_blocks import BlockPool
-    from torch_tensorrt_dist.generation.sampler import Failure, Pick
+    from torch_tensorrt_dist.generation.sampler import Failure
     from torch_tensorrt_dist.generation.step_inputs import StepLimits
 
 
@@ -160,9 +161,17 @@ class Speculator:
         (where a draft token is refused, or after the last); then rewind the blocks that hold
         only refused tokens' K/V."""
         out, accepted, base = [], 0, seq.computed
+        state = seq.sampling
+        # greedy over the raw logits: every position's token in one call, not one a position
+        plain = state.cfg.greedy and not state.processed
+        argmax = logits[: len(draft) + 1].argmax(-1).tolist() if plain else []
         for j in range(len(draft) + 1):
             proposed = draft[j] if j < len(draft) else None
-            pick, held = verify_pick(logits[j], seq.sampling, core.grammars, proposed)
+            pick: Pick | Failure
+            if plain:
+                pick, held = Pick(argmax[j]), argmax[j] == proposed
+            else:
+                pick, held = verify_pick(logits[j], state, core.grammars, proposed)
             e = core.apply_pick(seq, pick)
             out.append(e)
             if e.finish is not None or not held:

@@ -1,19 +1,24 @@
 """A row's speculation state: how many tokens to propose next (adaptive k).
 
 Prompt lookup costs nothing where it finds no match (the row decodes one token). Where it
-matches and the target disagrees, the verify call's extra tokens are wasted, so a row's k
-follows its acceptance: an exponential average ``rate`` of accepted / proposed over its verify
-steps; below :data:`LOW` the row stops proposing for ``pause`` steps (2, 4, ... 64, doubling
-at each pause), then tries again. A pure function of the row's verify results: the same on
-every rank.
+matches and the target disagrees, the verify call costs more than the decode step it
+replaces for nothing, so a row's k follows what its verify steps bring: an exponential average
+``gain`` of the proposed tokens accepted a verify step; below :data:`LOW` the row stops
+proposing for ``pause`` steps (2, 4, ... 64, doubling at each pause), then tries again. A pure
+function of the row's verify results: the same on every rank.
+
+The measure is tokens a step, not accepted / proposed: a verify call of one row x (k + 1)
+tokens costs about 1.2-1.3 decode steps on a CPU (``docs/generation.md``) whatever k is, so a
+row that accepts 1 of 4 proposed tokens a step gains (a rate of 0.25 paused it before), and
+one that accepts less than about 0.3 tokens a step loses.
 """
 
 from __future__ import annotations
 
 __all__ = ["LOW", "RowSpeculation"]
 
-#: the acceptance rate under which a row pauses its proposals
-LOW = 0.3
+#: the accepted tokens a verify step (exponential average) under which a row pauses
+LOW = 0.4
 _DECAY = 0.7
 _MAX_PAUSE = 64
 
@@ -23,7 +28,8 @@ class RowSpeculation:
 
     def __init__(self, k: int) -> None:
         self.k_max = k
-        self.rate = 1.0
+        self.gain = 1.0
+        """Accepted tokens a verify step, an exponential average (starting at one)."""
         self.paused = 0
         """Steps left without proposals."""
         self._pause = 1
@@ -46,8 +52,8 @@ class RowSpeculation:
         self.proposed += proposed
         self.accepted += accepted
         self.steps += 1
-        self.rate = _DECAY * self.rate + (1 - _DECAY) * accepted / proposed
-        if self.rate < LOW:
+        self.gain = _DECAY * self.gain + (1 - _DECAY) * accepted
+        if self.gain < LOW:
             self._pause = min(2 * self._pause, _MAX_PAUSE)
             self.paused = self._pause
-            self.rate = 2 * LOW  # one more bad step pauses again
+            self.gain = 2 * LOW  # two more steps that accept nothing pause it again
