@@ -270,7 +270,12 @@ def test_continuous_usage_stats_count_every_chunk(client: Any) -> None:
     )
     counts = [c.usage.completion_tokens for c in chunks]
     assert all(c.usage is not None for c in chunks)
-    assert counts == sorted(counts) and counts[-1] == 6 and counts[0] == 0
+    assert counts == sorted(counts) and counts[0] == 0 and counts[-1] >= 1
+    # sampled at temperature 1: the end-of-text token may come before max_tokens
+    (finish,) = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert counts[-1] == 6 if finish == "length" else (finish == "stop" and counts[-1] < 6)
 
 
 def _prompt_tokens(server: Server) -> float:
