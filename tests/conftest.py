@@ -124,6 +124,19 @@ def _slow_rank(item: pytest.Item) -> int:
     return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
 
 
+#: what the rank server imports before it forks ranks (a module that is absent is skipped)
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "torch._inductor.compile_fx",
+    "transformers.models.llama.modeling_llama",
+    "torch_tensorrt_dist.backend",
+    "torch_tensorrt_dist.generation.generate",
+    "torch_tensorrt_dist.families",
+)
+
+
 #: the CPU features that decide which kernels torch and Inductor pick here
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
 
@@ -167,8 +180,11 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     # run_on_ranks forks its ranks from a server that imported torch once (started at a
     # worker's first spawn): a fresh interpreter per rank cost seconds of CPU each, about 35
-    # spawns of 2-4 ranks in the suite
-    use_forkserver()
+    # spawns of 2-4 ranks in the suite; it also imports once what the ranks import (Dynamo,
+    # Inductor, transformers' modelling, the package: about 3-5 s of CPU a rank; a spawn of 2
+    # ranks at a load of 5, 21 s -> 0.3 s); a rank that must start without them asks for a
+    # fresh interpreter (run_on_ranks(..., fresh=True))
+    use_forkserver(PRELOAD)
     # the openai client's models build the pydantic schema of their base class at its first
     # use, and pydantic's rebuild is not thread-safe: two test threads parsing their first
     # responses together failed with "type object 'BaseModel' has no attribute
