@@ -56,72 +56,98 @@ _SKIPS = {
 # pyproject.toml, with --no-loadscope-reorder: else xdist hands out the files with the most tests
 # first, whatever this order, and the slowest files, of few tests each, ran last, one worker
 # alone at the end). A worker takes the next file when it is done with one, so the files that
-# take longest go first. Ordered by each file's total over the 50 slowest tests of a
-# --durations run on 2 cores (2026-12-06, 18 min 26 s: 96 s down to 14 s), then files that were
-# listed before; the files that were not listed and start processes or compile are placed by
-# -n 0 --durations runs of them (2026-12-07, at a load of 12: test_weight_layout 220 s, the
-# first Inductor generator of its process, test_registration 129 s, its two interpreters
-# compiling, down to test_kv_blocks 22 s): alphabetical, test_weight_* ran last, one worker
-# alone. The files after these keep their collected order and take seconds each.
+# take longest go first: every file of 4 s or more, by its setup + call + teardown total in a
+# --durations=0 run of the whole suite on 2 cores (2026-12-07, main 7d624b1, 16 min 56 s: 145 s
+# down to 4 s; before, test_launcher_run, 62 s, and test_serve_fields, 55 s, were placed 41st
+# and 40th). The files after these keep their collected order and take under 4 s each.
 SLOW_FIRST = (
-    "test_serve_watchdog.py",
-    "test_generate_pp_cli.py",
-    "test_pipeline_gloo.py",
-    "test_transformers_family.py",
-    "test_transformers_tp.py",
-    "test_row_products.py",
-    "test_clients.py",
-    "test_serve_pipeline.py",
-    "test_toy_family.py",
-    "test_artifacts_inductor.py",
-    "test_registration.py",
-    "test_rank_errors_cli.py",
-    "test_generate_cli.py",
-    "test_weight_layout.py",
-    "test_quantization.py",
-    "test_artifacts_build.py",
-    "test_example_simple.py",
-    "test_faults.py",
-    "test_import_without_tensorrt.py",
-    "test_qwen3.py",
-    "test_generate_tp.py",
-    "test_speculative.py",
-    "test_core.py",
-    "test_moe_cli.py",
-    "test_multirank_numerics.py",
-    "test_cpu_gemm.py",
-    "test_serve_hostile.py",
-    "test_generate_example.py",
-    "test_cpu_attention.py",
-    "test_step_dispatch.py",
-    "test_pipeline_example.py",
-    "test_bench.py",
-    "test_stream_out.py",
-    "test_quantization_tp.py",
-    "test_serve_tools.py",
-    "test_serve_field_fuzz.py",
-    "test_bench_serve.py",
-    "test_serve_api.py",
-    "test_cli_explain.py",
-    "test_serve_fields.py",
-    "test_launcher_run.py",
-    "test_paged_conversion.py",
-    "test_moe_parallel.py",
-    "test_huge_pages.py",
-    "test_weight_only_conversion.py",
-    "test_serve_frontend.py",
-    "test_launcher_quiet.py",
-    "test_hostile_cli.py",
-    "test_serve_failure.py",
-    "test_serve_quantize.py",
-    "test_serve_liveness.py",
-    "test_kv_blocks.py",
+    "test_transformers_family.py",  # 145 s
+    "test_row_products.py",  # 88 s
+    "test_artifacts_inductor.py",  # 88 s
+    "test_serve_watchdog.py",  # 79 s
+    "test_transformers_tp.py",  # 75 s
+    "test_generate_pp_cli.py",  # 74 s
+    "test_speculative.py",  # 63 s
+    "test_launcher_run.py",  # 62 s
+    "test_serve_pipeline.py",  # 56 s
+    "test_serve_fields.py",  # 55 s
+    "test_pipeline_gloo.py",  # 54 s
+    "test_paged_conversion.py",  # 45 s
+    "test_faults.py",  # 45 s
+    "test_serve_hostile.py",  # 42 s
+    "test_clients.py",  # 41 s
+    "test_generate_tp.py",  # 41 s
+    "test_serve_tools.py",  # 39 s
+    "test_qwen3.py",  # 39 s
+    "test_import_without_tensorrt.py",  # 38 s
+    "test_multirank_numerics.py",  # 37 s
+    "test_moe_cli.py",  # 36 s
+    "test_example_simple.py",  # 35 s
+    "test_core.py",  # 33 s
+    "test_generate_example.py",  # 31 s
+    "test_generate_cli.py",  # 30 s
+    "test_moe_parallel.py",  # 28 s
+    "test_serve_api.py",  # 26 s
+    "test_cpu_gemm.py",  # 25 s
+    "test_bench.py",  # 24 s
+    "test_cli_explain.py",  # 23 s
+    "test_step_dispatch.py",  # 21 s
+    "test_serve_frontend.py",  # 21 s
+    "test_quantization.py",  # 21 s
+    "test_toy_family.py",  # 20 s
+    "test_bench_serve.py",  # 18 s
+    "test_schedule_check.py",  # 18 s
+    "test_registration.py",  # 17 s
+    "test_fake_pg_capture.py",  # 16 s
+    "test_stream_out.py",  # 16 s
+    "test_serve_failure.py",  # 16 s
+    "test_rank_errors_cli.py",  # 14 s
+    "test_pipeline_example.py",  # 14 s
+    "test_moe_model.py",  # 13 s
+    "test_artifacts_build.py",  # 13 s
+    "test_input_writes.py",  # 11 s
+    "test_core_sampling.py",  # 11 s
+    "test_quantization_tp.py",  # 10 s
+    "test_serve_field_fuzz.py",  # 9 s
+    "test_demo_model.py",  # 9 s
+    "test_dynamic_conversion.py",  # 9 s
+    "test_llama_tp.py",  # 9 s
+    "test_pipeline_stage.py",  # 9 s
+    "test_verify.py",  # 9 s
+    "test_hostile_cli.py",  # 8 s
+    "test_huge_pages.py",  # 8 s
+    "test_speculative_draft.py",  # 8 s
+    "test_step_guards.py",  # 8 s
+    "test_weight_only_conversion.py",  # 8 s
+    "test_cpu_attention.py",  # 7 s
+    "test_quantization_bench.py",  # 6 s
+    "test_runtime_distributed.py",  # 6 s
+    "test_ops.py",  # 6 s
+    "test_serve_liveness.py",  # 5 s
+    "test_kv_cache_conversion.py",  # 5 s
+    "test_property_lowering.py",  # 5 s
+    "test_serve_quantize.py",  # 5 s
+    "test_kernel_gil.py",  # 4 s
+    "test_serving_units.py",  # 4 s
 )
 
 
 def _slow_rank(item: pytest.Item) -> int:
     name = item.path.name
     return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+
+
+#: what the rank server imports before it forks ranks (a module that is absent is skipped)
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "torch._inductor.compile_fx",
+    "transformers.models.llama.modeling_llama",
+    "torch_tensorrt_dist.backend",
+    "torch_tensorrt_dist.generation.generate",
+    "torch_tensorrt_dist.families",
+)
 
 
 #: the CPU features that decide which kernels torch and Inductor pick here
@@ -167,8 +193,11 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     # run_on_ranks forks its ranks from a server that imported torch once (started at a
     # worker's first spawn): a fresh interpreter per rank cost seconds of CPU each, about 35
-    # spawns of 2-4 ranks in the suite
-    use_forkserver()
+    # spawns of 2-4 ranks in the suite; it also imports once what the ranks import (Dynamo,
+    # Inductor, transformers' modelling, the package: about 3-5 s of CPU a rank; a spawn of 2
+    # ranks at a load of 5, 21 s -> 0.3 s); a rank that must start without them asks for a
+    # fresh interpreter (run_on_ranks(..., fresh=True))
+    use_forkserver(PRELOAD)
     # the openai client's models build the pydantic schema of their base class at its first
     # use, and pydantic's rebuild is not thread-safe: two test threads parsing their first
     # responses together failed with "type object 'BaseModel' has no attribute

@@ -48,8 +48,17 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = root / "out"
     ckpt = str(root / "ckpt")
     compile_s = run_on_ranks(_artifact_fns.compile_rank, 2, ckpt, str(out), timeout=420)
+    # fresh interpreters: the suite's forkserver preloads Dynamo and Inductor, which a rank
+    # that loads artifacts must not import (test_loading_compiles_nothing)
     res = run_on_ranks(
-        _artifact_fns.load_and_generate, 2, ckpt, str(out), PROMPTS, MAX_NEW, timeout=300
+        _artifact_fns.load_and_generate,
+        2,
+        ckpt,
+        str(out),
+        PROMPTS,
+        MAX_NEW,
+        timeout=300,
+        fresh=True,
     )
     return {
         "out": out,

@@ -4,7 +4,9 @@ quantizing its own layers (equal to the int8 whole model)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import json
 import subprocess
 import sys
@@ -24,11 +26,24 @@ def _generate(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+PROMPTS = ("--json", "--prompt", "The for statement", "--prompt", "Python")
+
+
 @functools.cache
 def _json(*args: str) -> dict[str, Any]:
-    proc = _generate(*args, "--json", "--prompt", "The for statement", "--prompt", "Python")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    """The command's JSON line: a pipeline in a child process (its launcher and ranks, as a
+    user runs it), ``--tp 1`` (one process, no launcher) in this one, an interpreter start
+    less."""
+    if "--pp" not in args:
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            assert main(["generate", "--max-new-tokens", "12", *args, *PROMPTS]) == 0
+        line = stdout.getvalue().splitlines()[-1]
+    else:
+        proc = _generate(*args, *PROMPTS)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        line = proc.stdout.splitlines()[-1]
+    out: dict[str, Any] = json.loads(line)
     return out
 
 

@@ -135,13 +135,16 @@ def run_on_ranks(
     timeout: float = 180.0,
     backend: str = "gloo",
     env: dict[str, str] | None = None,
+    fresh: bool = False,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks; return the results.
 
     ``backend=""`` skips ``init_process_group`` (for code that sets up distributed itself).
-    Results must be picklable. Raises :class:`RankFailure` on the first failure or on timeout.
+    ``fresh``: spawn fresh interpreters even after :func:`use_forkserver` (a check of what a
+    rank imports: the server's ranks hold its preloaded modules). Results must be picklable.
+    Raises :class:`RankFailure` on the first failure or on timeout.
     """
-    method = _START["method"]
+    method = "spawn" if fresh else _START["method"]
     ctx: Any = mp.get_context(method)  # "spawn" or "forkserver"
     env = dict(env or {})
     stdio: _Stdio | None = None
