@@ -31,8 +31,8 @@ Sampling (``sampler.py``): a request's settings beyond temperature and top-p (pe
 engine for the model's tokenizer, built on every rank) are state of its :class:`Sequence`,
 created alike on every rank on join and advanced by each token, so they survive preemption.
 The grammar masks of a step's sampling rows are computed once the step's graph is launched
-(on an accelerator, while it runs; on the CPU just before it: ``sampler.StepMasks``). A
-request whose grammar is complete ends with ``stop``.
+(on an accelerator, while it runs: ``sampler.StepMasks``). A request whose grammar is
+complete ends with ``stop``.
 
 Per-request isolation (``core.isolate = True``, a server): an exception while joining a request
 (its grammar), sampling its token (its settings, its grammar) or producing the text that
@@ -208,8 +208,7 @@ class GenerationCore:
             if seq.spec is not None and seq.rid not in drafts:
                 seq.spec.tick()
         # the rows that sample this step, in the order _run returns them: their grammar
-        # masks are computed once the graph is launched (on an accelerator, while it runs;
-        # on the CPU here, before it)
+        # masks are computed once the graph is launched (on an accelerator, while it runs)
         sampling = [s for s, n in ones + many if s.computed + n == len(s.tokens)]
         masks = self._start_masks(sampling)
         done: list[tuple[Sequence, Tensor]] = []

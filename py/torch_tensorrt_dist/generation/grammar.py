@@ -15,7 +15,7 @@ How the core calls it (design; integration is the core's):
   request) into its own :class:`Matcher`: the same spec, tokenizer and tokens give the same
   masks on every rank, so ranks still sample alike without communicating. ``n`` > 1: one
   :meth:`Matcher.fork` per choice. A :class:`GrammarError` fails that request only (400).
-- Per step: the masks (:mod:`.grammar_masks`), once the graph is launched (CPU: before it).
+- Per step: the masks (:mod:`.grammar_masks`), computed once the step's graph is launched.
 - After sampling: :meth:`Matcher.accept`. The request ends with ``stop`` when
   :attr:`Matcher.is_finished` (the grammar admits nothing more; no end-of-text token needed)
   or on an end-of-text token the grammar accepted; :attr:`Matcher.error` set (an engine limit

@@ -3,7 +3,7 @@ is bit t % 32 of word t // 32 (llguidance's layout), one row per sampling row. T
 fills them, and the matchers they come from: :mod:`.grammar`.
 
 Per step, the mask of a row depends only on its tokens so far: ``Grammars.fill_bitmask``
-once the step's graph is launched, on the CPU just before it (``sampler.StepMasks``), then
+once the step's graph is launched (``sampler.StepMasks``; llguidance releases the GIL), then
 :func:`apply_bitmask_` on the float32 copy of the logits (or the add of :func:`forbidden`),
 *outside* the compiled graph (so it works with every engine, TensorRT included), before the
 logprobs and :mod:`.logits_process` (vLLM's order)."""

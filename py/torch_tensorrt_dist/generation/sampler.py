@@ -28,7 +28,7 @@ token left to draw, :class:`NoTokenLeft`): the core fails that request alone.
 
 The grammar masks depend only on the tokens so far, so on an accelerator they are computed
 while the graph runs (:class:`StepMasks`: llguidance, without the interpreter lock, after the
-graph's launch has returned); on the CPU just before the graph.
+graph's launch has returned).
 """
 
 from __future__ import annotations
