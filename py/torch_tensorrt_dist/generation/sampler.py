@@ -146,13 +146,11 @@ class Failure:
 
 
 class StepMasks:
-    """The grammar masks of a step's sampling rows, computed on the stepping thread: on an
-    accelerator :meth:`start` notes the rows before the step's graph is launched and
-    :meth:`wait` computes them once the launch has returned, while the graph runs (its launch
-    does not wait for it). On the CPU the graph would not run meanwhile (it runs on this thread
-    and its pool), so :meth:`start` computes them at once, before the graph, while the
-    matchers' state is still in the caches from the last step's ``accept``; a thread computing
-    them while the graph ran only took a core from it (2 cores, issue 56)."""
+    """The grammar masks of a step's sampling rows: :meth:`start` notes the rows before the
+    step's graph is launched, :meth:`wait` computes them once the launch has returned, on
+    the stepping thread. On an accelerator the graph runs meanwhile (its launch does not
+    wait for it); on the CPU the graph has finished and the masks take none of its cores
+    (a thread computing them while it runs only took a core from it: 2 cores, issue 56)."""
 
     def __init__(
         self,
@@ -165,7 +163,6 @@ class StepMasks:
         self._cpu = device is not None and device.type == "cpu"
         self.bitmask: Tensor | None = None
         """After :meth:`wait`: the masks, int32 [N, W] (None: no grammar row)."""
-        self._failed: dict[int, Exception] = {}
         self.forbid: Tensor | None = None
         """After :meth:`wait`, with ``device`` CPU: the masks as what they add to the logits,
         float32 [N, V] (``grammar_masks.forbidden``; the step then masks with one add)."""
@@ -182,18 +179,15 @@ class StepMasks:
         rows = [(s.matcher, i) for i, s in enumerate(states) if s.matcher is not None]
         if not rows or grammars is None:
             return cls()
-        out = cls(grammars, rows, len(states), None if device is None else torch.device(device))
-        if out._cpu:
-            out.wait()
-        return out
+        return cls(grammars, rows, len(states), None if device is None else torch.device(device))
 
     def wait(self) -> tuple[Tensor | None, dict[int, Exception]]:
         """Compute the masks: the bitmask [N, W] (None: no grammar row), and the rows whose
-        mask failed (computed once: on the CPU by :meth:`start`). On the CPU the rows go one by
-        one on this thread (no thread to wake, no core taken from the graph's threads); else the
-        engine's threads take them together and a failed batch is computed again row by row, so
-        that only the rows that raise fail."""
-        failed = self._failed
+        mask failed. On the CPU the rows go one by one on this thread (no thread to wake, no
+        core taken from the graph's threads); else the engine's threads take them together
+        and a failed batch is computed again row by row, so that only the rows that raise
+        fail."""
+        failed: dict[int, Exception] = {}
         grammars = self._grammars
         if grammars is None or self.bitmask is not None:
             return self.bitmask, failed
