@@ -9,7 +9,7 @@
 A decode row the plan gives a draft of k tokens runs as k + 1 tokens in the step's verify
 call, with every other one-token row of the step (``verify_fn``: the step with the logits of
 every token, ``Transformer.paged_step(..., every=True)``). :meth:`Speculator.accept` walks
-a row's positions (``verify.verify_pick``): it emits each accepted draft token and the
+a row's positions (``verify.verify_picks``): it emits each accepted draft token and the
 target's own token through the core's ``apply_pick``, as plain decoding would, then rewinds the
 blocks that hold only refused tokens' K/V. The counts (``proposed``, ``accepted``, ``rows``)
 are the server's ``/metrics``.
@@ -29,7 +29,7 @@ from torch_tensorrt_dist.generation.sequence import CoreError, Emitted, Sequence
 from torch_tensorrt_dist.generation.speculative.config import SpeculativeConfig
 from torch_tensorrt_dist.generation.speculative.draft import DraftProposer
 from torch_tensorrt_dist.generation.speculative.proposer import NgramProposer
-from torch_tensorrt_dist.generation.speculative.verify import verify_pick
+from torch_tensorrt_dist.generation.speculative.verify import verify_picks
 from torch_tensorrt_dist.generation.step_inputs import step_inputs
 
 if TYPE_CHECKING:
@@ -161,17 +161,8 @@ class Speculator:
         (where a draft token is refused, or after the last); then rewind the blocks that hold
         only refused tokens' K/V."""
         out, accepted, base = [], 0, seq.computed
-        state = seq.sampling
-        # greedy over the raw logits: every position's token in one call, not one a position
-        plain = state.cfg.greedy and not state.processed
-        argmax = logits[: len(draft) + 1].argmax(-1).tolist() if plain else []
-        for j in range(len(draft) + 1):
-            proposed = draft[j] if j < len(draft) else None
-            pick: Pick | Failure
-            if plain:
-                pick, held = Pick(argmax[j]), argmax[j] == proposed
-            else:
-                pick, held = verify_pick(logits[j], state, core.grammars, proposed)
+        picks = verify_picks(logits, seq.sampling, core.grammars, draft)
+        for pick, held in picks:  # lazy: each position after the picks before it applied
             e = core.apply_pick(seq, pick)
             out.append(e)
             if e.finish is not None or not held:

@@ -6,7 +6,8 @@ advanced over the tokens accepted before j, so the logits are processed exactly 
 decoding would process them at that point (grammar mask, raw logprobs, the request's logits
 settings: ``sampler.py``'s processed path, one row). Then
 
-- greedy: the target's token is the argmax; the draft holds where they are equal;
+- greedy: the target's token is the argmax; the draft holds where they are equal (a row
+  whose logits are not processed: every position's argmax in one call, :func:`verify_picks`);
 - sampling: :func:`~.rejection.accept_point_mass` over the probabilities plain sampling draws
   from (``sampling.sample_probs``), with the request's generator; the last position (no draft
   left) draws as plain sampling does.
@@ -16,6 +17,8 @@ A row's exception comes back as a :class:`~..sampler.Failure` naming the stage, 
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -42,7 +45,27 @@ from torch_tensorrt_dist.generation.sampler import (
 from torch_tensorrt_dist.generation.sampling import sample_probs
 from torch_tensorrt_dist.generation.speculative.rejection import accept_point_mass
 
-__all__ = ["verify_pick"]
+__all__ = ["verify_pick", "verify_picks"]
+
+
+def verify_picks(
+    logits: Tensor, state: RowSampling, grammars: Grammars | None, draft: list[int]
+) -> Iterator[tuple[Pick | Failure, bool]]:
+    """``logits`` [len(draft) + 1, V] of a row: each position's (token, whether it is the
+    draft's token there), in order; the caller stops where a draft token is refused (or the
+    row finishes) and the state advances over each pick before the next position's.
+
+    Greedy over raw logits (no grammar, penalties or logprobs): every position's argmax in
+    one call, ties to the lowest id as :func:`verify_pick`'s. Otherwise each position is
+    processed when it is reached (:func:`verify_pick`: the state has advanced over the
+    tokens accepted before it)."""
+    n = len(draft) + 1
+    if state.cfg.greedy and not state.processed:
+        for j, token in enumerate(logits[:n].argmax(-1).tolist()):
+            yield Pick(token), j < len(draft) and token == draft[j]
+        return
+    for j in range(n):
+        yield verify_pick(logits[j], state, grammars, draft[j] if j < len(draft) else None)
 
 
 def verify_pick(
