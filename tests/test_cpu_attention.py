@@ -1,6 +1,6 @@
 """The CPU decode-attention op (``ops/cpu_attention.py``): the attention of ``models/paged.py``
-over the gathered past and the own token, read from the pools in place; what a decode step of
-the Inductor engine on the CPU runs."""
+over the gathered past and the own tokens, read from the pools in place; what a decode step
+(one token a row) and a verify call (k + 1 tokens a row) of the Inductor engine on the CPU run."""
 
 from __future__ import annotations
 
@@ -43,11 +43,12 @@ def _case(
     window: int | None = None,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    s: int = 1,
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """Rows whose past holds ``lengths`` tokens in distinct random blocks of 32-block pools
-    (tables padded with the null block to the longest): the op's inputs, and the reference
-    (the gathered past and the own token through ``paged_attention`` under ``paged_mask``, in
-    float32 from the same values)."""
+    (tables padded with the null block to the longest), ``s`` query tokens a row: the op's
+    inputs, and the reference (the gathered past and the own tokens through
+    ``paged_attention`` under ``paged_mask``, in float32 from the same values)."""
     g = torch.Generator().manual_seed(seed)
     r, n = len(lengths), 32
     nb = max(2, max(-(-x // BS) for x in lengths))
@@ -61,11 +62,12 @@ def _case(
     for i, x in enumerate(lengths):
         for b in range(-(-x // BS)):
             past[i, b] = order.pop()
-    q = rand(r, hq, 1, d)
-    own = [rand(r, hkv, 1, d) for _ in range(2)]
+    q = rand(r, hq, s, d)
+    own = [rand(r, hkv, s, d) for _ in range(2)]
     start = torch.tensor(lengths)
     args = ModelArgs(dim=hq * d, n_heads=hq, n_kv_heads=hkv, sliding_window=window)
-    mask = paged_mask(args, start, start[:, None], nb * BS)  # [R, 1, 1, nb * BS + 1]
+    pos = start[:, None] + torch.arange(s)  # [R, S]
+    mask = paged_mask(args, start, pos, nb * BS)  # [R, 1, S, nb * BS + S]
     keys = [p.float()[past].reshape(r, nb * BS, hkv, d).transpose(1, 2) for p in pools]
     k = torch.cat([keys[0], own[0].float()], 2)
     v = torch.cat([keys[1], own[1].float()], 2)
@@ -128,13 +130,47 @@ def test_a_rows_output_is_the_same_alone_in_any_batch_and_on_any_threads() -> No
         torch.set_num_threads(saved)
 
 
+@pytest.mark.parametrize("s", [2, 3, 4, 5])
+@pytest.mark.parametrize(
+    "hq,hkv,d,window",
+    [(8, 2, 32, None), (4, 1, 64, None), (8, 4, 24, 6)],
+    ids=["gqa4", "mqa", "gqa2_window6"],
+)
+def test_a_few_queries_a_row_are_the_reference_attention(
+    s: int, hq: int, hkv: int, d: int, window: int | None
+) -> None:
+    """A verify call's form: S queries a row, query i over the row's past and its own tokens
+    <= i; rows of different lengths (an empty past, one inside a block, several blocks)."""
+    inputs, ref = _case([0, 3, 9, 17, 26], hq, hkv, d, window=window, s=s, seed=s)
+    got = cpu_attention.decode_attention(*inputs)
+    assert got.shape == ref.shape == (5, hq, s, d) and got.is_contiguous()
+    torch.testing.assert_close(got, ref, atol=2e-6, rtol=2e-5)
+
+
+def test_a_query_gives_the_same_bits_whatever_tokens_follow_it() -> None:
+    """Query i of S is the op over the first i + 1 tokens alone: a verify call's first query is
+    its row's decode step, bit for bit (the same inputs)."""
+    inputs, _ = _case([5, 22, 11], 8, 2, 32, s=5)
+    q, kp, vp, past, ko, vo, mask = inputs
+    full = cpu_attention.decode_attention(*inputs)
+    p = mask.shape[-1] - 5
+    for n in (1, 2, 4):
+        own = torch.cat([mask[:, :, :n, :p], mask[:, :, :n, p : p + n]], -1)
+        part = cpu_attention.decode_attention(
+            q[:, :, :n], kp, vp, past, ko[:, :, :n], vo[:, :, :n], own
+        )
+        assert torch.equal(part, full[:, :, :n])
+
+
 def test_bad_inputs_are_refused_with_what_was_wrong() -> None:
     inputs, _ = _case([3, 9], 8, 4, 32)
     q, kp, vp, past, ko, vo, mask = inputs
     with pytest.raises(RuntimeError, match="outside the pools"):
         cpu_attention.decode_attention(q, kp, vp, past + 100, ko, vo, mask)
-    with pytest.raises(RuntimeError, match=r"q must be \[R, Hq, 1, D\]"):
+    with pytest.raises(RuntimeError, match=r"own keys/values must be \[R, Hkv, S, D\]"):
         cpu_attention.decode_attention(q.expand(2, 8, 2, 32), kp, vp, past, ko, vo, mask)
+    with pytest.raises(RuntimeError, match=r"q must be \[R, Hq, S, D\]"):
+        cpu_attention.decode_attention(q[:, :, :0], kp, vp, past, ko, vo, mask)
     with pytest.raises(RuntimeError, match="mask must be"):
         cpu_attention.decode_attention(q, kp, vp, past, ko, vo, mask[..., :-1])
     with pytest.raises(RuntimeError, match="one dtype"):
@@ -188,3 +224,33 @@ def test_the_inductor_engine_decodes_through_the_op_with_the_references_tokens()
     calls = {e.key: e.count for e in prof.key_averages()}
     assert got == want
     assert calls.get(f"{cpu_attention.NAMESPACE}::decode_attention", 0) == 5 * ARGS.n_layers
+
+
+def test_the_inductor_engines_verify_calls_attend_through_the_op() -> None:
+    """Speculative decoding (prompt lookup) with the Inductor engine: its verify calls (k + 1
+    tokens a row) call the op once a layer, as its decode steps do, and the greedy tokens are
+    the reference's without speculation."""
+    from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
+
+    prompts = [[5, 9, 11, 2, 5, 9, 11, 2, 5, 9], [3, 1, 3, 1, 3]]
+    ref = Generator(random_llama(ARGS, seed=4), engine="none", max_batch_size=2, cache_len=32)
+    want = ref.generate(prompts, max_new_tokens=8).tokens
+    spec = SpeculativeConfig(num_tokens=3)
+    gen = Generator(
+        random_llama(ARGS, seed=4),
+        engine="inductor",
+        max_batch_size=2,
+        cache_len=32,
+        speculative=spec,
+    )
+    gen.generate(prompts, max_new_tokens=8)  # compiles
+    with torch.profiler.profile() as prof:
+        res = gen.generate(prompts, max_new_tokens=8)
+    calls = {e.key: e.count for e in prof.key_averages()}
+    assert res.tokens == want
+    assert gen.runner.verify is not None
+    # every step after the prefill: a decode step or a verify call, each through the op
+    assert calls.get(f"{cpu_attention.NAMESPACE}::decode_attention", 0) == (
+        res.decode_steps * ARGS.n_layers
+    )
+    assert res.decode_steps < 7  # some steps verified proposals (1 + 7 tokens a row)

@@ -380,22 +380,28 @@ def test_compiled_verify_call_never_recompiles_after_warm_up() -> None:
     assert result["tokens"] == plain["tokens"]
 
 
+@pytest.mark.parametrize("op", [False, True], ids=["sdpa", "cpu_op"])
 @pytest.mark.parametrize("pack", [False, True], ids=["padded", "packed"])
-def test_every_token_step_gives_the_logits_of_each_position(pack: bool) -> None:
+def test_every_token_step_gives_the_logits_of_each_position(pack: bool, op: bool) -> None:
     """``paged_step(every=True)`` (the verify call): each real token's logits, equal to those
     of one-token steps at its position (rows of 5 and 2 tokens, the first across a block
-    boundary), and written K/V that the next step reads as a plain step's."""
+    boundary), and written K/V that the next step reads as a plain step's. ``op``: the verify
+    call attends through the CPU op (``cpu_decode``), the one-token steps through
+    ``scaled_dot_product_attention`` over the gathered past."""
     from torch_tensorrt_dist.generation.step_inputs import StepLimits, step_inputs
     from torch_tensorrt_dist.models.llama import ModelArgs
+    from torch_tensorrt_dist.ops import cpu_attention
     from torch_tensorrt_dist.parallel.llama_load import random_llama
 
+    if op and not cpu_attention.available():
+        pytest.skip(f"the CPU op cannot be built: {cpu_attention.unavailable_reason()}")
     cpu = torch.device("cpu")
     limits = StepLimits(rows=2, tokens=8, blocks=4, block_size=4)
     ids = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(3)).tolist()
     rows = [(ids[:6], ids[6:11], [1, 2, 3]), (ids[:3], ids[3:5], [4, 5])]  # prompt, then step
     models = [random_llama(ModelArgs.from_name("tiny"), seed=2) for _ in range(2)]
-    for m in models:
-        m.setup_paged(num_blocks=8, block_size=4, max_seq_len=16)
+    for m, cpu_decode in zip(models, (op, False), strict=True):
+        m.setup_paged(num_blocks=8, block_size=4, max_seq_len=16, cpu_decode=cpu_decode)
     with torch.no_grad():
         for m in models:  # the prompts, alike
             m.paged_step(*step_inputs([(p, 0, b) for p, _, b in rows], limits, cpu))

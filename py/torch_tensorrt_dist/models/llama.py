@@ -209,21 +209,22 @@ class Attention(nn.Module):
         # (``slots.live``): q, k, v and the result [1, H, N, D], attention over [R, S]
         if self.kv_pages is None:
             raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
-        live = slots.live
-        if self.kv_pages.cpu_decode and live is None and q.shape[2] == 1:  # a decode step
-            slots.computed.append((k, v))
-            pages = self.kv_pages  # read in place: no gathered past, no concatenated keys
-            return decode_attention(q, pages.k_pool, pages.v_pool, slots.past, k, v, mask)
-        past_k, past_v = self.kv_pages.gather(slots.past)  # [R, Hkv, NBp * bs, D]
+        live, pages = slots.live, self.kv_pages
         slots.computed.append((k, v))
-        if live is not None:
+        if live is not None:  # [1, H, N, D] -> [R, H, S, D]
             r, s = slots.past.shape[0], mask.shape[2]
             q, k, v = (
                 unpack_rows(t.transpose(1, 2), live, r, s).transpose(1, 2) for t in (q, k, v)
             )
-        keys = torch.cat([past_k, k], dim=2)  # [R, Hkv, NBp * bs + S, D]
-        values = torch.cat([past_v, v], dim=2)
-        y = paged_attention(q, keys, values, mask)
+        if pages.cpu_decode and (slots.few or q.shape[2] == 1):
+            # a decode step, or a verify call's few tokens a row: the CPU op reads the pools
+            # in place (no gathered past, no concatenated keys)
+            y = decode_attention(q, pages.k_pool, pages.v_pool, slots.past, k, v, mask)
+        else:
+            past_k, past_v = pages.gather(slots.past)  # [R, Hkv, NBp * bs, D]
+            keys = torch.cat([past_k, k], dim=2)  # [R, Hkv, NBp * bs + S, D]
+            values = torch.cat([past_v, v], dim=2)
+            y = paged_attention(q, keys, values, mask)
         return y if live is None else pack_rows(y.transpose(1, 2), live).transpose(1, 2)
 
 

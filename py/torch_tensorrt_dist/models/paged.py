@@ -128,13 +128,17 @@ class PagedSlots(NamedTuple):
     computed: list[tuple[Tensor, Tensor]]
     #: a packed step's real tokens (``R * S`` flat indices, :func:`pack_rows`), else None
     live: Tensor | None = None
+    #: a few tokens a row (a verify call, S = k + 1 <= 17): layers whose pools say
+    #: ``cpu_decode`` attend through the CPU op over the pools, as decode steps do
+    few: bool = False
 
 
-def paged_slots(step: StepArgs, block_size: int) -> tuple[Tensor, PagedSlots]:
+def paged_slots(step: StepArgs, block_size: int, *, few: bool = False) -> tuple[Tensor, PagedSlots]:
     """Positions and KV slots of a step's tokens -> positions [R, S] (RoPE and mask) and the
     slots: padding tokens (s > last) take their row's last position (a short row's padding
     would otherwise run past the RoPE table near the longest sequence) and write into the null
-    block, whatever ``dest`` says; offsets are positions modulo the block size. (Combining
+    block, whatever ``dest`` says; offsets are positions modulo the block size; ``few``: the
+    slots' flag of that name. (Combining
     ``dest`` with ``last`` also tells the compiler that both have R rows: the block and offset
     of a write are one length.) ``live`` (a packed step, :func:`pack_rows`): the slots of
     the real tokens only, [N] each, in the packed order.
@@ -149,7 +153,7 @@ def paged_slots(step: StepArgs, block_size: int) -> tuple[Tensor, PagedSlots]:
     blk, off = blk.reshape(-1), off.reshape(-1)
     if live is not None:
         blk, off = blk[live], off[live]
-    return pos, PagedSlots(blk, off, past, [], live)
+    return pos, PagedSlots(blk, off, past, [], live, few)
 
 
 def pack_rows(x: Tensor, live: Tensor) -> Tensor:

@@ -139,7 +139,7 @@ class PagedSteps:
             raise ValueError("paged_step(every=True) runs on a model with the LM head")
         step = StepArgs(*args)
         live, last, dest = step.live, step.last, step.dest
-        x, slots = self._paged_hidden(step)  # [R | 1, S | N, dim]
+        x, slots = self._paged_hidden(step, few=every)  # [R | 1, S | N, dim]
         if every:
             out = self._logits(x)
             out = out if live is None else out[0]
@@ -183,12 +183,13 @@ class PagedSteps:
         logp = F.log_softmax(self._logits(x).float(), dim=-1)  # [R, S, V]
         return -logp.gather(-1, targets[..., None]).squeeze(-1)
 
-    def _paged_hidden(self, step: StepArgs) -> tuple[Tensor, PagedSlots]:
+    def _paged_hidden(self, step: StepArgs, *, few: bool = False) -> tuple[Tensor, PagedSlots]:
         """The last layer's output [R, S, dim] of a paged step ([1, N, dim] packed, ``live``),
-        and its slots (each layer's K/V in ``slots.computed``, not written yet)."""
+        and its slots (each layer's K/V in ``slots.computed``, not written yet; ``few``: a
+        verify call's few tokens a row, ``PagedSlots.few``)."""
         if self.block_size < 1:
             raise ConfigError("call Transformer.setup_paged(...) before running a paged step")
-        pos, slots = paged_slots(step, self.block_size)  # pos: [R, S]
+        pos, slots = paged_slots(step, self.block_size, few=few)  # pos: [R, S]
         mask = paged_mask(self.args, step.start, pos, step.past.shape[1] * self.block_size)
         tokens = step.tokens
         if step.live is not None:  # [1, N]: the products run over the real tokens only

@@ -1,24 +1,28 @@
-// Decode attention over the paged KV cache, on the CPU: one query token per row, read
-// straight from the block pools (no gathered copy of the past, no concatenated keys).
+// Attention of a few query tokens a row over the paged KV cache, on the CPU: a decode step
+// (one token a row) or a speculative verify call (k + 1 tokens a row), read straight from the
+// block pools (no gathered copy of the past, no concatenated keys).
 //
 // tensorrt_dist_cpu::decode_attention(q, k_pool, v_pool, past, k_own, v_own, mask, scale)
-//   q      [R, Hq, 1, D]     the step's queries (one token a row)
+//   q      [R, Hq, S, D]     the step's queries (S tokens a row)
 //   k_pool [N, bs, Hkv, D]   a layer's block pools (contiguous)
 //   v_pool [N, bs, Hkv, D]
 //   past   [R, NB] int64     each row's past blocks, padded with the null block
-//   k_own  [R, Hkv, 1, D]    the step's own keys and values (written to the pools later)
-//   v_own  [R, Hkv, 1, D]
-//   mask   [R, 1, 1, NB * bs + 1] bool: the past's NB * bs positions, then the own token
-//   -> [R, Hq, 1, D]
+//   k_own  [R, Hkv, S, D]    the step's own keys and values (written to the pools later)
+//   v_own  [R, Hkv, S, D]
+//   mask   [R, 1, S, NB * bs + S] bool: each query's view of the past's NB * bs positions,
+//                            then of the own tokens (causal: query s sees own tokens <= s)
+//   -> [R, Hq, S, D]
 //
 // The same computation as ``scaled_dot_product_attention`` of the queries (grouped-query
-// heads: query head i reads KV head i / (Hq / Hkv)) over the gathered past then the own token
+// heads: query head i reads KV head i / (Hq / Hkv)) over the gathered past then the own tokens
 // under ``mask`` (``models/paged.py``: ``paged_attention``); softmax in float32 whatever the
-// dtype. Each (row, KV head) is computed whole by one thread, in a fixed order: a row's result
-// does not depend on the other rows of the step or on the number of threads. The dot
+// dtype. Each (row, KV head) is computed whole by one thread, in a fixed order, each query
+// over the keys its mask row lets it see, in order: a query's result does not depend on the
+// other rows of the step, on the number of threads, or on the tokens after it (a verify
+// call's first query is the decode step's). The dot
 // products keep 16 partial sums, added as a tree (vectorized without letting the compiler
 // reassociate: the order is the source's).
-// Built at first use by ``cpu_decode_attention.py`` (torch's C++ extension loader).
+// Built at first use by ``cpu_attention.py`` (torch's C++ extension loader).
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -149,10 +153,10 @@ template <typename T, int64_t DC>
 void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
          const at::Tensor& past, const at::Tensor& k_own, const at::Tensor& v_own,
          const at::Tensor& mask, at::Tensor& out, double scale) {
-  const int64_t R = q.size(0), Hq = q.size(1), d_runtime = q.size(3);
+  const int64_t R = q.size(0), Hq = q.size(1), S = q.size(2), d_runtime = q.size(3);
   const int64_t D = DC > 0 ? DC : d_runtime;
   const int64_t bs = k_pool.size(1), Hkv = k_pool.size(2), NB = past.size(1);
-  const int64_t rep = Hq / Hkv, P = NB * bs, L = P + 1;
+  const int64_t rep = Hq / Hkv, P = NB * bs, L = P + S;
   const T* qd = q.data_ptr<T>();
   const T* kd = k_pool.data_ptr<T>();
   const T* vd = v_pool.data_ptr<T>();
@@ -164,45 +168,54 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
   const int64_t token = Hkv * D, block = bs * token;
   const float sc = static_cast<float>(scale);
   at::parallel_for(0, R * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<const T*> keys(L), values(L);  // each seen key and value, the own one last
+    std::vector<const T*> keys(L), values(L);  // each seen key and value, the own ones last
     std::vector<float> p(rep * L), acc(rep * D), qf(rep * D);
     for (int64_t rh = begin; rh < end; ++rh) {
       const int64_t r = rh / Hkv, h = rh % Hkv;
-      const T* qrow = qd + (r * Hq + h * rep) * D;  // the rep query heads of KV head h
-      for (int64_t i = 0; i < rep * D; ++i) qf[i] = static_cast<float>(qrow[i]) * sc;
-      const bool* m = md + r * L;
-      int64_t seen = 0;
-      for (int64_t b = 0; b < NB; ++b) {  // block by block: no division a key
-        const int64_t base = pd[r * NB + b] * block + h * D;
-        for (int64_t o = 0; o < bs; ++o)
-          if (m[b * bs + o]) {
-            keys[seen] = kd + base + o * token;
-            values[seen++] = vd + base + o * token;
-          }
-      }
-      if (m[P]) {
-        keys[seen] = kod + (r * Hkv + h) * D;
-        values[seen++] = vod + (r * Hkv + h) * D;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      if (seen > 0) {  // no key seen: zeros, as torch's CPU attention gives
-        for (int64_t i = 0; i < rep; ++i) {
-          const float* qi = qf.data() + i * D;
-          float* pi = p.data() + i * L;
-          for (int64_t t = 0; t < seen; ++t) pi[t] = dot<T, DC>(qi, keys[t], D);
-          float mx = pi[0];
-          for (int64_t t = 1; t < seen; ++t) mx = pi[t] > mx ? pi[t] : mx;
-          for (int64_t t = 0; t < seen; ++t) pi[t] = exp_nonpositive(pi[t] - mx);
-          float sum = 0.f;
-          for (int64_t t = 0; t < seen; ++t) sum += pi[t];
-          const float inv = 1.f / sum;
-          for (int64_t t = 0; t < seen; ++t) pi[t] *= inv;
-        }
+      const T* kown = kod + (r * Hkv + h) * S * D;  // the S own keys of KV head h
+      const T* vown = vod + (r * Hkv + h) * S * D;
+      for (int64_t s = 0; s < S; ++s) {
+        // the rep query heads of KV head h at token s: head i's row at ((r Hq + i) S + s) D
+        const T* qrow = qd + ((r * Hq + h * rep) * S + s) * D;
         for (int64_t i = 0; i < rep; ++i)
-          weighted_sum<T, DC>(acc.data() + i * D, p.data() + i * L, values.data(), seen, D);
+          for (int64_t d = 0; d < D; ++d)
+            qf[i * D + d] = static_cast<float>(qrow[i * S * D + d]) * sc;
+        const bool* m = md + (r * S + s) * L;
+        int64_t seen = 0;
+        for (int64_t b = 0; b < NB; ++b) {  // block by block: no division a key
+          const int64_t base = pd[r * NB + b] * block + h * D;
+          for (int64_t o = 0; o < bs; ++o)
+            if (m[b * bs + o]) {
+              keys[seen] = kd + base + o * token;
+              values[seen++] = vd + base + o * token;
+            }
+        }
+        for (int64_t t = 0; t < S; ++t)
+          if (m[P + t]) {
+            keys[seen] = kown + t * D;
+            values[seen++] = vown + t * D;
+          }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        if (seen > 0) {  // no key seen: zeros, as torch's CPU attention gives
+          for (int64_t i = 0; i < rep; ++i) {
+            const float* qi = qf.data() + i * D;
+            float* pi = p.data() + i * L;
+            for (int64_t t = 0; t < seen; ++t) pi[t] = dot<T, DC>(qi, keys[t], D);
+            float mx = pi[0];
+            for (int64_t t = 1; t < seen; ++t) mx = pi[t] > mx ? pi[t] : mx;
+            for (int64_t t = 0; t < seen; ++t) pi[t] = exp_nonpositive(pi[t] - mx);
+            float sum = 0.f;
+            for (int64_t t = 0; t < seen; ++t) sum += pi[t];
+            const float inv = 1.f / sum;
+            for (int64_t t = 0; t < seen; ++t) pi[t] *= inv;
+          }
+          for (int64_t i = 0; i < rep; ++i)
+            weighted_sum<T, DC>(acc.data() + i * D, p.data() + i * L, values.data(), seen, D);
+        }
+        T* orow = od + ((r * Hq + h * rep) * S + s) * D;
+        for (int64_t i = 0; i < rep; ++i)
+          for (int64_t d = 0; d < D; ++d) orow[i * S * D + d] = static_cast<T>(acc[i * D + d]);
       }
-      T* orow = od + (r * Hq + h * rep) * D;
-      for (int64_t i = 0; i < rep * D; ++i) orow[i] = static_cast<T>(acc[i]);
     }
   });
 }
@@ -212,25 +225,25 @@ void check(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_po
            const at::Tensor& mask) {
   for (const at::Tensor* t : {&q, &k_pool, &v_pool, &past, &k_own, &v_own, &mask})
     TORCH_CHECK(t->device().is_cpu(), "decode_attention: CPU tensors only");
-  TORCH_CHECK(q.dim() == 4 && q.size(2) == 1, "decode_attention: q must be [R, Hq, 1, D], got ",
+  TORCH_CHECK(q.dim() == 4 && q.size(2) >= 1, "decode_attention: q must be [R, Hq, S, D], got ",
               q.sizes());
   TORCH_CHECK(k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes() && k_pool.is_contiguous() &&
                   v_pool.is_contiguous(),
               "decode_attention: the pools must be contiguous [N, bs, Hkv, D] of one shape");
-  const int64_t R = q.size(0), Hkv = k_pool.size(2), D = q.size(3);
+  const int64_t R = q.size(0), S = q.size(2), Hkv = k_pool.size(2), D = q.size(3);
   TORCH_CHECK(k_pool.size(3) == D && Hkv > 0 && q.size(1) % Hkv == 0,
               "decode_attention: q ", q.sizes(), " does not match the pools ", k_pool.sizes());
   TORCH_CHECK(k_own.sizes() == v_own.sizes() && k_own.dim() == 4 && k_own.size(0) == R &&
-                  k_own.size(1) == Hkv && k_own.size(2) == 1 && k_own.size(3) == D,
-              "decode_attention: the own keys/values must be [R, Hkv, 1, D], got ", k_own.sizes());
+                  k_own.size(1) == Hkv && k_own.size(2) == S && k_own.size(3) == D,
+              "decode_attention: the own keys/values must be [R, Hkv, S, D], got ", k_own.sizes());
   for (const at::Tensor* t : {&k_pool, &v_pool, &k_own, &v_own})
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), "decode_attention: one dtype for all");
   TORCH_CHECK(past.dim() == 2 && past.size(0) == R && past.scalar_type() == at::kLong,
               "decode_attention: past must be [R, NB] int64");
   TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 4 && mask.size(0) == R &&
-                  mask.size(1) == 1 && mask.size(2) == 1 &&
-                  mask.size(3) == past.size(1) * k_pool.size(1) + 1,
-              "decode_attention: mask must be [R, 1, 1, NB * bs + 1] bool, got ", mask.sizes());
+                  mask.size(1) == 1 && mask.size(2) == S &&
+                  mask.size(3) == past.size(1) * k_pool.size(1) + S,
+              "decode_attention: mask must be [R, 1, S, NB * bs + S] bool, got ", mask.sizes());
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
