@@ -8,8 +8,8 @@
 Figures, each from blocks alternated in the same run (each variant's best block: load only
 ever slows one):
 
-- the verify call of R rows x (k + 1) tokens against a decode step of R rows (k = 4, R = 1
-  and 8), the compiled graphs the core calls, at position 64 of each row; and against a
+- the verify call of R rows x (k + 1) tokens against a decode step of R rows (k = 4, R = 1,
+  4 and 8), the compiled graphs the core calls, at position 64 of each row; and against a
   decode step of R x (k + 1) rows, the same token rows: what the verify call's own path
   (attention over k + 1 tokens, the logits of each) costs beyond the tokens it computes;
 - ``generate``'s decode speed (tokens after the first / time after the first) with and
@@ -160,7 +160,7 @@ def speculative_figures(
     where += ", CPU time" if cpu_time else ""
     figures = []
     ratios = {}
-    for rows in (1, 8):
+    for rows in (1, 4, 8):
         decode_s, verify_s, wide_s = _step_costs(gen, rows, blocks, calls, clock)
         ratio = verify_s / decode_s
         ratios[rows] = ratio

@@ -8,7 +8,7 @@ proposing for ``pause`` steps (2, 4, ... 64, doubling at each pause), then tries
 function of the row's verify results: the same on every rank.
 
 The measure is tokens a step, not accepted / proposed: a verify call of one row x (k + 1)
-tokens costs about 1.2-1.3 decode steps on a CPU (``docs/generation.md``) whatever k is, so a
+tokens costs about 1.2 decode steps on a CPU (``docs/generation.md``) whatever k is, so a
 row that accepts 1 of 4 proposed tokens a step gains (a rate of 0.25 paused it before), and
 one that accepts less than about 0.3 tokens a step loses.
 """
