@@ -194,8 +194,8 @@ def _scoped_dynamo_config(compiled: Callable[..., Tensor]) -> Callable[..., Tens
 @dataclass(frozen=True)
 class Backend:
     """How a runner readies a model for a device and compiles its step: off the CPU, the
-    model as built and one compiled form of the step. ``cpu_decode``: decode steps attend
-    through the CPU op over the pools in place (``ops/cpu_attention.py``)."""
+    model as built and one compiled form of the step. ``cpu_decode``: decode steps and verify
+    calls attend through the CPU op over the pools in place (``ops/cpu_attention.py``)."""
 
     engine: str
     cpu_decode: bool = False

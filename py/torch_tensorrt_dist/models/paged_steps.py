@@ -100,9 +100,10 @@ class PagedSteps:
     ) -> None:
         """Allocate each layer's block pools (``num_blocks`` x ``block_size`` tokens, block 0
         the null block) and the RoPE tables for positions below ``max_seq_len``.
-        ``cpu_decode``: decode steps attend through the CPU op that reads the pools in place
-        (``ops/cpu_attention.py``; the caller checked it is available), else every step
-        gathers the past blocks for ``scaled_dot_product_attention``."""
+        ``cpu_decode``: decode steps and verify calls (``every``) attend through the CPU op
+        that reads the pools in place (``ops/cpu_attention.py``; the caller checked it is
+        available), else every step gathers the past blocks for
+        ``scaled_dot_product_attention``."""
         if max_seq_len > self.args.max_seq_len:
             raise ConfigError(
                 f"max_seq_len={max_seq_len} exceeds the model's limit {self.args.max_seq_len} "
