@@ -112,3 +112,55 @@ def test_masks_row_by_row_and_expanded_sample_what_the_bitmask_samples(dtype: to
             picks.append(got)
         runs.append(picks)
     assert runs[0] == runs[1]
+
+
+def _mixed_rows(grammars: Any) -> list[RowSampling]:
+    """Plain greedy and sampled rows, a JSON schema, a forced tool call (``tool_choice``
+    "required": one token allowed at many steps) greedy and sampled, logprobs with and
+    without a grammar."""
+    from torch_tensorrt_dist.bench.grammar_cost import TOOL_SCHEMA
+
+    schema = GrammarSpec.json_schema({"type": "array", "items": {"type": "integer"}})
+    tool = GrammarSpec.json_schema(TOOL_SCHEMA)
+    cfgs = [
+        (SamplingConfig(seed=1), None),
+        (SamplingConfig(temperature=1.0, seed=2), None),
+        (SamplingConfig(temperature=0.8, seed=3, logprobs=2), schema),
+        (SamplingConfig(seed=4), tool),
+        (SamplingConfig(temperature=1.0, seed=5, logprobs=1), tool),
+        (SamplingConfig(temperature=0.7, seed=6, logprobs=3), None),
+        (SamplingConfig(temperature=1.0, seed=7, top_k=4), tool),
+    ]
+    return [
+        RowSampling(Request(i, (1,), 50, cfg, grammar=spec), grammars)
+        for i, (cfg, spec) in enumerate(cfgs)
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_mixed_batch_samples_each_row_as_it_samples_alone(dtype: torch.dtype) -> None:
+    """Every row of a batch mixing plain, grammar and logprobs rows (one draw for them all,
+    the CPU masks expanded) gets the token and logprobs it gets alone in a batch of one
+    (plain: the logits as they are; grammar: the bitmask path), from the same random
+    stream, step after step."""
+    pytest.importorskip("llguidance")
+    from torch_tensorrt_dist.generation.grammar import Grammars
+
+    grammars = Grammars.for_bytes(vocab_size=300, eos_ids=(299,))
+    batched, alone = _mixed_rows(grammars), _mixed_rows(grammars)
+    for step in range(12):
+        x = torch.randn(len(batched), 300, generator=torch.Generator().manual_seed(step)) * 3
+        masks = StepMasks.start(grammars, batched, torch.device("cpu"))
+        bitmask, failed = masks.wait()
+        got = sample_step(x.to(dtype), batched, bitmask, failed, masks.forbid)
+        want = []
+        for i, row in enumerate(alone):
+            one = StepMasks.start(grammars, [row])  # no device: the bitmask applied
+            want += sample_step(x[i : i + 1].to(dtype), [row], *one.wait(), one.forbid)
+        assert got == want, step
+        for pick, b, a in zip(got, batched, alone):
+            assert isinstance(pick, Pick)
+            b.accept(pick.token)
+            a.accept(pick.token)
+    assert all(b.gen.get_state().equal(a.gen.get_state()) for b, a in zip(batched, alone))
+    assert any(p.logprobs is not None for p in got)

@@ -17,6 +17,7 @@ each matcher advanced. Also printed: the 8 rows' masks alone, each step at a new
     grammar_cost(engine="none")                     # plain PyTorch instead of Inductor
     grammar_cost(tools=True)                        # a forced tool call's grammar instead
     sampling_cost()                                 # the sampling path alone, no model
+    sampling_cost(tools=True, mixed=True)           # half the rows plain, half with a grammar
 
 ``tools=True`` times the grammar of ``tool_choice`` "required" (``serving/tools/forced.py``:
 compact JSON, a list of calls of two functions) with at least 40 calls, so no row ends.
@@ -203,16 +204,23 @@ def grammar_cost(
 
 
 def _sampling_block(
-    grammars: Grammars, spec: GrammarSpec | None, logits: list[torch.Tensor], steps: int
+    grammars: Grammars,
+    spec: GrammarSpec | None,
+    logits: list[torch.Tensor],
+    steps: int,
+    mixed: bool = False,
 ) -> float:
     """The stepping thread's median CPU seconds a step of 8 rows on the sampling path alone:
     the masks noted, a 0.5 ms sleep for the graph (not counted), the masks computed (CPU
-    logits: on this thread), ``sample_step``, each row advanced."""
+    logits: on this thread), ``sample_step``, each row advanced. ``mixed``: ``spec`` on the
+    odd rows only."""
     from torch_tensorrt_dist.generation.sampler import RowSampling, StepMasks, sample_step
 
     cfgs = [SamplingConfig(temperature=1.0, seed=i, ignore_eos=True) for i in range(ROWS)]
+    specs = [None if mixed and i % 2 == 0 else spec for i in range(ROWS)]
     rows = [
-        RowSampling(Request(i, (1,), steps, c, grammar=spec), grammars) for i, c in enumerate(cfgs)
+        RowSampling(Request(i, (1,), steps, c, grammar=s), grammars)
+        for i, (c, s) in enumerate(zip(cfgs, specs))
     ]
     cpu, times = torch.device("cpu"), []
     for step in range(steps):
@@ -227,10 +235,13 @@ def _sampling_block(
     return statistics.median(times)
 
 
-def sampling_cost(*, tools: bool = False, blocks: int = 12, steps: int = 40) -> list[Figure]:
+def sampling_cost(
+    *, tools: bool = False, blocks: int = 12, steps: int = 40, mixed: bool = False
+) -> list[Figure]:
     """What a grammar adds to the stepping thread's CPU on the sampling path alone (no model:
     random logits over the demo vocabulary), plain and grammar blocks alternating, each
-    variant's best block."""
+    variant's best block. ``mixed``: the grammar on half the rows (a batch of plain and
+    grammar requests) instead of all."""
     from torch_tensorrt_dist.models.demo import demo_checkpoint_path
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
 
@@ -243,14 +254,14 @@ def sampling_cost(*, tools: bool = False, blocks: int = 12, steps: int = 40) -> 
     best: dict[bool, float] = {}
     for _ in range(blocks):
         for grammar in (False, True):
-            t = _sampling_block(grammars, spec if grammar else None, logits, steps)
+            t = _sampling_block(grammars, spec if grammar else None, logits, steps, mixed)
             best[grammar] = min(best.get(grammar, t), t)
     what = "a forced tool call's grammar" if tools else "a JSON-schema grammar"
     return [
         Figure(
             SECTION,
-            f"sampling path alone: the stepping thread's CPU a step with {what} on each of "
-            f"{ROWS} rows over a plain one",
+            f"sampling path alone: the stepping thread's CPU a step with {what} on "
+            f"{'half' if mixed else 'each'} of {ROWS} rows over a plain one",
             round((best[True] - best[False]) * 1e6),
             "us",
             note=f"{best[True] * 1e6:.0f} vs {best[False] * 1e6:.0f} us a step (masks, "

@@ -33,8 +33,7 @@ computes a mask in about 0.1-0.3 ms at 32,000 tokens, gave schema-valid JSON in 
 run (xgrammar let a raw control character into a string), and reports a grammar error as text.
 Regexes use Rust's ``regex`` syntax (``\\d`` is any Unicode digit: write ``[0-9]`` for ASCII).
 JSON is generated with at most 16 whitespace characters between tokens (pretty-printing
-stays possible; a model cannot loop on whitespace).
-"""
+stays possible; a model cannot loop on whitespace)."""
 
 from __future__ import annotations
 
@@ -83,8 +82,7 @@ schema takes a copy of its start (0.01-1 ms) instead of compiling it again on th
 every rank (0.05-0.4 s for 450 properties to 30,000 choices; 3-7 s before the refusal of
 5,000 properties)."""
 PROBE_TOKENS = 8
-"""Tokens :meth:`Grammars.check` follows a grammar for, on each path, before a request is
-accepted."""
+"""Tokens :meth:`Grammars.check` follows a grammar for, on each path, before accepting it."""
 PROBE_PATHS = 8
 """Paths :meth:`Grammars.check` follows (each from another first token)."""
 
@@ -379,20 +377,22 @@ class Grammars:
     ) -> None:
         """Write each matcher's mask into row ``i`` of ``bitmask`` (int32 [B, W], CPU,
         contiguous: :func:`new_bitmask`) without the GIL: the rows in parallel (the engine's
-        threads), or (``parallel`` False) one by one on this thread, no thread to wake."""
+        threads), or (``parallel`` False) one by one on this thread (:meth:`fill_rows`)."""
+        b, w = bitmask.shape
         fits = bitmask.dtype == torch.int32 and bitmask.device.type == "cpu"
-        if not fits or not bitmask.is_contiguous():
+        fits = fits and bitmask.is_contiguous() and w == (self.vocab_size + 31) // 32
+        if not fits or any(not 0 <= i < b for _, i in rows):
             raise ValueError(
-                "the bitmask must be a contiguous CPU int32 tensor (new_bitmask), got "
+                f"bitmask {tuple(bitmask.shape)} does not fit {self.vocab_size} tokens and rows "
+                f"{[i for _, i in rows]}, or is not a contiguous CPU int32 tensor (new_bitmask): "
                 f"{bitmask.dtype} on {bitmask.device}"
             )
-        b, w = bitmask.shape
-        if w != (self.vocab_size + 31) // 32 or any(not 0 <= i < b for _, i in rows):
-            raise ValueError(
-                f"bitmask {tuple(bitmask.shape)} does not fit {self.vocab_size} tokens and "
-                f"rows {[i for _, i in rows]}"
-            )
-        ptr, size = bitmask.data_ptr(), w * 4
+        self.fill_rows(rows, bitmask.data_ptr(), b, w * 4, parallel=parallel)
+
+    def fill_rows(
+        self, rows: Sequence[tuple[Matcher, int]], ptr: int, b: int, size: int, *, parallel: bool
+    ) -> None:
+        """:meth:`fill_bitmask` unchecked: ``b`` rows of ``size`` bytes at ``ptr``."""
         if parallel and len(rows) > 1:
             self._executor.unsafe_compute_mask_ptr([(m._m, i) for m, i in rows], ptr, size, b)
         else:

@@ -20,6 +20,11 @@ Two paths, chosen per row:
   ``logit_bias``, repetition, frequency and presence penalties), then temperature, top-k,
   top-p and the draw (``sample_each`` as for plain rows).
 
+A step with processed rows copies every row to float32 (float32, bfloat16 and float16
+logits: exact) and draws them all in one ``sample_each``, plain rows included (their copy
+holds their logits unchanged, so they draw what they draw alone); CPU logits take the masks
+in the op that copies them (one add of :attr:`StepMasks.forbid`).
+
 Every value here is a function of the row's logits and its own state, never of other rows: a
 request samples the same tokens alone or batched, and on every rank (same logits, same state
 created from the same request, same generator). A row's exception is returned as a
@@ -66,8 +71,8 @@ from torch_tensorrt_dist.generation.sampling import (
 
 __all__ = ["Failure", "NoTokenLeft", "Pick", "RowSampling", "StepMasks", "sample_step"]
 
-#: logits dtypes that one add with float32 masks turns into a float32 copy
-_EXPANDS = (torch.float32, torch.bfloat16, torch.float16)
+#: logits dtypes whose float32 copy is exact (plain rows then draw from the copy alike)
+_EXACT = (torch.float32, torch.bfloat16, torch.float16)
 #: the logprob JSON shows for a token the model gives no chance (-inf is not JSON): vLLM's
 LOGPROB_FLOOR = -9999.0
 
@@ -192,8 +197,9 @@ class StepMasks:
         if grammars is None or self.bitmask is not None:
             return self.bitmask, failed
         self.bitmask = bitmask = new_bitmask(self._count, grammars.vocab_size)
-        try:
-            grammars.fill_bitmask(self.rows, bitmask, parallel=not self._cpu)
+        try:  # no checks of the bitmask made here (each torch attribute read is dear: cold)
+            ptr, size, parallel = bitmask.data_ptr(), bitmask.shape[1] * 4, not self._cpu
+            grammars.fill_rows(self.rows, ptr, self._count, size, parallel=parallel)
         except MemoryError:
             raise
         except Exception:  # which rows: each alone
@@ -224,15 +230,19 @@ def sample_step(
     ``states[i]``; row ``i`` of ``bitmask`` [N, W] its grammar's mask (rows without a grammar
     are ignored), ``forbid`` the same masks expanded (:attr:`StepMasks.forbid`; None: the
     bitmask is applied here). See the module docstring for the two paths."""
-    n, vocab = logits.shape
+    n = logits.shape[0]
     out: list[Pick | Failure | None] = [None] * n
     special = [i for i, state in enumerate(states) if state.processed]
-    plain = [None if s.processed else s.cfg for s in states]
-    if len(special) < n:  # the plain rows: greedy and sampled at once (one device sync)
-        _pick(logits, states, plain, out)
-    if special:
-        masks = (bitmask, forbid)
-        _sample_processed(logits, states, special, vocab, masks, mask_failures or {}, out)
+    if not special:  # plain rows only: greedy and sampled at once (one device sync)
+        _pick(logits, states, [s.cfg for s in states], out)
+        return [p for p in out if p is not None]
+    rows = special
+    if len(special) < n:
+        if logits.dtype in _EXACT:  # every row drawn from the float32 copy, in one draw
+            rows = list(range(n))
+        else:  # the plain rows from the logits as they are
+            _pick(logits, states, [None if s.processed else s.cfg for s in states], out)
+    _sample_processed(logits, states, rows, (bitmask, forbid), mask_failures or {}, out)
     return [p for p in out if p is not None]
 
 
@@ -245,8 +255,8 @@ def _pick(
 ) -> None:
     """Row ``k`` of ``x`` holds the logits of ``states[rows[k]]`` (``rows`` None: of
     ``states[k]``); each row with a config ``cfgs[k]`` gets its token in ``out``: the rows
-    together (``sample_each``), those it leaves out one by one. With ``rows`` (the processed
-    path), a row without a finite logit fails with ``masked``."""
+    together (``sample_each``), those it leaves out one by one. A processed row without a
+    finite logit fails with ``masked``."""
     tokens = sample_each(
         x, cfgs, [states[k if rows is None else rows[k]].gen for k in range(len(cfgs))]
     )
@@ -256,7 +266,7 @@ def _pick(
         i, token = (k if rows is None else rows[k]), tokens[k]
         if token is not None:
             out[i] = Pick(token)
-        elif rows is not None and not bool(torch.isfinite(x[k]).any()):
+        elif states[i].processed and not bool(torch.isfinite(x[k]).any()):
             # nothing to draw (argmax would give id 0, the softmax NaN)
             out[i] = Failure("masked", NoTokenLeft(_no_token(states[i])))
         else:  # top-k, top-p, or logits sample() refuses (NaN, +inf)
@@ -292,12 +302,14 @@ def _sample_processed(
     logits: Tensor,
     states: Sequence[RowSampling],
     special: list[int],
-    vocab: int,
     masks: tuple[Tensor | None, Tensor | None],
     mask_failures: dict[int, Exception],
     out: list[Pick | Failure | None],
 ) -> None:
+    """The rows ``special`` (the processed ones, or every row: plain rows are drawn as they
+    are) from a float32 copy of their logits, the masks applied."""
     bitmask, forbid = masks
+    vocab = logits.shape[1]
     # no list indexing on this path: its CPU kernel goes parallel even for 8 rows and waits
     # on a busy core for milliseconds (``apply_bitmask_``); every row is a slice, else one
     # index_select
@@ -307,7 +319,7 @@ def _sample_processed(
     # [M, V]: float32, a copy (never the graph's own output), the masks applied (rows without
     # a grammar allow every token): one add where they came expanded (CPU logits)
     masked = bitmask is not None and any(states[i].matcher is not None for i in special)
-    if masked and forbid is not None and logits.dtype in _EXPANDS and logits.device.type == "cpu":
+    if masked and forbid is not None and logits.dtype in _EXACT and logits.device.type == "cpu":
         x = torch.add(rows_of(logits), rows_of(forbid))  # bf16 + float32: float32, exact
     else:
         x = rows_of(logits).to(torch.float32, copy=True)
@@ -318,6 +330,9 @@ def _sample_processed(
     drawing: list[int] = []
     for k, i in enumerate(special):
         state = states[i]
+        if not state.processed:
+            drawing.append(k)
+            continue
         if i in mask_failures:
             out[i] = Failure("grammar", mask_failures[i])
             continue
