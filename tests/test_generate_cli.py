@@ -24,7 +24,9 @@ PROMPT = "Hi there"
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     path = tmp_path_factory.mktemp("cli") / "llama"
-    hf = _llama_ckpt.save_checkpoint("llama_gqa", path)  # no tokenizer.json: byte tokens
+    # no tokenizer.json: byte tokens; one layer: the CLI is under test here (depth and
+    # layouts at tp 2 and 4: test_generate_tp.py), and the verify tests compile it twice
+    hf = _llama_ckpt.save_checkpoint("llama_gqa", path, num_hidden_layers=1)
     return path, _llama_ckpt.hf_greedy(hf, list(PROMPT.encode()), 6)
 
 
