@@ -19,6 +19,7 @@ def test_communication_and_gpu_sections_write_json(
     interpreter start to pay."""
     out = tmp_path / "figures.json"
     argv = ["bench", "--section", "communication", "--section", "gpu", "--json", str(out)]
+    argv += ["--threads", "1"]  # the rank a child would be; two threads spin-wait on 2 busy cores
     assert main(argv) == 0
     stdout = capsys.readouterr().out
     figures = {f["name"]: f for f in json.loads(out.read_text())["figures"]}
