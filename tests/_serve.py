@@ -34,6 +34,34 @@ def demo_with_chat_template(dest: Path, template: str = CHAT_TEMPLATE) -> Path:
     return dest
 
 
+def demo_with_layers(dest: Path, layers: int) -> Path:
+    """A copy of the demo checkpoint cut to its first ``layers`` layers (the same tokenizer,
+    embeddings, norm and head): a model that compiles and loads faster where its text does not
+    matter."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from torch_tensorrt_dist.models.demo import demo_checkpoint_path
+
+    src = demo_checkpoint_path()
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, dest / name)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["num_hidden_layers"] = layers
+    (dest / "config.json").write_text(json.dumps(cfg))
+    weights = load_file(src / "model.safetensors")
+    kept = {
+        k: v
+        for k, v in weights.items()
+        if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers
+    }
+    save_file(kept, dest / "model.safetensors")
+    return dest
+
+
 #: the serve bench's child-process server: start, read its output, health, stop, kill
 Server = ServerProcess
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -14,7 +15,10 @@ EXAMPLE = (
 )
 
 
+@functools.cache
 def _launch(launcher: str, *extra: str) -> dict:
+    """The example's JSON line under ``launcher`` (one launch each: the torchrun result serves
+    both tests; callers only read it)."""
     proc = subprocess.run(
         [
             sys.executable,

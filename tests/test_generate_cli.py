@@ -14,18 +14,25 @@ import pytest
 from torch_tensorrt_dist.cli import main
 
 from . import _llama_ckpt
+from ._core_fns import one_thread
 
 pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Hi there"
+#: the runs in this process: one torch thread, as each launched rank runs (on a busy 2-core
+#: machine two threads spin-wait, up to 20x slower)
+ONE_THREAD = ("--threads", "1")
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     path = tmp_path_factory.mktemp("cli") / "llama"
-    hf = _llama_ckpt.save_checkpoint("llama_gqa", path)  # no tokenizer.json: byte tokens
-    return path, _llama_ckpt.hf_greedy(hf, list(PROMPT.encode()), 6)
+    # no tokenizer.json: byte tokens; one layer: the CLI is under test here (depth and
+    # layouts at tp 2 and 4: test_generate_tp.py), and the verify tests compile it twice
+    hf = _llama_ckpt.save_checkpoint("llama_gqa", path, num_hidden_layers=1)
+    with one_thread():
+        return path, _llama_ckpt.hf_greedy(hf, list(PROMPT.encode()), 6)
 
 
 def _json(stdout: str) -> dict[str, Any]:
@@ -54,7 +61,7 @@ def test_tp1_json_equals_transformers(
     ckpt: tuple[Path, list[int]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     path, expected = ckpt
-    assert main(_args(path)) == 0
+    assert main([*_args(path), *ONE_THREAD]) == 0
     out = _json(capsys.readouterr().out)
     assert out["tokens"] == [expected]
     assert out["text"] == [bytes(t for t in expected if t < 256).decode(errors="replace")]
@@ -67,7 +74,7 @@ def test_tp1_verified_eager_equals_transformers(
 ) -> None:
     # the prefill and decode graphs (KV caches written in place) pass their first-call check
     path, expected = ckpt
-    assert main([*_args(path), "--engine", "eager", "--verify"]) == 0
+    assert main([*_args(path), "--engine", "eager", "--verify", *ONE_THREAD]) == 0
     out = _json(capsys.readouterr().out)
     assert out["tokens"] == [expected] and out["engine"] == "eager"
 
@@ -82,7 +89,7 @@ def test_tp1_verify_failure_is_a_one_line_error(
     path, _ = ckpt
     torch._dynamo.reset()  # compile anew (an earlier test may have compiled the same steps)
     with _verify_fns.broken_engine(_verify_fns.double_first_output):
-        assert main([*_args(path), "--engine", "eager", "--verify"]) == 1
+        assert main([*_args(path), "--engine", "eager", "--verify", *ONE_THREAD]) == 1
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]  # after the loading progress bar
     assert last.startswith("error: rank 0: graph #") and "(engine eager): output 0" in last
@@ -137,9 +144,7 @@ def test_bad_input_exits_2_with_the_fix(
 
 
 def test_default_model_never_fails(capsys: pytest.CaptureFixture[str]) -> None:
-    assert (
-        main(["generate", "--engine", "none", "--max-new-tokens", "4", "--json", "--prompt", "The"])
-        == 0
-    )
+    args = ["generate", "--engine", "none", "--max-new-tokens", "4", "--json", "--prompt", "The"]
+    assert main([*args, *ONE_THREAD]) == 0
     out = _json(capsys.readouterr().out)
     assert 1 <= len(out["tokens"][0]) <= 4 and isinstance(out["text"][0], str)

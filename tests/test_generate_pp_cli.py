@@ -36,8 +36,11 @@ def _json(*args: str) -> dict[str, Any]:
     less."""
     if "--pp" not in args:
         stdout = io.StringIO()
+        # --threads 1, as each pipeline rank runs: on a busy 2-core machine two threads
+        # spin-wait, up to 20x slower
         with contextlib.redirect_stdout(stdout):
-            assert main(["generate", "--max-new-tokens", "12", *args, *PROMPTS]) == 0
+            argv = ["generate", "--max-new-tokens", "12", "--threads", "1", *args, *PROMPTS]
+            assert main(argv) == 0
         line = stdout.getvalue().splitlines()[-1]
     else:
         proc = _generate(*args, *PROMPTS)

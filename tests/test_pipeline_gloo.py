@@ -11,6 +11,7 @@ its stage's EP group), int8 weight-only stages, and wrong meshes and splits.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -55,6 +56,15 @@ def _alone(model: Any, jobs: list[Job]) -> list[list[int]]:
     single = Generator(model, max_batch_size=1, cache_len=CACHE_LEN)
     with one_thread():
         return [alone(single, job, ()) for job in jobs]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """The references in this process (transformers, the int8 quantization) on one torch thread
+    too, as each launched rank runs: on a busy 2-core machine two threads spin-wait (up to 20x
+    slower); the same values."""
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,14 @@ import concurrent.futures as cf
 import json
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from ._core_fns import one_thread
 from ._fields_reference import EOS, Reference, check_top
 from ._serve import Server, demo_tp2_server, demo_with_chat_template
 
@@ -42,6 +44,14 @@ PERSON = {
     "additionalProperties": False,
 }
 CHAT = [{"role": "user", "content": "Describe a pet as JSON."}]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """The references in this process on one torch thread, as each launched rank runs: on a
+    busy 2-core machine two threads spin-wait (up to 20x slower); the same values."""
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
