@@ -50,6 +50,7 @@ def test_a_failed_build_is_tried_once_and_says_why(
         raise RuntimeError("no compiler here")
 
     monkeypatch.setattr(ext, "load", load)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))  # nothing left in ~/.cache
     src = tmp_path / "op.cpp"
     src.write_text("// never built\n")
     op = CppOp("cpu_missing", src, NS, {"missing": _fake}, "the reference stays")
