@@ -50,6 +50,7 @@ def test_a_failed_build_is_tried_once_and_says_why(
         raise RuntimeError("no compiler here")
 
     monkeypatch.setattr(ext, "load", load)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))  # nothing left in ~/.cache
     src = tmp_path / "op.cpp"
     src.write_text("// never built\n")
     op = CppOp("cpu_missing", src, NS, {"missing": _fake}, "the reference stays")
@@ -97,3 +98,46 @@ def test_an_op_loaded_already_is_not_built_and_gets_its_fake(
     with FakeTensorMode() as mode:  # tracing sees the fake's shape
         y = getattr(torch.ops, NS).twice(mode.from_tensor(x))
     assert tuple(y.shape) == (3, 8)
+
+
+@pytest.mark.parametrize("loads", [True, False], ids=["built", "partial"])
+def test_a_library_built_before_is_loaded_without_the_build_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loads: bool
+) -> None:
+    """A library of the op's name in torch's extension folder (built by any checkout: the
+    name hashes the source, not its path) is loaded as it is; one that does not load (a
+    killed build's) is built again by ``cpp_extension.load``."""
+    import torch.utils.cpp_extension as ext
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    src = tmp_path / "op.cpp"
+    src.write_text(f"// built before: {loads}\n")
+    op = CppOp(f"cpu_before_{loads}", src, NS, {f"before_{loads}": _fake}, "none")
+    name = op.library_name()
+    (tmp_path / "ext" / name).mkdir(parents=True)
+    (tmp_path / "ext" / name / f"{name}.so").write_bytes(b"")
+    opened, built = [], []
+
+    def register() -> None:
+        lib = torch.library.Library(NS, "FRAGMENT")  # what the library registers
+        lib.define(f"before_{loads}(Tensor x) -> Tensor")
+        lib.impl(f"before_{loads}", lambda x: torch.cat([x, x], dim=1), "CPU")
+        opened.append(lib)
+
+    def load_library(path: str) -> None:
+        assert path == str(tmp_path / "ext" / name / f"{name}.so")
+        if not loads:
+            raise OSError("file too short")
+        register()
+
+    def load(*, name: str, **_: object) -> None:
+        built.append(name)
+        register()
+
+    monkeypatch.setattr(torch.ops, "load_library", load_library)
+    monkeypatch.setattr(ext, "load", load)
+    assert op.available()
+    assert built == ([] if loads else [name])
+    assert torch.equal(
+        getattr(getattr(torch.ops, NS), f"before_{loads}")(torch.ones(1, 2)), torch.ones(1, 4)
+    )

@@ -280,10 +280,18 @@ def test_config_contradicting_weights(tmp_path: Path, ckpts: Any) -> None:
 
 
 def test_native_families_import_no_transformers() -> None:
-    """transformers is optional: the families and the core import without it."""
+    """transformers is optional: the families and the core import without it. And a native
+    checkpoint loaded (built on the meta device) and run by the ``none`` engine imports no
+    Dynamo (seconds of a CLI's or a server's start, for nothing it compiles)."""
     code = (
         "import sys, torch_tensorrt_dist.families, torch_tensorrt_dist.generation; "
-        "assert 'transformers' not in sys.modules, 'transformers imported'"
+        "assert 'transformers' not in sys.modules, 'transformers imported'; "
+        "from torch_tensorrt_dist.models.demo import demo_checkpoint_path; "
+        "from torch_tensorrt_dist.parallel.llama_load import load_llama; "
+        "model = load_llama(demo_checkpoint_path(), progress=False); "
+        "gen = torch_tensorrt_dist.generation.Generator(model, engine='none', cache_len=16); "
+        "assert len(gen.generate([[5, 6]], max_new_tokens=2).tokens[0]) == 2; "
+        "assert 'torch._dynamo' not in sys.modules, 'Dynamo imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -44,6 +44,7 @@ from torch_tensorrt_dist.ops import cpu_attention
 from torch_tensorrt_dist.runtime.huge_pages import huge_page_weights
 
 __all__ = [
+    "CPU_GEMMS",
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_MAX_PREFILL_TOKENS",
     "ENGINES",
@@ -67,6 +68,9 @@ __all__ = [
 #: ``torch_tensorrt_dist`` Dynamo backend with that engine.
 ENGINES = ("tensorrt", "inductor", "eager", "none")
 DEFAULT_MAX_PREFILL_TOKENS = 512
+#: ``cpu_gemm``'s values, as ``backend/settings.py``'s: not imported from there, since the
+#: backend imports Dynamo (seconds), which a runner of the ``none`` engine never needs
+CPU_GEMMS = ("aten", "reduce")
 #: ``cpu_gemm="reduce"``: the steps of at most this many token rows (rows x tokens: a decode
 #: step's rows, a short prefill's tokens) compute their products as reductions over the
 #: row-major weights, the rest with ATen's GEMM on the same weights: past 16, MKL's
@@ -244,8 +248,6 @@ def backend_for(model: Transformer, engine: str, *, cpu_gemm: str = "reduce") ->
     engine's products with CPU weights, ``reduce`` (the measured default) or ``aten`` (the
     reference the tests compare it with); a model without float32 linear weights (bf16, fp16,
     quantized) has nothing to rewrite and gets ``aten`` (one compile of the step, not two)."""
-    from torch_tensorrt_dist.backend.settings import CPU_GEMMS
-
     if cpu_gemm not in CPU_GEMMS:
         raise ConfigError(f"cpu_gemm={cpu_gemm!r} is not one of {', '.join(CPU_GEMMS)}")
     if next(model.parameters()).device.type != "cpu":

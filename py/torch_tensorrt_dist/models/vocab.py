@@ -57,6 +57,13 @@ class VocabEmbedding(nn.Embedding):
         self.group: dist.ProcessGroup | None = None
         self.start = 0
 
+    def reset_parameters(self) -> None:
+        """``nn.Embedding``'s normal init, except on the meta device (a model built to be
+        loaded): there is nothing to draw, and a first ``normal_`` of a meta tensor imports
+        Dynamo (seconds) in a process that may never compile."""
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
     def forward(self, tokens: Tensor) -> Tensor:
         return embed_tokens(tokens, self.weight, self.group, self.start)
 

@@ -10,7 +10,8 @@ share one build) and loads it, once per process; where it cannot (no C++ compile
 build) it says False, with a warning saying why, and the caller keeps its reference path. The
 library's name holds a hash of its source, the compile flags, torch's version and the CPU's
 instruction-set flags (it is built with ``-march=native``): a cache shared by other machines or
-other torch builds never loads a library built for another. Each op gets its fake
+other torch builds never loads a library built for another, and a library built before (by
+any checkout of the package) is loaded as it is, without the build step. Each op gets its fake
 implementation (for tracing) once it is loaded.
 """
 
@@ -101,13 +102,14 @@ class CppOp:
 
                 name = self.library_name()
                 logger.info("CPU %s op: building or loading %s", self.what, name)
-                load(
-                    name=name,
-                    sources=[str(self.source)],
-                    extra_cflags=CFLAGS,
-                    is_python_module=False,
-                    verbose=False,
-                )
+                if not _load_built(name):
+                    load(
+                        name=name,
+                        sources=[str(self.source)],
+                        extra_cflags=CFLAGS,
+                        is_python_module=False,
+                        verbose=False,
+                    )
             except Exception as exc:  # no compiler, a failed build: the caller's reference path
                 self._reason = f"{type(exc).__name__}: {str(exc).strip()[-800:]}"
                 logger.warning(
@@ -123,3 +125,25 @@ class CppOp:
                 torch.library.register_fake(f"{self.namespace}::{op}", fake)
             self._faked = True
         return True
+
+
+def _load_built(name: str) -> bool:
+    """Load the library ``name`` where a process built it before, without ``cpp_extension``'s
+    build step; False where it is not built (or does not load). The name's hash says what it
+    was built from, wherever the source lay: ``load`` would run ninja over a build file naming
+    the source's path, and rebuild the same library where another checkout of the package
+    loaded it last (10-30 s). Under the build's lock: a build under way finishes first."""
+    from torch.utils._filelock import FileLock
+    from torch.utils.cpp_extension import _get_build_directory
+
+    build = Path(_get_build_directory(name, verbose=False))
+    library = build / f"{name}.so"
+    if not library.is_file():
+        return False
+    with FileLock(str(build / "lock")):
+        try:
+            torch.ops.load_library(str(library))
+        except OSError as exc:  # a partial library (a killed build): build it again
+            logger.info("CPU op library %s did not load (%s): building it", library, exc)
+            return False
+    return True
