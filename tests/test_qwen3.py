@@ -29,6 +29,7 @@ from torch_tensorrt_dist.families import checkpoint_spec
 from torch_tensorrt_dist.generation import Generator
 from torch_tensorrt_dist.models.llama import QKNormLinear
 from torch_tensorrt_dist.models.llama_args import read_config
+from torch_tensorrt_dist.models.rope import apply_rope, apply_rope_flipped
 from torch_tensorrt_dist.models.safetensors_io import SafetensorsReader
 from torch_tensorrt_dist.parallel.llama_load import load_llama
 
@@ -62,6 +63,26 @@ def test_config_fields(ckpt: tuple[Path, list[list[int]]]) -> None:
     args = read_config(ckpt[0])
     assert (args.qk_norm, args.qkv_bias, args.o_bias) == (True, False, False)
     assert (args.dim, args.n_heads, args.n_kv_heads, args.head_dim) == (64, 4, 2, 24)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flipped_rope_gives_rope_values(dtype: torch.dtype) -> None:
+    """The rotation Qwen3's q / k take (a flip and a sign, not a cat) gives the same values,
+    eager and compiled by Inductor behind a per-head norm (head_dim 24: halves of 12)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, 24, generator=g).to(dtype)  # [B, H, S, D]
+    cos, sin = (torch.randn(2, 5, 24, generator=g).to(dtype) for _ in range(2))
+    assert torch.equal(apply_rope_flipped(x, cos, sin), apply_rope(x, cos, sin))
+    if dtype != torch.float32:
+        return
+
+    def normed(rope: Any, x: torch.Tensor) -> torch.Tensor:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return rope(x, cos, sin)
+
+    compiled = torch.compile(normed, backend="inductor", fullgraph=True)
+    got = compiled(apply_rope_flipped, x)
+    torch.testing.assert_close(got, normed(apply_rope, x), rtol=0, atol=1e-6)
 
 
 def test_tp1_generate_equals_transformers(

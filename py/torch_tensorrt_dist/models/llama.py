@@ -45,7 +45,12 @@ from torch_tensorrt_dist.models.paged import (
     unpack_rows,
 )
 from torch_tensorrt_dist.models.paged_steps import PagedSteps
-from torch_tensorrt_dist.models.rope import apply_rope, rope_inv_freq, rope_tables
+from torch_tensorrt_dist.models.rope import (
+    apply_rope,
+    apply_rope_flipped,
+    rope_inv_freq,
+    rope_tables,
+)
 from torch_tensorrt_dist.models.stage import StageRole
 from torch_tensorrt_dist.models.vocab import VocabEmbedding, embed_tokens, lm_logits
 from torch_tensorrt_dist.ops.cpu_attention import decode_attention
@@ -159,6 +164,7 @@ class Attention(nn.Module):
         super().__init__()
         d = args.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, d
+        self.qk_norm = args.qk_norm
         self.wq = _qk_linear(args, args.n_heads)
         self.wk = _qk_linear(args, args.n_kv_heads)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * d, bias=args.qkv_bias)
@@ -175,7 +181,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        rope = apply_rope_flipped if self.qk_norm else apply_rope  # (rope.py says why)
+        return rope(q, cos, sin), rope(k, cos, sin), v
 
     def _out(self, y: Tensor) -> Tensor:
         # y: [B, Hq, S, D] -> [B, S, dim], summed over the TP group

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from torch_tensorrt_dist.models.llama_args import ModelArgs
 
-__all__ = ["apply_rope", "rope_inv_freq", "rope_tables"]
+__all__ = ["apply_rope", "apply_rope_flipped", "rope_inv_freq", "rope_tables"]
 
 
 def rope_inv_freq(args: ModelArgs) -> Tensor:
@@ -50,3 +50,16 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     # x: [B, H, S, D], cos/sin: [B, S, D] (already in x's dtype)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return x * cos + _rotate_half(x) * sin
+
+
+def apply_rope_flipped(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """:func:`apply_rope` with ``rotate_half`` as a flip of the halves and a sign (the same
+    values: only exact negations differ in where they happen), for q / k that come out of a
+    reduction (Qwen3's per-head RMSNorm). On the CPU Inductor lowers ``cat`` to a buffer of its
+    own, which a reduction before it cannot fuse into: one more kernel per q and k and layer
+    (a Qwen3 decode step ran 26 kernels to a Llama one's 18 of the same shape, 22 this way).
+    Behind plain projections (Llama) ``cat`` fuses and writes in place: that stays."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    sign = torch.arange(2, dtype=x.dtype, device=x.device)[:, None] * 2 - 1  # [[-1], [1]]
+    rotated = (x.unflatten(-1, (2, -1)).flip(-2) * sign).flatten(-2)  # cat((-x2, x1), -1)
+    return x * cos + rotated * sin
