@@ -200,6 +200,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # ranks at a load of 5, 21 s -> 0.3 s); a rank that must start without them asks for a
     # fresh interpreter (run_on_ranks(..., fresh=True))
     use_forkserver(PRELOAD)
+    # one intra-op thread in the test process, as a launched rank on a machine of few cores
+    # runs: the suite's two workers on two cores each ran two OpenMP threads, and a busy
+    # thread's partner spin-waits (a TP 1 generate of the demo model 0.24-0.45 s on one thread
+    # against 5.8-8.6 s on two, load 6). Tests of several threads set their count themselves.
+    torch.set_num_threads(1)
     # the openai client's models build the pydantic schema of their base class at its first
     # use, and pydantic's rebuild is not thread-safe: two test threads parsing their first
     # responses together failed with "type object 'BaseModel' has no attribute
