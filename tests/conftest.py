@@ -57,79 +57,67 @@ _SKIPS = {
 # first, whatever this order, and the slowest files, of few tests each, ran last, one worker
 # alone at the end). A worker takes the next file when it is done with one, so the files that
 # take longest go first: every file of 4 s or more, by its setup + call + teardown total in a
-# --durations=0 run of the whole suite on 2 cores (2026-12-07, main 7d624b1, 16 min 56 s: 145 s
-# down to 4 s; before, test_launcher_run, 62 s, and test_serve_fields, 55 s, were placed 41st
-# and 40th). The files after these keep their collected order and take under 4 s each.
+# --durations=0 run of the whole suite on 2 cores (2026-12-07 09:17, 10 min 25 s, one thread a
+# worker: 125 s down to 4 s). The files after these keep their collected order and take under
+# 4 s each.
 SLOW_FIRST = (
-    "test_transformers_family.py",  # 145 s
-    "test_row_products.py",  # 88 s
-    "test_artifacts_inductor.py",  # 88 s
-    "test_serve_watchdog.py",  # 79 s
-    "test_transformers_tp.py",  # 75 s
-    "test_generate_pp_cli.py",  # 74 s
-    "test_speculative.py",  # 63 s
-    "test_transformers_pp.py",  # new: 46-58 s alone under load
-    "test_launcher_run.py",  # 62 s
-    "test_serve_pipeline.py",  # 56 s
-    "test_serve_fields.py",  # 55 s
-    "test_pipeline_gloo.py",  # 54 s
-    "test_paged_conversion.py",  # 45 s
-    "test_faults.py",  # 45 s
-    "test_serve_hostile.py",  # 42 s
-    "test_clients.py",  # 41 s
-    "test_generate_tp.py",  # 41 s
-    "test_serve_tools.py",  # 39 s
-    "test_qwen3.py",  # 39 s
-    "test_import_without_tensorrt.py",  # 38 s
-    "test_multirank_numerics.py",  # 37 s
-    "test_moe_cli.py",  # 36 s
-    "test_example_simple.py",  # 35 s
-    "test_core.py",  # 33 s
-    "test_generate_example.py",  # 31 s
-    "test_generate_cli.py",  # 30 s
-    "test_moe_parallel.py",  # 28 s
-    "test_serve_api.py",  # 26 s
-    "test_cpu_gemm.py",  # 25 s
-    "test_bench.py",  # 24 s
-    "test_cli_explain.py",  # 23 s
-    "test_step_dispatch.py",  # 21 s
-    "test_serve_frontend.py",  # 21 s
-    "test_quantization.py",  # 21 s
-    "test_toy_family.py",  # 20 s
-    "test_bench_serve.py",  # 18 s
-    "test_schedule_check.py",  # 18 s
-    "test_registration.py",  # 17 s
-    "test_fake_pg_capture.py",  # 16 s
-    "test_stream_out.py",  # 16 s
-    "test_serve_failure.py",  # 16 s
-    "test_rank_errors_cli.py",  # 14 s
-    "test_pipeline_example.py",  # 14 s
-    "test_moe_model.py",  # 13 s
-    "test_artifacts_build.py",  # 13 s
+    "test_row_products.py",  # 125 s
+    "test_artifacts_inductor.py",  # 57 s
+    "test_serve_watchdog.py",  # 57 s
+    "test_serve_pipeline.py",  # 54 s
+    "test_transformers_family.py",  # 47 s
+    "test_launcher_run.py",  # 39 s
+    "test_generate_tp.py",  # 38 s
+    "test_serve_hostile.py",  # 36 s
+    "test_pipeline_gloo.py",  # 35 s
+    "test_generate_pp_cli.py",  # 35 s
+    "test_clients.py",  # 35 s
+    "test_faults.py",  # 34 s
+    "test_serve_fields.py",  # 34 s
+    "test_serve_tools.py",  # 31 s
+    "test_speculative.py",  # 28 s
+    "test_paged_conversion.py",  # 27 s
+    "test_qwen3.py",  # 26 s
+    "test_transformers_tp.py",  # 26 s
+    "test_moe_cli.py",  # 24 s
+    "test_example_simple.py",  # 21 s
+    "test_cpu_gemm.py",  # 19 s
+    "test_serve_api.py",  # 18 s
+    "test_cli_explain.py",  # 15 s
+    "test_core.py",  # 15 s
+    "test_stream_out.py",  # 14 s
+    "test_generate_example.py",  # 13 s
+    "test_bench_serve.py",  # 12 s
+    "test_serve_frontend.py",  # 12 s
+    "test_step_dispatch.py",  # 12 s
+    "test_import_without_tensorrt.py",  # 12 s
+    "test_multirank_numerics.py",  # 12 s
+    "test_generate_cli.py",  # 12 s
+    "test_toy_family.py",  # 11 s
     "test_input_writes.py",  # 11 s
-    "test_core_sampling.py",  # 11 s
-    "test_quantization_tp.py",  # 10 s
-    "test_serve_field_fuzz.py",  # 9 s
-    "test_demo_model.py",  # 9 s
-    "test_dynamic_conversion.py",  # 9 s
-    "test_llama_tp.py",  # 9 s
-    "test_pipeline_stage.py",  # 9 s
-    "test_verify.py",  # 9 s
-    "test_hostile_cli.py",  # 8 s
-    "test_huge_pages.py",  # 8 s
-    "test_speculative_draft.py",  # 8 s
-    "test_step_guards.py",  # 8 s
-    "test_weight_only_conversion.py",  # 8 s
-    "test_cpu_attention.py",  # 7 s
-    "test_quantization_bench.py",  # 6 s
-    "test_runtime_distributed.py",  # 6 s
-    "test_ops.py",  # 6 s
-    "test_serve_liveness.py",  # 5 s
-    "test_kv_cache_conversion.py",  # 5 s
-    "test_property_lowering.py",  # 5 s
-    "test_serve_quantize.py",  # 5 s
-    "test_kernel_gil.py",  # 4 s
-    "test_serving_units.py",  # 4 s
+    "test_pipeline_example.py",  # 11 s
+    "test_quantization_tp.py",  # 11 s
+    "test_cpu_attention.py",  # 10 s
+    "test_serve_failure.py",  # 10 s
+    "test_fake_pg_capture.py",  # 9 s
+    "test_quantization.py",  # 9 s
+    "test_moe_parallel.py",  # 8 s
+    "test_registration.py",  # 7 s
+    "test_bench.py",  # 7 s
+    "test_schedule_check.py",  # 7 s
+    "test_artifacts_build.py",  # 7 s
+    "test_rank_errors_cli.py",  # 7 s
+    "test_pipeline_stage.py",  # 6 s
+    "test_huge_pages.py",  # 5 s
+    "test_moe_model.py",  # 5 s
+    "test_runtime_distributed.py",  # 5 s
+    "test_dynamic_conversion.py",  # 5 s
+    "test_hostile_cli.py",  # 5 s
+    "test_weight_only_conversion.py",  # 4 s
+    "test_llama_tp.py",  # 4 s
+    "test_serve_field_fuzz.py",  # 4 s
+    "test_core_sampling.py",  # 4 s
+    "test_serve_liveness.py",  # 4 s
 )
 
 

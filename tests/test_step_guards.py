@@ -91,3 +91,27 @@ def test_the_step_keeps_more_graphs_than_dynamos_limit_without_raising_it() -> N
             assert torch.equal(step(torch.ones(n)), torch.full((n,), 3.0))
     assert counters["stats"]["unique_graphs"] == 12
     assert dynamo_config.recompile_limit == limit
+
+
+def test_every_compiled_step_keeps_its_own_graphs_past_the_limit_of_one() -> None:
+    """Steps compiled from one function's closures, each over its own module (as every
+    generator's ``paged_step``): more of them than the recompile limit all compile and give
+    their module's result, in one process; each compiled step counts its own graphs only."""
+    from torch_tensorrt_dist.generation.runner import RECOMPILE_LIMIT
+
+    def make(module: nn.Module):  # paged_step's shape: one code object, a closure a module
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return module(x)
+
+        return step
+
+    torch._dynamo.reset()
+    counters.clear()
+    x = torch.randn(2, 4)
+    for i in range(RECOMPILE_LIMIT + 2):
+        torch.manual_seed(i)
+        module = nn.Linear(4, 3)
+        with torch.no_grad():
+            assert torch.equal(compile_step(make(module), "eager")(x), module(x))
+    assert counters["stats"]["unique_graphs"] == RECOMPILE_LIMIT + 2
+    torch._dynamo.reset()

@@ -16,6 +16,7 @@ a runner; ``artifacts/load.py`` builds one over loaded graphs instead of a model
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -111,10 +112,18 @@ def compile_step(fn: F, engine: str, *, verify: bool | None = None, cpu_gemm: st
     backend's ``verify`` option; ``None``: on for ``tensorrt`` only). ``cpu_gemm``: the
     backend's option of that name (``reduce``: Inductor only, ``backend/row_products.py``).
     """
+    if _nothing_to_compile(engine):
+        return fn
+    return _compiled(_own_code(fn), engine, verify, cpu_gemm)
+
+
+def _nothing_to_compile(engine: str) -> bool:
     if engine not in ENGINES:
         raise ConfigError(f"engine={engine!r} is not one of {', '.join(ENGINES)}")
-    if engine == "none":
-        return fn
+    return engine == "none"
+
+
+def _compiled(fn: F, engine: str, verify: bool | None, cpu_gemm: str) -> F:
     import torch_tensorrt_dist.backend  # noqa: F401  (registers the backend)
 
     options: dict[str, str | int | bool | Callable[..., Any]] = {"engine": engine}
@@ -148,14 +157,14 @@ def compile_paged_step(
     (``backend/row_products.py``), the rest with ATen's. Each form runs through a
     :class:`StepDispatch` (``step_dispatch.py``): each shape class's compiled code is called
     directly once confirmed, without Dynamo's guards."""
-    split = cpu_gemm == "reduce"
-    if not split or engine != "inductor":
-        one = compile_step(fn, engine, verify=verify)
-        if one is fn:  # engine none: nothing compiled
-            return fn
+    if _nothing_to_compile(engine):
+        return fn
+    fn = _own_code(fn)  # both forms and the dispatch over one code object, the step's own
+    if cpu_gemm != "reduce" or engine != "inductor":
+        one = _compiled(fn, engine, verify, "aten")
         return cast(F, StepDispatch(fn, lambda i: (shape_class(i), one), version=version))
-    few = compile_step(fn, engine, verify=verify, cpu_gemm=cpu_gemm)
-    rest = compile_step(fn, engine, verify=verify)
+    few = _compiled(fn, engine, verify, cpu_gemm)
+    rest = _compiled(fn, engine, verify, "aten")
 
     def route(inputs: tuple[Tensor, ...]) -> tuple[Hashable, Callable[..., Tensor]]:
         r, s = inputs[0].shape[:2]  # by token rows (a packed step's real ones)
@@ -163,6 +172,23 @@ def compile_paged_step(
         return (small, *shape_class(inputs)), few if small else rest
 
     return cast(F, StepDispatch(fn, route, version=version))
+
+
+def _own_code(fn: F) -> F:
+    """``fn`` over a code object of its own. Dynamo keeps its compiled graphs and their
+    recompile count on the code object: every step function (``paged_step``'s inner ``step``)
+    shares one, so the graphs of all the generators a process ever built, and their models,
+    stayed in one cache until the limit refused the next (a test process running many
+    models: "Dynamo recompile limit exceeded"). With a copy, a compiled step's cache counts
+    its own shapes only and goes with it."""
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    own = types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    own.__kwdefaults__, own.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+    own.__dict__.update(fn.__dict__)
+    return cast(F, own)
 
 
 def _scoped_dynamo_config(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]:
