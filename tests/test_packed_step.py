@@ -87,11 +87,12 @@ def test_reduce_splits_a_packed_step_by_its_real_tokens(monkeypatch: pytest.Monk
     calls: list[str] = []
     made = iter(["few", "rest"])
 
-    def compile_step(fn, engine, *, verify=None, cpu_gemm="aten"):  # type: ignore[no-untyped-def]
+    def compiled(fn, engine, verify, cpu_gemm):  # type: ignore[no-untyped-def]
         name = next(made)
+        assert cpu_gemm == ("reduce" if name == "few" else "aten")
         return lambda *inputs: calls.append(name)
 
-    monkeypatch.setattr(runner, "compile_step", compile_step)
+    monkeypatch.setattr(runner, "_compiled", compiled)  # each form's compile
     limits = StepLimits(rows=8, tokens=16, blocks=8, block_size=4)
     step = runner.compile_paged_step(lambda *a: None, "inductor", verify=None, cpu_gemm="reduce")
     chunk = ([1] * 10, 0, [1, 2, 3])
