@@ -133,7 +133,7 @@ def qwen3_figures(rows: tuple[int, ...] = (1, 8), engine: str = "inductor") -> l
     """Native Qwen3's decode step over native Llama's, the same shape (the goal: <= 1)."""
     import torch
 
-    torch._dynamo.reset()  # the step's code object was compiled for the models before
+    torch._dynamo.reset()  # a fresh Dynamo state: the figures do not depend on what ran before
     figures = []
     with tempfile.TemporaryDirectory() as tmp:
         models = {t: _model(checkpoint(Path(tmp), t), "native") for t in ("qwen3", "llama")}
