@@ -75,6 +75,14 @@ def test_rows_without_a_finite_maximum_are_left_to_sample() -> None:
     assert [g.get_state().equal(b) for g, b in zip(gens[1:], before[1:])] == [True] * 3
 
 
+def _requests(cfgs: list[tuple[SamplingConfig, Any]], grammars: Any) -> list[RowSampling]:
+    """A row per (config, grammar spec or None), request ids in order."""
+    return [
+        RowSampling(Request(i, (1,), 50, cfg, grammar=spec), grammars)
+        for i, (cfg, spec) in enumerate(cfgs)
+    ]
+
+
 def _rows(grammars: Any) -> list[RowSampling]:
     spec = GrammarSpec.json_schema({"type": "array", "items": {"type": "integer"}})
     cfgs = [
@@ -85,10 +93,7 @@ def _rows(grammars: Any) -> list[RowSampling]:
         (SamplingConfig(seed=5), spec),
         (SamplingConfig(temperature=1.0, seed=6, top_k=5), spec),
     ]
-    return [
-        RowSampling(Request(i, (1,), 50, cfg, grammar=spec), grammars)
-        for i, (cfg, spec) in enumerate(cfgs)
-    ]
+    return _requests(cfgs, grammars)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -131,10 +136,7 @@ def _mixed_rows(grammars: Any) -> list[RowSampling]:
         (SamplingConfig(temperature=0.7, seed=6, logprobs=3), None),
         (SamplingConfig(temperature=1.0, seed=7, top_k=4), tool),
     ]
-    return [
-        RowSampling(Request(i, (1,), 50, cfg, grammar=spec), grammars)
-        for i, (cfg, spec) in enumerate(cfgs)
-    ]
+    return _requests(cfgs, grammars)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
