@@ -68,12 +68,3 @@ def test_tp2_tokens_equal_transformers(tmp_path):
     for rank, res in enumerate(results):
         assert res["tokens"] == want, rank
         assert res["used"] > 0, rank
-
-
-def test_the_runner_takes_the_backends_cpu_gemms() -> None:
-    """``runner.CPU_GEMMS`` (kept apart so that a runner of the ``none`` engine imports no
-    Dynamo) is the backend's."""
-    from torch_tensorrt_dist.backend import settings
-    from torch_tensorrt_dist.generation import runner
-
-    assert runner.CPU_GEMMS == settings.CPU_GEMMS

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from torch_tensorrt_dist.engines import BACKEND_ENGINES, CPU_GEMMS
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.validation import check_known_options
 
@@ -19,10 +20,8 @@ __all__ = [
 ]
 
 
-ENGINES = ("tensorrt", "inductor", "eager")
+ENGINES = BACKEND_ENGINES
 COLLECTIVE_IMPLS = ("auto", "native", "plugin", "torch_nccl")
-#: the Inductor engine's CPU products (``CompileSettings.cpu_gemm``; the generator picks one)
-CPU_GEMMS = ("aten", "reduce")
 #: overrides ``collective_impl`` when set (the settings value wins if given explicitly)
 ENV_COLLECTIVE_IMPL = "TORCH_TENSORRT_DIST_COLLECTIVE_IMPL"
 

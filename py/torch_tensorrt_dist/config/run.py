@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from torch_tensorrt_dist.config.jobs import CompileJob, EvalJob, GenerateJob, Job, ServeJob
+from torch_tensorrt_dist.engines import ENGINES
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.speculative.config import SpeculativeConfig
 from torch_tensorrt_dist.models.dtypes import DTYPES
@@ -41,8 +42,6 @@ __all__ = [
     "parse_split",
 ]
 
-#: what runs the model: Torch-TensorRT, Inductor, the lowered graph as is, or plain PyTorch
-ENGINES = ("tensorrt", "inductor", "eager", "none")
 #: how the embedding and the LM head are split over the TP ranks
 Layout = Literal["vocab_parallel", "replicated"]
 LAYOUTS: tuple[Layout, ...] = ("vocab_parallel", "replicated")

@@ -24,6 +24,7 @@ from typing import Any, TypeVar, cast
 import torch
 from torch import Tensor
 
+from torch_tensorrt_dist.engines import CPU_GEMMS, ENGINES
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.generation.kv_blocks import blocks_for
 from torch_tensorrt_dist.generation.kv_memory import KVLayout, kv_layout
@@ -65,13 +66,7 @@ __all__ = [
     "setup_example",
 ]
 
-#: ``none`` runs the model as plain PyTorch (no torch.compile); the others go through the
-#: ``torch_tensorrt_dist`` Dynamo backend with that engine.
-ENGINES = ("tensorrt", "inductor", "eager", "none")
 DEFAULT_MAX_PREFILL_TOKENS = 512
-#: ``cpu_gemm``'s values, as ``backend/settings.py``'s: not imported from there, since the
-#: backend imports Dynamo (seconds), which a runner of the ``none`` engine never needs
-CPU_GEMMS = ("aten", "reduce")
 #: ``cpu_gemm="reduce"``: the steps of at most this many token rows (rows x tokens: a decode
 #: step's rows, a short prefill's tokens) compute their products as reductions over the
 #: row-major weights, the rest with ATen's GEMM on the same weights: past 16, MKL's
