@@ -70,15 +70,18 @@ async def join_during_streams(
     stream_tokens: int,
     join_tokens: int = 4,
 ) -> Join:
-    """``len(prompts)`` streams of up to ``stream_tokens`` tokens; once each has its first
-    token, ``join_prompt`` is sent; once it has its first token and ended, the streams are
-    closed (their requests cancelled)."""
+    """``len(prompts)`` streams of ``stream_tokens`` tokens (no end of text before: a stream
+    that ended early would leave the join's prefill unmeasured); once each has its first token,
+    ``join_prompt`` is sent; once it has its first token and ended, the streams are closed
+    (their requests cancelled)."""
     streams = [Stream(0.0) for _ in prompts]
     async with client(url) as api:
         started = [asyncio.Event() for _ in prompts]
         tasks = [
             asyncio.create_task(
-                stream_completion(api, model, p, stream_tokens, started=e, stream=s)
+                stream_completion(
+                    api, model, p, stream_tokens, started=e, stream=s, min_tokens=stream_tokens
+                )
             )
             for p, e, s in zip(prompts, started, streams, strict=True)
         ]

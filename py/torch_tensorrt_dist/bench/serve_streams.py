@@ -112,11 +112,13 @@ async def stream_completion(
     *,
     started: Any = None,
     stream: Stream | None = None,
+    min_tokens: int = 0,
 ) -> Stream:
     """One streamed greedy completion through an ``openai.AsyncOpenAI`` client; ``started``:
     an ``asyncio.Event`` set when its first token arrives; ``stream``: record into this one
     (what it holds stays readable when the task is cancelled: the client closes the stream,
-    the server cancels the request)."""
+    the server cancels the request); ``min_tokens``: no end of text before that many tokens
+    (vLLM's field, ours too)."""
     stream = stream or Stream(0.0)
     stream.sent = time.perf_counter()
     text: list[str] = []
@@ -127,6 +129,7 @@ async def stream_completion(
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
+        extra_body={"min_tokens": min_tokens} if min_tokens else None,
     )
     try:
         async for chunk in response:
