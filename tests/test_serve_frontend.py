@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -88,6 +88,7 @@ def test_the_child_bounds_the_queue_routes_pieces_and_fails_what_is_open() -> No
         assert sink.queue.get_nowait().text == "xy" and sink.queue.empty()  # waited: merged
         child.received(("state", "draining", "", [7]), state)
         assert (state.state, state.pids) == ("draining", [7])
+        assert _recv(ours) == ("seen", "draining")  # told back: rank 0 waits for it
         child.finished(a.rid)
         assert _recv(ours) == ("finished", a.rid)
         child.received(("pieces", [(sid, Piece("z", 1))]), state)
@@ -253,6 +254,32 @@ def test_frames_cut_or_out_of_step_raise() -> None:
     frames = FrameBuffer()
     whole = HEADER.pack(3) + b"abc"
     assert [list(frames.feed(bytes([c]))) for c in whole][-1] == [b"abc"]
+
+
+def test_rank_0_says_ready_once_the_http_process_has_applied_it() -> None:
+    """The "serving ... at URL" line waits for the child's word that it left "warming" (a
+    client that starts on that line met 503 "warming up" while the state was on its way)."""
+    import threading
+
+    from torch_tensorrt_dist.serving.http_process import HttpProcess
+    from torch_tensorrt_dist.serving.metrics import Metrics
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    never_called = cast(Any, None)  # the app: nothing is forked here
+    http = HttpProcess(never_called, sock, ServerState(), Metrics(), max_waiting=4)
+    try:
+        http._handle(("seen", "warming"))  # the child's answer to the first state
+        assert not http.told(0.05)
+        later = threading.Timer(0.2, http._handle, args=(("seen", "ready"),))
+        later.start()
+        start = time.monotonic()
+        assert http.told(10.0) and time.monotonic() - start >= 0.15
+        later.join()
+    finally:
+        http.inbox.channel.close()
+        http.inbox.channel.conn.close()
+        sock.close()
 
 
 def test_state_listeners() -> None:

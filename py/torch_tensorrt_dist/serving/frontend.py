@@ -221,6 +221,7 @@ class ChildInbox:
             self.waiting -= message[1]
         elif kind == "state":
             state.state, state.reason, state.pids = message[1], message[2], message[3]
+            self._send(("seen", state.state))  # rank 0 says "ready" once this has arrived
         elif kind == "scraped":
             future = self._scrapes.get(message[1])
             if future is not None and not future.done():

@@ -89,6 +89,8 @@ class HttpProcess:
         self.on_lost = on_lost
         self._stopping = False
         self._reader: threading.Thread | None = None
+        self._seen = "warming"  # the last state the child said it applied
+        self._seen_changed = threading.Condition()
 
     @property
     def url(self) -> str:
@@ -169,9 +171,21 @@ class HttpProcess:
         elif kind == "count":
             counter = getattr(self.metrics, message[1])
             (counter.labels(message[2]) if message[2] else counter).inc(message[3])
+        elif kind == "seen":
+            with self._seen_changed:
+                self._seen = message[1]
+                self._seen_changed.notify_all()
         elif kind == "scrape":
             self.metrics.queue_depth.set(message[2])
             channel.send(("scraped", message[1], self.metrics.render()))
+
+    def told(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until the child has applied a state past "warming":
+        until then its ``/health`` and requests answer 503 "warming up", so the server's
+        "serving ... at URL" line waits for it (a client that starts on that line would meet
+        the 503s). False if it did not within ``timeout_s``."""
+        with self._seen_changed:
+            return self._seen_changed.wait_for(lambda: self._seen != "warming", timeout_s)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Tell the child to end its connections and exit; wait for it (then kill it)."""

@@ -58,6 +58,8 @@ logger = logging.getLogger(__name__)
 
 #: how often an idle rank 0 still opens a step (the other ranks wait in it)
 IDLE_TICK_S = 0.5
+#: seconds the "serving ... at URL" line waits for the HTTP process to have applied "ready"
+TOLD_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -243,6 +245,8 @@ def _serve_lead(lead: _Lead, loop: StepLoop, grammar_error: str) -> ServeResult:
         signals.deadline(config.drain_timeout + DRAIN_GRACE_S, late)
         if state.state == "warming":
             state.set("ready")
+            if not http.told(TOLD_TIMEOUT_S):
+                logger.warning("the HTTP process did not confirm 'ready' in %g s", TOLD_TIMEOUT_S)
             if lead.on_ready is not None:  # URL, warm-up s, HTTP
                 lead.on_ready(http.url, warm, f"{http.loop}, own process")
         with gil_switch(switch_interval(run.engine)):
