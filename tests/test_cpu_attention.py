@@ -112,6 +112,44 @@ def test_half_precision_accumulates_in_float32() -> None:
     torch.testing.assert_close(got.float(), ref, atol=1e-2, rtol=8e-3)
 
 
+@pytest.mark.parametrize("d", [32, 64, 24], ids=["d32", "d64", "d24_generic"])
+def test_bfloat16_verify_queries_are_the_reference_and_keep_their_bits(d: int) -> None:
+    """bfloat16 (its vector forms at D = 32 / 64, the generic one at 24), S = 5 queries a row
+    over more than 16 keys (the scores of 16 keys at a time): within a rounding of the
+    float32 reference, and query i the op over the first i + 1 tokens alone, bit for bit."""
+    inputs, ref = _case([0, 3, 21, 40], 8, 2, d, dtype=torch.bfloat16, s=5, seed=d)
+    got = cpu_attention.decode_attention(*inputs)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), ref, atol=1e-2, rtol=8e-3)
+    q, kp, vp, past, ko, vo, mask = inputs
+    p = mask.shape[-1] - 5
+    for n in (1, 3):
+        own = torch.cat([mask[:, :, :n, :p], mask[:, :, :n, p : p + n]], -1)
+        part = cpu_attention.decode_attention(
+            q[:, :, :n], kp, vp, past, ko[:, :, :n], vo[:, :, :n], own
+        )
+        assert torch.equal(part, got[:, :, :n])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_strided_queries_and_own_keys_give_the_bits_of_contiguous_ones(
+    dtype: torch.dtype,
+) -> None:
+    """A verify call's q, k_own and v_own are views of [R, S, H, D] projections: read by
+    their strides, the same bits as their contiguous copies."""
+    inputs, _ = _case([5, 22, 11], 8, 2, 32, s=4, dtype=dtype)
+    q, kp, vp, past, ko, vo, mask = inputs
+
+    def strided(t: torch.Tensor) -> torch.Tensor:  # [R, H, S, D] as a view of [R, S, H, D]
+        view = t.transpose(1, 2).contiguous().transpose(1, 2)
+        assert not view.is_contiguous() and torch.equal(view, t)
+        return view
+
+    got = cpu_attention.decode_attention(q, kp, vp, past, ko, vo, mask)
+    views = cpu_attention.decode_attention(strided(q), kp, vp, past, strided(ko), strided(vo), mask)
+    assert views.is_contiguous() and torch.equal(views, got)
+
+
 def test_a_rows_output_is_the_same_alone_in_any_batch_and_on_any_threads() -> None:
     """What keeps a served request's tokens those of ``generate`` alone: bit-equal rows."""
     inputs, _ = _case([5, 22, 9, 31], 8, 4, 32)
