@@ -292,3 +292,24 @@ def test_the_inductor_engines_verify_calls_attend_through_the_op() -> None:
         res.decode_steps * ARGS.n_layers
     )
     assert res.decode_steps < 7  # some steps verified proposals (1 + 7 tokens a row)
+
+
+def test_the_inductor_engines_bfloat16_verify_calls_give_the_plain_greedy_tokens() -> None:
+    """bfloat16 weights (the op's widened keys and values, oneDNN's bf16 products of R x (k + 1)
+    token rows against R): greedy speculation gives plain decoding's tokens, the same
+    compiled generator with and without its proposer."""
+    from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
+
+    prompts = [[5, 9, 11, 2, 5, 9, 11, 2, 5, 9], [3, 1, 3, 1, 3], [7, 7, 7, 7]]
+    spec = SpeculativeConfig(num_tokens=3)
+    args = ModelArgs(  # heads of 32: the op's vector forms
+        dim=64, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=64, max_seq_len=64
+    )
+    model = random_llama(args, seed=4).to(torch.bfloat16)
+    gen = Generator(model, engine="inductor", max_batch_size=3, cache_len=32, speculative=spec)
+    gen.speculative = None
+    want = gen.generate(prompts, max_new_tokens=10)
+    gen.speculative = spec
+    got = gen.generate(prompts, max_new_tokens=10)
+    assert got.tokens == want.tokens
+    assert got.decode_steps < want.decode_steps  # some proposals were accepted
