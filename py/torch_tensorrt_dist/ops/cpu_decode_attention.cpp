@@ -234,34 +234,41 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
   T* od = out.data_ptr<T>();
   const int64_t token = Hkv * D, block = bs * token;
   const float sc = static_cast<float>(scale);
-  // bfloat16 in the vector forms: each (row, KV head) widens the keys and values its queries
-  // see to float32 once (exact), which its rep x S queries then read, instead of widening
-  // each key once a query (2x at a decode step, 10x at a verify call of 5 tokens here)
+  // bfloat16 in the vector forms, S > 1 (a verify call): each (row, KV head) widens the keys
+  // and values its queries see to float32 once (exact), which its rep x S queries then read,
+  // instead of widening each key once a query (10x at 5 tokens and 2 query heads a KV head).
+  // The same values through the same operations: the same bits as the direct form, which a
+  // decode step keeps (no gain measured at S = 1), as does a past too long for the buffers
+  // to stay in the L2 cache (kWiden floats each)
   constexpr bool widen = std::is_same_v<T, c10::BFloat16> && DC > 0 && DC % 16 == 0;
-  using K = std::conditional_t<widen, float, T>;
+  constexpr int64_t kWiden = 64 * 1024;
+  const bool wide = widen && S > 1 && L * D <= kWiden;
   at::parallel_for(0, R * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<const K*> keys(L), values(L);  // each seen key and value, the own ones last
+    std::vector<const T*> keys(L), values(L);  // each seen key and value, the own ones last
+    std::vector<const float*> wkeys(wide ? L : 0), wvalues(wide ? L : 0);  // widened ones
     std::vector<float> p(rep * L), acc(rep * D), qf(rep * D);
-    std::vector<float> kf(widen ? L * D : 0), vf(widen ? L * D : 0);
-    std::vector<char> any(widen ? L : 0);
+    std::vector<float> kf(wide ? L * D : 0), vf(wide ? L * D : 0);
+    std::vector<char> any(wide ? L : 0);
     for (int64_t rh = begin; rh < end; ++rh) {
       const int64_t r = rh / Hkv, h = rh % Hkv;
       const T* kown = kod + r * kr + h * kh;  // the S own keys of KV head h
       const T* vown = vod + r * vr + h * vh;
-      if constexpr (widen) {  // position j (past, then own) at kf / vf + j D, where seen
-        std::fill(any.begin(), any.end(), 0);
-        for (int64_t s = 0; s < S; ++s)
-          for (int64_t j = 0; j < L; ++j) any[j] |= md[(r * S + s) * L + j];
-        for (int64_t j = 0; j < L; ++j) {
-          if (!any[j]) continue;
-          const T* kj = j < P ? kd + pd[r * NB + j / bs] * block + h * D + (j % bs) * token
-                              : kown + (j - P) * ks;
-          const T* vj = j < P ? vd + pd[r * NB + j / bs] * block + h * D + (j % bs) * token
-                              : vown + (j - P) * vs;
-          for (int64_t d = 0; d < D; d += 16) {
-            const v16f kw = load16(kj + d), vw = load16(vj + d);
-            std::memcpy(kf.data() + j * D + d, &kw, sizeof(kw));
-            std::memcpy(vf.data() + j * D + d, &vw, sizeof(vw));
+      if constexpr (widen) {  // (only bfloat16 has the widening load)
+        if (wide) {  // position j (past, then own) at kf / vf + j D, where seen
+          std::fill(any.begin(), any.end(), 0);
+          for (int64_t s = 0; s < S; ++s)
+            for (int64_t j = 0; j < L; ++j) any[j] |= md[(r * S + s) * L + j];
+          for (int64_t j = 0; j < L; ++j) {
+            if (!any[j]) continue;
+            const T* kj = j < P ? kd + pd[r * NB + j / bs] * block + h * D + (j % bs) * token
+                                : kown + (j - P) * ks;
+            const T* vj = j < P ? vd + pd[r * NB + j / bs] * block + h * D + (j % bs) * token
+                                : vown + (j - P) * vs;
+            for (int64_t d = 0; d < D; d += 16) {
+              const v16f kw = load16(kj + d), vw = load16(vj + d);
+              std::memcpy(kf.data() + j * D + d, &kw, sizeof(kw));
+              std::memcpy(vf.data() + j * D + d, &vw, sizeof(vw));
+            }
           }
         }
       }
@@ -273,11 +280,11 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
             qf[i * D + d] = static_cast<float>(qrow[i * qh + d]) * sc;
         const bool* m = md + (r * S + s) * L;
         int64_t seen = 0;
-        if constexpr (widen) {
+        if (wide) {
           for (int64_t j = 0; j < L; ++j)
             if (m[j]) {
-              keys[seen] = kf.data() + j * D;
-              values[seen++] = vf.data() + j * D;
+              wkeys[seen] = kf.data() + j * D;
+              wvalues[seen++] = vf.data() + j * D;
             }
         } else {
           for (int64_t b = 0; b < NB; ++b) {  // block by block: no division a key
@@ -299,7 +306,10 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
           for (int64_t i = 0; i < rep; ++i) {
             const float* qi = qf.data() + i * D;
             float* pi = p.data() + i * L;
-            scores<K, DC>(pi, qi, keys.data(), seen, D);
+            if (wide)
+              scores<float, DC>(pi, qi, wkeys.data(), seen, D);
+            else
+              scores<T, DC>(pi, qi, keys.data(), seen, D);
             float mx = pi[0];
             for (int64_t t = 1; t < seen; ++t) mx = pi[t] > mx ? pi[t] : mx;
             for (int64_t t = 0; t < seen; ++t) pi[t] = exp_nonpositive(pi[t] - mx);
@@ -309,7 +319,11 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
             for (int64_t t = 0; t < seen; ++t) pi[t] *= inv;
           }
           for (int64_t i = 0; i < rep; ++i)
-            weighted_sum<K, DC>(acc.data() + i * D, p.data() + i * L, values.data(), seen, D);
+            if (wide)
+              weighted_sum<float, DC>(acc.data() + i * D, p.data() + i * L, wvalues.data(), seen,
+                                      D);
+            else
+              weighted_sum<T, DC>(acc.data() + i * D, p.data() + i * L, values.data(), seen, D);
         }
         T* orow = od + ((r * Hq + h * rep) * S + s) * D;
         for (int64_t i = 0; i < rep; ++i)
