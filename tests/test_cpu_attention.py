@@ -44,31 +44,33 @@ def _case(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     s: int = 1,
+    bs: int = BS,
+    n: int = 32,
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """Rows whose past holds ``lengths`` tokens in distinct random blocks of 32-block pools
     (tables padded with the null block to the longest), ``s`` query tokens a row: the op's
     inputs, and the reference (the gathered past and the own tokens through
     ``paged_attention`` under ``paged_mask``, in float32 from the same values)."""
     g = torch.Generator().manual_seed(seed)
-    r, n = len(lengths), 32
-    nb = max(2, max(-(-x // BS) for x in lengths))
+    r = len(lengths)
+    nb = max(2, max(-(-x // bs) for x in lengths))
 
     def rand(*shape: int) -> torch.Tensor:  # values of ``dtype``, kept in float32 too
         return torch.randn(*shape, generator=g).to(dtype)
 
-    pools = [rand(n, BS, hkv, d) for _ in range(2)]
+    pools = [rand(n, bs, hkv, d) for _ in range(2)]
     order = (torch.randperm(n - 1, generator=g) + 1).tolist()  # never the null block
     past = torch.full((r, nb), NULL_BLOCK, dtype=torch.long)
     for i, x in enumerate(lengths):
-        for b in range(-(-x // BS)):
+        for b in range(-(-x // bs)):
             past[i, b] = order.pop()
     q = rand(r, hq, s, d)
     own = [rand(r, hkv, s, d) for _ in range(2)]
     start = torch.tensor(lengths)
     args = ModelArgs(dim=hq * d, n_heads=hq, n_kv_heads=hkv, sliding_window=window)
     pos = start[:, None] + torch.arange(s)  # [R, S]
-    mask = paged_mask(args, start, pos, nb * BS)  # [R, 1, S, nb * BS + S]
-    keys = [p.float()[past].reshape(r, nb * BS, hkv, d).transpose(1, 2) for p in pools]
+    mask = paged_mask(args, start, pos, nb * bs)  # [R, 1, S, nb * bs + S]
+    keys = [p.float()[past].reshape(r, nb * bs, hkv, d).transpose(1, 2) for p in pools]
     k = torch.cat([keys[0], own[0].float()], 2)
     v = torch.cat([keys[1], own[1].float()], 2)
     ref = paged_attention(q.float(), k, v, mask)  # in float32
@@ -129,6 +131,23 @@ def test_bfloat16_verify_queries_are_the_reference_and_keep_their_bits(d: int) -
             q[:, :, :n], kp, vp, past, ko[:, :, :n], vo[:, :, :n], own
         )
         assert torch.equal(part, got[:, :, :n])
+
+
+def test_bfloat16_verify_queries_over_a_long_past_read_the_pools_directly() -> None:
+    """A past too long to widen in the L2 cache (L x D > 64 Ki): the verify call's bf16 keys
+    are widened where read, as a decode step's: the reference, and query i's bits those of
+    the op over the first i + 1 tokens alone."""
+    inputs, ref = _case([600, 20], 4, 2, 128, dtype=torch.bfloat16, s=3, bs=16, n=48)
+    got = cpu_attention.decode_attention(*inputs)
+    torch.testing.assert_close(got.float(), ref, atol=1e-2, rtol=8e-3)
+    q, kp, vp, past, ko, vo, mask = inputs
+    assert (mask.shape[-1]) * 128 > 64 * 1024
+    p = mask.shape[-1] - 3
+    own = torch.cat([mask[:, :, :2, :p], mask[:, :, :2, p : p + 2]], -1)
+    part = cpu_attention.decode_attention(
+        q[:, :, :2], kp, vp, past, ko[:, :, :2], vo[:, :, :2], own
+    )
+    assert torch.equal(part, got[:, :, :2])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
