@@ -44,31 +44,33 @@ def _case(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     s: int = 1,
+    bs: int = BS,
+    n: int = 32,
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """Rows whose past holds ``lengths`` tokens in distinct random blocks of 32-block pools
     (tables padded with the null block to the longest), ``s`` query tokens a row: the op's
     inputs, and the reference (the gathered past and the own tokens through
     ``paged_attention`` under ``paged_mask``, in float32 from the same values)."""
     g = torch.Generator().manual_seed(seed)
-    r, n = len(lengths), 32
-    nb = max(2, max(-(-x // BS) for x in lengths))
+    r = len(lengths)
+    nb = max(2, max(-(-x // bs) for x in lengths))
 
     def rand(*shape: int) -> torch.Tensor:  # values of ``dtype``, kept in float32 too
         return torch.randn(*shape, generator=g).to(dtype)
 
-    pools = [rand(n, BS, hkv, d) for _ in range(2)]
+    pools = [rand(n, bs, hkv, d) for _ in range(2)]
     order = (torch.randperm(n - 1, generator=g) + 1).tolist()  # never the null block
     past = torch.full((r, nb), NULL_BLOCK, dtype=torch.long)
     for i, x in enumerate(lengths):
-        for b in range(-(-x // BS)):
+        for b in range(-(-x // bs)):
             past[i, b] = order.pop()
     q = rand(r, hq, s, d)
     own = [rand(r, hkv, s, d) for _ in range(2)]
     start = torch.tensor(lengths)
     args = ModelArgs(dim=hq * d, n_heads=hq, n_kv_heads=hkv, sliding_window=window)
     pos = start[:, None] + torch.arange(s)  # [R, S]
-    mask = paged_mask(args, start, pos, nb * BS)  # [R, 1, S, nb * BS + S]
-    keys = [p.float()[past].reshape(r, nb * BS, hkv, d).transpose(1, 2) for p in pools]
+    mask = paged_mask(args, start, pos, nb * bs)  # [R, 1, S, nb * bs + S]
+    keys = [p.float()[past].reshape(r, nb * bs, hkv, d).transpose(1, 2) for p in pools]
     k = torch.cat([keys[0], own[0].float()], 2)
     v = torch.cat([keys[1], own[1].float()], 2)
     ref = paged_attention(q.float(), k, v, mask)  # in float32
@@ -110,6 +112,61 @@ def test_half_precision_accumulates_in_float32() -> None:
     assert got.dtype == torch.bfloat16
     # the float32 result rounded once: within bfloat16's half step of the reference
     torch.testing.assert_close(got.float(), ref, atol=1e-2, rtol=8e-3)
+
+
+@pytest.mark.parametrize("d", [32, 64, 24], ids=["d32", "d64", "d24_generic"])
+def test_bfloat16_verify_queries_are_the_reference_and_keep_their_bits(d: int) -> None:
+    """bfloat16 (its vector forms at D = 32 / 64, the generic one at 24), S = 5 queries a row
+    over more than 16 keys (the scores of 16 keys at a time): within a rounding of the
+    float32 reference, and query i the op over the first i + 1 tokens alone, bit for bit."""
+    inputs, ref = _case([0, 3, 21, 40], 8, 2, d, dtype=torch.bfloat16, s=5, seed=d)
+    got = cpu_attention.decode_attention(*inputs)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), ref, atol=1e-2, rtol=8e-3)
+    q, kp, vp, past, ko, vo, mask = inputs
+    p = mask.shape[-1] - 5
+    for n in (1, 3):
+        own = torch.cat([mask[:, :, :n, :p], mask[:, :, :n, p : p + n]], -1)
+        part = cpu_attention.decode_attention(
+            q[:, :, :n], kp, vp, past, ko[:, :, :n], vo[:, :, :n], own
+        )
+        assert torch.equal(part, got[:, :, :n])
+
+
+def test_bfloat16_verify_queries_over_a_long_past_read_the_pools_directly() -> None:
+    """A past too long to widen in the L2 cache (L x D > 64 Ki): the verify call's bf16 keys
+    are widened where read, as a decode step's: the reference, and query i's bits those of
+    the op over the first i + 1 tokens alone."""
+    inputs, ref = _case([600, 20], 4, 2, 128, dtype=torch.bfloat16, s=3, bs=16, n=48)
+    got = cpu_attention.decode_attention(*inputs)
+    torch.testing.assert_close(got.float(), ref, atol=1e-2, rtol=8e-3)
+    q, kp, vp, past, ko, vo, mask = inputs
+    assert (mask.shape[-1]) * 128 > 64 * 1024
+    p = mask.shape[-1] - 3
+    own = torch.cat([mask[:, :, :2, :p], mask[:, :, :2, p : p + 2]], -1)
+    part = cpu_attention.decode_attention(
+        q[:, :, :2], kp, vp, past, ko[:, :, :2], vo[:, :, :2], own
+    )
+    assert torch.equal(part, got[:, :, :2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_strided_queries_and_own_keys_give_the_bits_of_contiguous_ones(
+    dtype: torch.dtype,
+) -> None:
+    """A verify call's q, k_own and v_own are views of [R, S, H, D] projections: read by
+    their strides, the same bits as their contiguous copies."""
+    inputs, _ = _case([5, 22, 11], 8, 2, 32, s=4, dtype=dtype)
+    q, kp, vp, past, ko, vo, mask = inputs
+
+    def strided(t: torch.Tensor) -> torch.Tensor:  # [R, H, S, D] as a view of [R, S, H, D]
+        view = t.transpose(1, 2).contiguous().transpose(1, 2)
+        assert not view.is_contiguous() and torch.equal(view, t)
+        return view
+
+    got = cpu_attention.decode_attention(q, kp, vp, past, ko, vo, mask)
+    views = cpu_attention.decode_attention(strided(q), kp, vp, past, strided(ko), strided(vo), mask)
+    assert views.is_contiguous() and torch.equal(views, got)
 
 
 def test_a_rows_output_is_the_same_alone_in_any_batch_and_on_any_threads() -> None:
@@ -254,3 +311,24 @@ def test_the_inductor_engines_verify_calls_attend_through_the_op() -> None:
         res.decode_steps * ARGS.n_layers
     )
     assert res.decode_steps < 7  # some steps verified proposals (1 + 7 tokens a row)
+
+
+def test_the_inductor_engines_bfloat16_verify_calls_give_the_plain_greedy_tokens() -> None:
+    """bfloat16 weights (the op's widened keys and values, oneDNN's bf16 products of R x (k + 1)
+    token rows against R): greedy speculation gives plain decoding's tokens, the same
+    compiled generator with and without its proposer."""
+    from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
+
+    prompts = [[5, 9, 11, 2, 5, 9, 11, 2, 5, 9], [3, 1, 3, 1, 3], [7, 7, 7, 7]]
+    spec = SpeculativeConfig(num_tokens=3)
+    args = ModelArgs(  # heads of 32: the op's vector forms
+        dim=64, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=64, max_seq_len=64
+    )
+    model = random_llama(args, seed=4).to(torch.bfloat16)
+    gen = Generator(model, engine="inductor", max_batch_size=3, cache_len=32, speculative=spec)
+    gen.speculative = None
+    want = gen.generate(prompts, max_new_tokens=10)
+    gen.speculative = spec
+    got = gen.generate(prompts, max_new_tokens=10)
+    assert got.tokens == want.tokens
+    assert got.decode_steps < want.decode_steps  # some proposals were accepted

@@ -146,7 +146,14 @@ def _prompts(tok: Any) -> list[list[int]]:
     ]
 
 
-def test_greedy_tokens_equal_plain_decoding_alone_and_batched(tok: Any, model: Any) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_greedy_tokens_equal_plain_decoding_alone_and_batched(
+    tok: Any, model: Any, dtype: torch.dtype
+) -> None:
+    """bf16: the verify call's products of R x (k + 1) token rows (oneDNN's bf16 GEMM)
+    against the decode step's of R, each output rounded to bfloat16."""
+    if dtype != torch.float32:
+        model = load_llama(DEMO, progress=False, dtype=dtype)
     prompts = _prompts(tok)
     plain = Generator(model, max_batch_size=8, cache_len=CACHE)
     want = plain.generate(prompts, max_new_tokens=24, stop_ids=EOS).tokens

@@ -3,6 +3,7 @@
     speculative_figures()                    # Inductor, as generate and serve run on a CPU
     speculative_figures(engine="none")       # plain PyTorch
     speculative_figures(cpu_time=True)       # the process's CPU time, not the wall clock
+    verify_cost_figures(torch.bfloat16)      # the verify-cost figures alone, of one dtype
     draft_figures()                          # the draft model's figures alone
 
 Figures, each from blocks alternated in the same run (each variant's best block: load only
@@ -11,7 +12,9 @@ ever slows one):
 - the verify call of R rows x (k + 1) tokens against a decode step of R rows (k = 4, R = 1,
   4 and 8), the compiled graphs the core calls, at position 64 of each row; and against a
   decode step of R x (k + 1) rows, the same token rows: what the verify call's own path
-  (attention over k + 1 tokens, the logits of each) costs beyond the tokens it computes;
+  (attention over k + 1 tokens, the logits of each) costs beyond the tokens it computes; with
+  the weights in float32 and in bfloat16 (:data:`DTYPES`; both sides of a ratio in one dtype:
+  ``verify_cost_figures``);
 - ``generate``'s decode speed (tokens after the first / time after the first) with and
   without prompt lookup, on quoting prompts (a pydoc passage the model was trained on, then
   its first words again) and on text that matches nothing, with the mean tokens a step;
@@ -40,8 +43,9 @@ from torch_tensorrt_dist.generation.generate import Generator
 from torch_tensorrt_dist.generation.sampling import SamplingConfig
 from torch_tensorrt_dist.generation.speculative import SpeculativeConfig
 from torch_tensorrt_dist.generation.step_inputs import step_inputs
+from torch_tensorrt_dist.models.dtypes import dtype_name
 
-__all__ = ["draft_figures", "speculative_figures"]
+__all__ = ["draft_figures", "speculative_figures", "verify_cost_figures"]
 
 SECTION = "speculative"
 K = 4
@@ -50,6 +54,10 @@ CACHE = 256
 TOPICS = ("for", "while", "return", "if")
 #: the draft model: the demo model's first layers (of 4), its k
 DRAFT_LAYERS, DRAFT_K = 2, 2
+#: the weights' dtypes of the verify-cost figures: float32 (what ``generate`` loads by default)
+#: and bfloat16 (``--dtype bf16``, as LLMs are served: its products go to oneDNN, with AMX
+#: where the CPU has it, whose time grows little from 8 token rows to 40)
+DTYPES = (torch.float32, torch.bfloat16)
 OTHER = (
     "zebra quantum pickle harmonica velvet 7 lantern",
     "orbit marmalade cactus 42 trombone glacier",
@@ -136,30 +144,43 @@ def _generate(
     return out / seconds, out / max(steps, 1)
 
 
-def speculative_figures(
-    *,
-    engine: str = "inductor",
-    blocks: int = 3,
-    calls: int = 10,
-    tokens: int = 32,
-    cpu_time: bool = False,
-) -> list[Figure]:
+def _load(engine: str, dtype: torch.dtype = torch.float32) -> tuple[Generator, Any]:
+    """The demo model's generator (rows for the verify calls of 8 rows) and tokenizer."""
     from torch_tensorrt_dist.models.demo import demo_checkpoint_path
     from torch_tensorrt_dist.models.tokenizer import load_tokenizer
     from torch_tensorrt_dist.parallel.llama_load import load_llama
 
     path = demo_checkpoint_path()
     tok = load_tokenizer(path, vocab_size=1024)
-    model = load_llama(path, progress=False)
+    model = load_llama(path, progress=False, dtype=dtype)
     spec = SpeculativeConfig(num_tokens=K)
     gen = Generator(
         model, engine=engine, max_batch_size=8 * (K + 1), cache_len=CACHE, speculative=spec
     )
-    clock = time.process_time if cpu_time else time.perf_counter
+    return gen, tok
+
+
+def _where(engine: str, cpu_time: bool, dtype: torch.dtype | None = None) -> str:
     where = f"demo model, {engine}, TP 1, {torch.get_num_threads()} threads"
-    where += ", CPU time" if cpu_time else ""
-    figures = []
-    ratios = {}
+    where += f", {dtype_name(dtype)}" if dtype is not None else ""
+    return where + (", CPU time" if cpu_time else "")
+
+
+def verify_cost_figures(
+    dtype: torch.dtype = torch.float32,
+    *,
+    engine: str = "inductor",
+    blocks: int = 3,
+    calls: int = 10,
+    cpu_time: bool = False,
+    gen: Generator | None = None,
+) -> tuple[list[Figure], dict[int, float]]:
+    """The verify call / decode step figures (R = 1, 4, 8) with the weights in ``dtype``, and
+    the ratios by R."""
+    gen = gen or _load(engine, dtype)[0]
+    clock = time.process_time if cpu_time else time.perf_counter
+    where = _where(engine, cpu_time, dtype)
+    figures, ratios = [], {}
     for rows in (1, 4, 8):
         decode_s, verify_s, wide_s = _step_costs(gen, rows, blocks, calls, clock)
         ratio = verify_s / decode_s
@@ -167,7 +188,8 @@ def speculative_figures(
         figures.append(
             Figure(
                 SECTION,
-                f"verify call / decode step, {rows} row{'s' * (rows > 1)} x {K + 1} tokens",
+                f"verify call / decode step, {rows} row{'s' * (rows > 1)} x {K + 1} tokens, "
+                f"{dtype_name(dtype)}",
                 round(ratio, 3),
                 "x",
                 "<= 1.3",
@@ -179,12 +201,34 @@ def speculative_figures(
             Figure(
                 SECTION,
                 f"verify call / decode step of the same token rows, {rows} x {K + 1} vs "
-                f"{rows * (K + 1)} x 1",
+                f"{rows * (K + 1)} x 1, {dtype_name(dtype)}",
                 round(verify_s / wide_s, 3),
                 "x",
                 note=f"{1e3 * verify_s:.2f} ms vs {1e3 * wide_s:.2f} ms ({where})",
             )
         )
+    return figures, ratios
+
+
+def speculative_figures(
+    *,
+    engine: str = "inductor",
+    blocks: int = 3,
+    calls: int = 10,
+    tokens: int = 32,
+    cpu_time: bool = False,
+) -> list[Figure]:
+    gen, tok = _load(engine)
+    spec = gen.speculative
+    assert spec is not None
+    where = _where(engine, cpu_time)
+    figures, ratios = verify_cost_figures(
+        engine=engine, blocks=blocks, calls=calls, cpu_time=cpu_time, gen=gen
+    )
+    for dtype in DTYPES[1:]:  # the float32 generator's figures above; the others' own
+        figures += verify_cost_figures(
+            dtype, engine=engine, blocks=blocks, calls=calls, cpu_time=cpu_time
+        )[0]
     quoting, other = _prompts(tok)
     for name, prompts, goal in (("quoting", quoting, 1.15), ("non-matching", other, 0.95)):
         for _ in range(2):  # warm: every graph both runs take compiled
@@ -291,8 +335,7 @@ def draft_figures(
         plain_best = max(plain_best, _batched(gen, None, prompts, tokens, clock)[0])
         rate, proposed, accepted = _batched(gen, spec, prompts, tokens, clock)
         spec_best = max(spec_best, rate)
-    where = f"demo model, {engine}, TP 1, {torch.get_num_threads()} threads"
-    where += ", CPU time" if cpu_time else ""
+    where = _where(engine, cpu_time)
     what = f"draft: its first {DRAFT_LAYERS} of 4 layers, k {DRAFT_K}"
     acceptance = accepted / max(proposed, 1)
     return [

@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -76,42 +77,6 @@ inline float dot(const float* __restrict q, const T* __restrict k, int64_t d_run
   return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
 }
 
-// float32 with D a multiple of 16: the same sums in GCC/Clang vector types (16 lanes; the
-// compiler maps them on the CPU's registers), kept in registers and added as the same tree
-typedef float v16f __attribute__((vector_size(64)));
-typedef float v8f __attribute__((vector_size(32)));
-typedef float v4f __attribute__((vector_size(16)));
-
-inline v16f load16(const float* p) {
-  v16f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-template <int64_t D>
-inline float dot16(const float* __restrict q, const float* __restrict k) {
-  v16f part = load16(q) * load16(k);
-  for (int64_t d = 16; d < D; d += 16) part += load16(q + d) * load16(k + d);
-  const v8f half = __builtin_shufflevector(part, part, 0, 1, 2, 3, 4, 5, 6, 7) +
-                   __builtin_shufflevector(part, part, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v4f quarter = __builtin_shufflevector(half, half, 0, 1, 2, 3) +
-                      __builtin_shufflevector(half, half, 4, 5, 6, 7);
-  return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
-}
-
-template <>
-inline float dot<float, 32>(const float* __restrict q, const float* __restrict k, int64_t) {
-  return dot16<32>(q, k);
-}
-template <>
-inline float dot<float, 64>(const float* __restrict q, const float* __restrict k, int64_t) {
-  return dot16<64>(q, k);
-}
-template <>
-inline float dot<float, 128>(const float* __restrict q, const float* __restrict k, int64_t) {
-  return dot16<128>(q, k);
-}
-
 // a[0:D] += sum over t of w[t] * v[t][0:D], in the order of t (a zeroed by the caller)
 template <typename T, int64_t DC>
 inline void weighted_sum(float* __restrict a, const float* __restrict w, const T* const* v,
@@ -123,31 +88,128 @@ inline void weighted_sum(float* __restrict a, const float* __restrict w, const T
   }
 }
 
-// float32, D a multiple of 16: the same sums with the accumulators in registers
-template <int64_t D>
-inline void weighted_sum16(float* __restrict a, const float* __restrict w,
-                           const float* const* v, int64_t n) {
+// pi[t] = q . k[t] for the n keys, each as ``dot`` (the vector forms below: 16 keys at a time)
+template <typename T, int64_t DC>
+inline void scores(float* __restrict pi, const float* __restrict q, const T* const* k, int64_t n,
+                   int64_t d_runtime) {
+  for (int64_t t = 0; t < n; ++t) pi[t] = dot<T, DC>(q, k[t], d_runtime);
+}
+
+// float32 or bfloat16 with D a multiple of 16: the same sums in GCC/Clang vector types (16
+// lanes; the compiler maps them on the CPU's registers), kept in registers and added as the
+// same tree. A bfloat16 is a float32's upper half: each key's lanes are widened in registers
+// (exact); the generic form's element-wise conversions were not vectorized (a verify call's
+// attention at 8 rows cost 1.2 ms a layer, 2026-12-07, the demo model in bfloat16).
+typedef float v16f __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+typedef uint32_t v16u32 __attribute__((vector_size(64)));
+
+inline v16f load16(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline v16f load16(const c10::BFloat16* p) {
+  v16u16 h;
+  std::memcpy(&h, p, sizeof(h));
+  const v16u32 w = __builtin_convertvector(h, v16u32) << 16;
+  v16f v;
+  std::memcpy(&v, &w, sizeof(v));
+  return v;
+}
+
+// the 16 lane sums of q . k
+template <typename T, int64_t D>
+inline v16f lanes16(const float* __restrict q, const T* __restrict k) {
+  v16f part = load16(q) * load16(k);
+  for (int64_t d = 16; d < D; d += 16) part += load16(q + d) * load16(k + d);
+  return part;
+}
+
+template <typename T, int64_t D>
+inline float dot16(const float* __restrict q, const T* __restrict k) {
+  const v16f part = lanes16<T, D>(q, k);
+  const v8f half = __builtin_shufflevector(part, part, 0, 1, 2, 3, 4, 5, 6, 7) +
+                   __builtin_shufflevector(part, part, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4f quarter = __builtin_shufflevector(half, half, 0, 1, 2, 3) +
+                      __builtin_shufflevector(half, half, 4, 5, 6, 7);
+  return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+}
+
+// 16 keys' lane sums p[0..15] added as dot16's tree, each key's adds the same (the same
+// operands, so the same bits), four steps over all 16 at once instead of 16 trees: lane j of
+// the result is key j's dot product
+inline v16f tree16(const v16f* p) {
+  v16f x[8], y[4], z[2];
+  for (int j = 0; j < 8; ++j)  // lanes 0-7: key 2j's half, 8-15: key 2j + 1's
+    x[j] = __builtin_shufflevector(p[2 * j], p[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18,
+                                   19, 20, 21, 22, 23) +
+           __builtin_shufflevector(p[2 * j], p[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25,
+                                   26, 27, 28, 29, 30, 31);
+  for (int j = 0; j < 4; ++j)  // lanes 4m..4m+3: key 4j + m's quarter
+    y[j] = __builtin_shufflevector(x[2 * j], x[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18,
+                                   19, 24, 25, 26, 27) +
+           __builtin_shufflevector(x[2 * j], x[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
+                                   23, 28, 29, 30, 31);
+  for (int j = 0; j < 2; ++j)  // lanes 2m, 2m + 1: key 8j + m's q0 + q2, q1 + q3
+    z[j] = __builtin_shufflevector(y[2 * j], y[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20,
+                                   21, 24, 25, 28, 29) +
+           __builtin_shufflevector(y[2 * j], y[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22,
+                                   23, 26, 27, 30, 31);
+  return __builtin_shufflevector(z[0], z[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                 28, 30) +
+         __builtin_shufflevector(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29,
+                                 31);
+}
+
+template <typename T, int64_t D>
+inline void scores16(float* __restrict pi, const float* __restrict q, const T* const* k,
+                     int64_t n) {
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16) {
+    v16f p[16];
+    for (int j = 0; j < 16; ++j) p[j] = lanes16<T, D>(q, k[t + j]);
+    const v16f out = tree16(p);
+    std::memcpy(pi + t, &out, sizeof(out));
+  }
+  for (; t < n; ++t) pi[t] = dot16<T, D>(q, k[t]);
+}
+
+// the accumulators in registers, each value widened
+template <typename T, int64_t D>
+inline void weighted_sum16(float* __restrict a, const float* __restrict w, const T* const* v,
+                           int64_t n) {
   v16f acc[D / 16] = {};
   for (int64_t t = 0; t < n; ++t)
     for (int64_t c = 0; c < D / 16; ++c) acc[c] += w[t] * load16(v[t] + 16 * c);
   std::memcpy(a, acc, sizeof(acc));
 }
 
-template <>
-inline void weighted_sum<float, 32>(float* __restrict a, const float* __restrict w,
-                                    const float* const* v, int64_t n, int64_t) {
-  weighted_sum16<32>(a, w, v, n);
-}
-template <>
-inline void weighted_sum<float, 64>(float* __restrict a, const float* __restrict w,
-                                    const float* const* v, int64_t n, int64_t) {
-  weighted_sum16<64>(a, w, v, n);
-}
-template <>
-inline void weighted_sum<float, 128>(float* __restrict a, const float* __restrict w,
-                                     const float* const* v, int64_t n, int64_t) {
-  weighted_sum16<128>(a, w, v, n);
-}
+#define VECTOR_FORMS(T, DV)                                                                    \
+  template <>                                                                                  \
+  inline float dot<T, DV>(const float* __restrict q, const T* __restrict k, int64_t) {         \
+    return dot16<T, DV>(q, k);                                                                 \
+  }                                                                                            \
+  template <>                                                                                  \
+  inline void scores<T, DV>(float* __restrict pi, const float* __restrict q, const T* const* k, \
+                            int64_t n, int64_t) {                                              \
+    scores16<T, DV>(pi, q, k, n);                                                              \
+  }                                                                                            \
+  template <>                                                                                  \
+  inline void weighted_sum<T, DV>(float* __restrict a, const float* __restrict w,             \
+                                  const T* const* v, int64_t n, int64_t) {                     \
+    weighted_sum16<T, DV>(a, w, v, n);                                                         \
+  }
+VECTOR_FORMS(float, 32)
+VECTOR_FORMS(float, 64)
+VECTOR_FORMS(float, 128)
+VECTOR_FORMS(c10::BFloat16, 32)
+VECTOR_FORMS(c10::BFloat16, 64)
+VECTOR_FORMS(c10::BFloat16, 128)
+#undef VECTOR_FORMS
 
 template <typename T, int64_t DC>
 void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
@@ -162,45 +224,92 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
   const T* vd = v_pool.data_ptr<T>();
   const T* kod = k_own.data_ptr<T>();
   const T* vod = v_own.data_ptr<T>();
+  // q, k_own and v_own by their strides (rows of D contiguous): a verify call's are views of
+  // the step's [R, S, H, D] projections, copied for nothing before (12 copies a step, 4 layers)
+  const int64_t qr = q.stride(0), qh = q.stride(1), qs = q.stride(2);
+  const int64_t kr = k_own.stride(0), kh = k_own.stride(1), ks = k_own.stride(2);
+  const int64_t vr = v_own.stride(0), vh = v_own.stride(1), vs = v_own.stride(2);
   const int64_t* pd = past.data_ptr<int64_t>();
   const bool* md = mask.data_ptr<bool>();
   T* od = out.data_ptr<T>();
   const int64_t token = Hkv * D, block = bs * token;
   const float sc = static_cast<float>(scale);
+  // bfloat16 in the vector forms, S > 1 (a verify call): each (row, KV head) widens the keys
+  // and values its queries see to float32 once (exact), which its rep x S queries then read,
+  // instead of widening each key once a query (10x at 5 tokens and 2 query heads a KV head).
+  // The same values through the same operations: the same bits as the direct form, which a
+  // decode step keeps (no gain measured at S = 1), as does a past too long for the buffers
+  // to stay in the L2 cache (kWiden floats each)
+  constexpr bool widen = std::is_same_v<T, c10::BFloat16> && DC > 0 && DC % 16 == 0;
+  constexpr int64_t kWiden = 64 * 1024;
+  const bool wide = widen && S > 1 && L * D <= kWiden;
   at::parallel_for(0, R * Hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<const T*> keys(L), values(L);  // each seen key and value, the own ones last
+    std::vector<const float*> wkeys(wide ? L : 0), wvalues(wide ? L : 0);  // widened ones
     std::vector<float> p(rep * L), acc(rep * D), qf(rep * D);
+    std::vector<float> kf(wide ? L * D : 0), vf(wide ? L * D : 0);
+    std::vector<char> any(wide ? L : 0);
     for (int64_t rh = begin; rh < end; ++rh) {
       const int64_t r = rh / Hkv, h = rh % Hkv;
-      const T* kown = kod + (r * Hkv + h) * S * D;  // the S own keys of KV head h
-      const T* vown = vod + (r * Hkv + h) * S * D;
+      const T* kown = kod + r * kr + h * kh;  // the S own keys of KV head h
+      const T* vown = vod + r * vr + h * vh;
+      if constexpr (widen) {  // (only bfloat16 has the widening load)
+        if (wide) {  // position j (past, then own) at kf / vf + j D, where seen
+          std::fill(any.begin(), any.end(), 0);
+          for (int64_t s = 0; s < S; ++s)
+            for (int64_t j = 0; j < L; ++j) any[j] |= md[(r * S + s) * L + j];
+          for (int64_t j = 0; j < L; ++j) {
+            if (!any[j]) continue;
+            const T* kj = j < P ? kd + pd[r * NB + j / bs] * block + h * D + (j % bs) * token
+                                : kown + (j - P) * ks;
+            const T* vj = j < P ? vd + pd[r * NB + j / bs] * block + h * D + (j % bs) * token
+                                : vown + (j - P) * vs;
+            for (int64_t d = 0; d < D; d += 16) {
+              const v16f kw = load16(kj + d), vw = load16(vj + d);
+              std::memcpy(kf.data() + j * D + d, &kw, sizeof(kw));
+              std::memcpy(vf.data() + j * D + d, &vw, sizeof(vw));
+            }
+          }
+        }
+      }
       for (int64_t s = 0; s < S; ++s) {
-        // the rep query heads of KV head h at token s: head i's row at ((r Hq + i) S + s) D
-        const T* qrow = qd + ((r * Hq + h * rep) * S + s) * D;
+        // the rep query heads of KV head h at token s: head h rep + i's row at qrow + i qh
+        const T* qrow = qd + r * qr + h * rep * qh + s * qs;
         for (int64_t i = 0; i < rep; ++i)
           for (int64_t d = 0; d < D; ++d)
-            qf[i * D + d] = static_cast<float>(qrow[i * S * D + d]) * sc;
+            qf[i * D + d] = static_cast<float>(qrow[i * qh + d]) * sc;
         const bool* m = md + (r * S + s) * L;
         int64_t seen = 0;
-        for (int64_t b = 0; b < NB; ++b) {  // block by block: no division a key
-          const int64_t base = pd[r * NB + b] * block + h * D;
-          for (int64_t o = 0; o < bs; ++o)
-            if (m[b * bs + o]) {
-              keys[seen] = kd + base + o * token;
-              values[seen++] = vd + base + o * token;
+        if (wide) {
+          for (int64_t j = 0; j < L; ++j)
+            if (m[j]) {
+              wkeys[seen] = kf.data() + j * D;
+              wvalues[seen++] = vf.data() + j * D;
+            }
+        } else {
+          for (int64_t b = 0; b < NB; ++b) {  // block by block: no division a key
+            const int64_t base = pd[r * NB + b] * block + h * D;
+            for (int64_t o = 0; o < bs; ++o)
+              if (m[b * bs + o]) {
+                keys[seen] = kd + base + o * token;
+                values[seen++] = vd + base + o * token;
+              }
+          }
+          for (int64_t t = 0; t < S; ++t)
+            if (m[P + t]) {
+              keys[seen] = kown + t * ks;
+              values[seen++] = vown + t * vs;
             }
         }
-        for (int64_t t = 0; t < S; ++t)
-          if (m[P + t]) {
-            keys[seen] = kown + t * D;
-            values[seen++] = vown + t * D;
-          }
         std::fill(acc.begin(), acc.end(), 0.f);
         if (seen > 0) {  // no key seen: zeros, as torch's CPU attention gives
           for (int64_t i = 0; i < rep; ++i) {
             const float* qi = qf.data() + i * D;
             float* pi = p.data() + i * L;
-            for (int64_t t = 0; t < seen; ++t) pi[t] = dot<T, DC>(qi, keys[t], D);
+            if (wide)
+              scores<float, DC>(pi, qi, wkeys.data(), seen, D);
+            else
+              scores<T, DC>(pi, qi, keys.data(), seen, D);
             float mx = pi[0];
             for (int64_t t = 1; t < seen; ++t) mx = pi[t] > mx ? pi[t] : mx;
             for (int64_t t = 0; t < seen; ++t) pi[t] = exp_nonpositive(pi[t] - mx);
@@ -210,7 +319,11 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
             for (int64_t t = 0; t < seen; ++t) pi[t] *= inv;
           }
           for (int64_t i = 0; i < rep; ++i)
-            weighted_sum<T, DC>(acc.data() + i * D, p.data() + i * L, values.data(), seen, D);
+            if (wide)
+              weighted_sum<float, DC>(acc.data() + i * D, p.data() + i * L, wvalues.data(), seen,
+                                      D);
+            else
+              weighted_sum<T, DC>(acc.data() + i * D, p.data() + i * L, values.data(), seen, D);
         }
         T* orow = od + ((r * Hq + h * rep) * S + s) * D;
         for (int64_t i = 0; i < rep; ++i)
@@ -251,13 +364,14 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                             const at::Tensor& k_own, const at::Tensor& v_own,
                             const at::Tensor& mask, double scale) {
   check(q, k_pool, v_pool, past, k_own, v_own, mask);
-  const auto qc = q.contiguous(), ko = k_own.contiguous(), vo = v_own.contiguous();
+  const auto rows = [](const at::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); };
+  const auto qc = rows(q), ko = rows(k_own), vo = rows(v_own);
   const auto pc = past.contiguous(), mc = mask.contiguous();
   const int64_t* ids = pc.data_ptr<int64_t>();
   for (int64_t i = 0; i < pc.numel(); ++i)  // a block outside the pools would read outside them
     TORCH_CHECK(ids[i] >= 0 && ids[i] < k_pool.size(0), "decode_attention: block id ", ids[i],
                 " outside the pools' ", k_pool.size(0), " blocks");
-  auto out = at::empty_like(qc);
+  auto out = at::empty(q.sizes(), q.options());  // contiguous
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention",
                                   [&] {
                                     switch (q.size(3)) {
