@@ -101,9 +101,8 @@ class RowSampling:
         self.logits: RowLogits | None = None
         self._held_bits: Tensor | None = None  # the held ids as a bitmask row (``holds``)
         cfg = self.cfg
-        self.processed = bool(
-            self.matcher is not None or cfg.shapes_logits or cfg.logprobs is not None
-        )
+        self.shaping = cfg.shapes_logits  # a property of the config: computed once here
+        self.processed = bool(self.matcher is not None or self.shaping or cfg.logprobs is not None)
         """Whether the row takes the processed path (see the module docstring)."""
 
     def holds(self, mask_row: Tensor | None) -> bool:
@@ -118,7 +117,7 @@ class RowSampling:
         return allows_other(mask_row, self._held_bits)
 
     def processing(self, vocab_size: int) -> RowLogits | None:
-        if self.logits is None and self.cfg.shapes_logits:
+        if self.logits is None and self.shaping:
             # the request's end ids are what ``min_tokens`` holds back (ignore_eos: not eos)
             self.logits = RowLogits(
                 self.cfg, self.prompt, vocab_size=vocab_size, eos_ids=self.end_ids
@@ -223,8 +222,8 @@ class StepMasks:
                 except Exception as exc:
                     failed[i] = exc
         for matcher, i in self.rows:  # the engine fails a row by its state, not by raising
-            reason = matcher.error
-            if reason is not None and i not in failed:
+            if matcher._m.is_error() and i not in failed:  # one call a row: cold after the graph
+                reason = str(matcher.error)
                 failed[i] = GrammarError(f"the grammar engine failed: {reason}", reason=reason)
         if self._cpu and not op:
             self.forbid = forbidden(bitmask, grammars.vocab_size)
@@ -353,7 +352,7 @@ def _sample_processed(
             out[i] = Failure("grammar", mask_failures[i])
             continue
         try:
-            rows = state.processing(vocab)
+            rows = state.processing(vocab) if state.shaping else None
             if rows is not None and rows.active:
                 mask_row = bitmask[i] if state.matcher is not None and bitmask is not None else None
                 rows.apply_(x[k], hold=state.holds(mask_row))

@@ -20,7 +20,7 @@ waits (tests, benches). It is built as ``cpu_rows_mm``'s (``ops/_cpp_build.py``)
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -65,4 +65,10 @@ def masked_float(logits: Tensor, bitmask: Tensor, rows: Sequence[int]) -> Tensor
     """float32 [N, V]: ``logits`` [N, V] (float32, bfloat16, float16; CPU) plus -inf where
     bitmask row ``i`` (int32 [>= N, ceil(V / 32)], contiguous) forbids the token, for each
     ``i`` in ``rows``; the other rows copied (call :func:`ready` or :func:`available` first)."""
-    return torch.ops.tensorrt_dist_mask.masked_float(logits, bitmask, rows)
+    fn = _FN[0]
+    if fn is None:  # the overload itself: a step's call skips the packet's dispatch in Python
+        fn = _FN[0] = torch.ops.tensorrt_dist_mask.masked_float.default
+    return fn(logits, bitmask, rows)
+
+
+_FN: list[Callable[..., Tensor] | None] = [None]
