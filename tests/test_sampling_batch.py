@@ -96,11 +96,20 @@ def _rows(grammars: Any) -> list[RowSampling]:
     return _requests(cfgs, grammars)
 
 
+@pytest.mark.parametrize("op", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_masks_row_by_row_and_expanded_sample_what_the_bitmask_samples(dtype: torch.dtype) -> None:
+def test_masks_row_by_row_and_expanded_sample_what_the_bitmask_samples(
+    dtype: torch.dtype, op: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``op``: CPU masks applied by the C++ op (``ops/cpu_bitmask``) over the reused bitmask,
+    else expanded (``StepMasks.forbid``); both sample what the bitmask applied samples."""
     pytest.importorskip("llguidance")
     from torch_tensorrt_dist.generation.grammar import Grammars
+    from torch_tensorrt_dist.ops import cpu_bitmask
 
+    if op and not cpu_bitmask.available():
+        pytest.skip("no C++ compiler")
+    monkeypatch.setattr(cpu_bitmask, "ready", lambda: op)
     grammars = Grammars.for_bytes(vocab_size=300, eos_ids=(299,))
     runs = []
     for device in (None, torch.device("cpu")):  # the bitmask applied here; expanded (CPU)
@@ -108,7 +117,7 @@ def test_masks_row_by_row_and_expanded_sample_what_the_bitmask_samples(dtype: to
         for step in range(6):
             masks = StepMasks.start(grammars, rows, device)
             bitmask, failed = masks.wait()
-            assert (masks.forbid is not None) == (device is not None)
+            assert (masks.forbid is not None) == (device is not None and not op)
             x = torch.randn(len(rows), 300, generator=torch.Generator().manual_seed(step))
             got = sample_step(x.to(dtype), rows, bitmask, failed, masks.forbid)
             for pick, row in zip(got, rows):

@@ -4,12 +4,14 @@ fills them, and the matchers they come from: :mod:`.grammar`.
 
 Per step, the mask of a row depends only on its tokens so far: ``Grammars.fill_bitmask``
 once the step's graph is launched (``sampler.StepMasks``; llguidance releases the GIL), then
-:func:`apply_bitmask_` on the float32 copy of the logits (or the add of :func:`forbidden`),
+:func:`apply_bitmask_` on the float32 copy of the logits (CPU logits: the C++ op
+``ops/cpu_bitmask`` over :func:`step_bitmask`, or the add of :func:`forbidden`),
 *outside* the compiled graph (so it works with every engine, TensorRT included), before the
 logprobs and :mod:`.logits_process` (vLLM's order)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -21,6 +23,7 @@ __all__ = [
     "forbidden",
     "id_bits",
     "new_bitmask",
+    "step_bitmask",
     "unpack_bitmask",
 ]
 
@@ -45,6 +48,42 @@ def allows_other(mask_row: Tensor, bits: Tensor) -> bool:
 def new_bitmask(rows: int, vocab_size: int) -> Tensor:
     """An all-allowed bitmask int32 [rows, ceil(V / 32)]: token t is bit t % 32 of word t // 32."""
     return torch.full((rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+class _Reused(threading.local):
+    """This thread's step bitmask (:func:`step_bitmask`): the buffer, the rows its last step
+    wrote, its views by row count."""
+
+    def __init__(self) -> None:
+        self.buf: Tensor | None = None
+        self.written: frozenset[int] = frozenset()
+        self.views: dict[int, Tensor] = {}
+
+
+_REUSED = _Reused()
+
+
+def step_bitmask(rows: int, vocab_size: int, grammar_rows: Sequence[int]) -> Tensor:
+    """A bitmask int32 [rows, ceil(V / 32)] for a step whose grammar rows are ``grammar_rows``
+    (their masks to be written over): every other row allows every token, as
+    :func:`new_bitmask`'s. One buffer a thread, reused step after step (no allocation: a
+    ``torch.full`` costs 20-25 us once the caches are cold after the graph); only rows that
+    held a grammar's mask the step before and hold none now are set again. Valid until the
+    next call on this thread."""
+    r, words = _REUSED, (vocab_size + 31) // 32
+    buf = r.buf
+    if buf is None or buf.shape[0] < rows or buf.shape[1] != words:
+        size = max(rows, 8 if buf is None else 2 * buf.shape[0])
+        buf = r.buf = new_bitmask(size, vocab_size)
+        r.written, r.views = frozenset(), {}
+    now = frozenset(grammar_rows)
+    for i in r.written - now:
+        buf[i].fill_(-1)
+    r.written = now
+    view = r.views.get(rows)
+    if view is None:
+        view = r.views[rows] = buf[:rows]
+    return view
 
 
 #: _BITS[b, k]: bit k of byte b (the bitmask read as bytes is little-endian: token t is bit

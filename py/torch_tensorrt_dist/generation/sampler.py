@@ -23,7 +23,9 @@ Two paths, chosen per row:
 A step with processed rows copies every row to float32 (float32, bfloat16 and float16
 logits: exact) and draws them all in one ``sample_each``, plain rows included (their copy
 holds their logits unchanged, so they draw what they draw alone); CPU logits take the masks
-in the op that copies them (one add of :attr:`StepMasks.forbid`).
+in the op that copies them: the C++ op ``ops/cpu_bitmask.masked_float`` over the grammar rows
+of a bitmask reused step after step (``grammar_masks.step_bitmask``), or, until that op is
+loaded (or where it cannot be built), one add of :attr:`StepMasks.forbid`; the same values.
 
 Every value here is a function of the row's logits and its own state, never of other rows: a
 request samples the same tokens alone or batched, and on every rank (same logits, same state
@@ -54,7 +56,7 @@ from torch_tensorrt_dist.generation.grammar import (
     id_bits,
     new_bitmask,
 )
-from torch_tensorrt_dist.generation.grammar_masks import forbidden
+from torch_tensorrt_dist.generation.grammar_masks import forbidden, step_bitmask
 from torch_tensorrt_dist.generation.logits_process import (
     RowLogits,
     TokenLogprobs,
@@ -68,6 +70,7 @@ from torch_tensorrt_dist.generation.sampling import (
     sample,
     sample_each,
 )
+from torch_tensorrt_dist.ops import cpu_bitmask
 
 __all__ = ["Failure", "NoTokenLeft", "Pick", "RowSampling", "StepMasks", "sample_step"]
 
@@ -98,9 +101,8 @@ class RowSampling:
         self.logits: RowLogits | None = None
         self._held_bits: Tensor | None = None  # the held ids as a bitmask row (``holds``)
         cfg = self.cfg
-        self.processed = bool(
-            self.matcher is not None or cfg.shapes_logits or cfg.logprobs is not None
-        )
+        self.shaping = cfg.shapes_logits  # a property of the config: computed once here
+        self.processed = bool(self.matcher is not None or self.shaping or cfg.logprobs is not None)
         """Whether the row takes the processed path (see the module docstring)."""
 
     def holds(self, mask_row: Tensor | None) -> bool:
@@ -115,7 +117,7 @@ class RowSampling:
         return allows_other(mask_row, self._held_bits)
 
     def processing(self, vocab_size: int) -> RowLogits | None:
-        if self.logits is None and self.cfg.shapes_logits:
+        if self.logits is None and self.shaping:
             # the request's end ids are what ``min_tokens`` holds back (ignore_eos: not eos)
             self.logits = RowLogits(
                 self.cfg, self.prompt, vocab_size=vocab_size, eos_ids=self.end_ids
@@ -167,10 +169,12 @@ class StepMasks:
         self._grammars, self.rows, self._count = grammars, list(rows), count
         self._cpu = device is not None and device.type == "cpu"
         self.bitmask: Tensor | None = None
-        """After :meth:`wait`: the masks, int32 [N, W] (None: no grammar row)."""
+        """After :meth:`wait`: the masks, int32 [N, W] (None: no grammar row); with the C++
+        op on the CPU, the thread's reused bitmask (valid until its next step's wait)."""
         self.forbid: Tensor | None = None
-        """After :meth:`wait`, with ``device`` CPU: the masks as what they add to the logits,
-        float32 [N, V] (``grammar_masks.forbidden``; the step then masks with one add)."""
+        """After :meth:`wait`, with ``device`` CPU and the C++ op not loaded
+        (``ops/cpu_bitmask``): the masks as what they add to the logits, float32 [N, V]
+        (``grammar_masks.forbidden``; the step then masks with one add)."""
 
     @classmethod
     def start(
@@ -196,7 +200,14 @@ class StepMasks:
         grammars = self._grammars
         if grammars is None or self.bitmask is not None:
             return self.bitmask, failed
-        self.bitmask = bitmask = new_bitmask(self._count, grammars.vocab_size)
+        # CPU logits: one op masks them (cpu_bitmask) over a reused bitmask, else expanded
+        op = self._cpu and cpu_bitmask.ready()
+        if op:
+            at = [i for _, i in self.rows]
+            bitmask = step_bitmask(self._count, grammars.vocab_size, at)
+        else:
+            bitmask = new_bitmask(self._count, grammars.vocab_size)
+        self.bitmask = bitmask
         try:  # no checks of the bitmask made here (each torch attribute read is dear: cold)
             ptr, size, parallel = bitmask.data_ptr(), bitmask.shape[1] * 4, not self._cpu
             grammars.fill_rows(self.rows, ptr, self._count, size, parallel=parallel)
@@ -211,10 +222,10 @@ class StepMasks:
                 except Exception as exc:
                     failed[i] = exc
         for matcher, i in self.rows:  # the engine fails a row by its state, not by raising
-            reason = matcher.error
-            if reason is not None and i not in failed:
+            if matcher._m.is_error() and i not in failed:  # one call a row: cold after the graph
+                reason = str(matcher.error)
                 failed[i] = GrammarError(f"the grammar engine failed: {reason}", reason=reason)
-        if self._cpu:
+        if self._cpu and not op:
             self.forbid = forbidden(bitmask, grammars.vocab_size)
         return bitmask, failed
 
@@ -317,10 +328,14 @@ def _sample_processed(
     idx = None if every else torch.tensor(special, dtype=torch.long)
     rows_of = (lambda t: t) if idx is None else (lambda t: t.index_select(0, idx.to(t.device)))
     # [M, V]: float32, a copy (never the graph's own output), the masks applied (rows without
-    # a grammar allow every token): one add where they came expanded (CPU logits)
-    masked = bitmask is not None and any(states[i].matcher is not None for i in special)
-    if masked and forbid is not None and logits.dtype in _EXACT and logits.device.type == "cpu":
+    # a grammar allow every token): one op (CPU logits), or one add where they came expanded
+    at = [k for k, i in enumerate(special) if states[i].matcher is not None]
+    masked = bitmask is not None and bool(at)
+    cpu_exact = logits.dtype in _EXACT and logits.device.type == "cpu"
+    if masked and forbid is not None and cpu_exact:
         x = torch.add(rows_of(logits), rows_of(forbid))  # bf16 + float32: float32, exact
+    elif bitmask is not None and at and every and cpu_exact and cpu_bitmask.ready():
+        x = cpu_bitmask.masked_float(logits, bitmask, at)  # the same values, one op
     else:
         x = rows_of(logits).to(torch.float32, copy=True)
         if masked and bitmask is not None:
@@ -337,7 +352,7 @@ def _sample_processed(
             out[i] = Failure("grammar", mask_failures[i])
             continue
         try:
-            rows = state.processing(vocab)
+            rows = state.processing(vocab) if state.shaping else None
             if rows is not None and rows.active:
                 mask_row = bitmask[i] if state.matcher is not None and bitmask is not None else None
                 rows.apply_(x[k], hold=state.holds(mask_row))
