@@ -2,8 +2,9 @@
 ranks (one spawn for both models: PP 2 x TP 2, PP 4), each stage reads only its own parts'
 tensors and holds KV pools for its own layers, and the stages together give HF's greedy
 tokens through the native families' pipeline path (``PipelineSpec``, ``PipelineGenerator``);
-a class without a ``base_model_pp_plan``, or whose forward scales the hidden states it is
-given, is refused by name before any weight is read."""
+granite's embedding multiplier scales the embedded tokens on the first stage only; a class
+without a ``base_model_pp_plan``, or whose forward changes the hidden states it is given, is
+refused by name before any weight is read."""
 
 from __future__ import annotations
 
@@ -87,16 +88,21 @@ def test_stages_exact_and_each_reads_its_share(tmp_path: Path) -> None:
     replicates. qwen3 (5 layers, a tied head) at PP 4, split 2 + 1 + 1 + 1: middle stages take
     and give hidden states; the first stage reads the embedding and its layers, the last its
     layer, the norm and the embedding again (the head's matrix), every tensor read by one stage.
-    Every rank samples HF's greedy tokens."""
+    granite (an embedding multiplier of 3, which its forward applies to ``inputs_embeds``) at
+    PP 4: only the first stage scales. Every rank samples HF's greedy tokens."""
     llama, llama_hf = _hf_ckpt.save("llama", tmp_path)
     qwen3, qwen3_hf = _hf_ckpt.save(
         "qwen3", tmp_path, num_hidden_layers=5, tie_word_embeddings=True
     )
+    granite, granite_hf = _hf_ckpt.save(
+        "granite", tmp_path, num_hidden_layers=4, embedding_multiplier=3.0
+    )
     prompts = _hf_ckpt.PROMPTS
-    refs = [hf_greedy(m, prompts, NEW) for m in (llama_hf, qwen3_hf)]
+    refs = [hf_greedy(m, prompts, NEW) for m in (llama_hf, qwen3_hf, granite_hf)]
     jobs = [
         dict(path=str(llama), pp=2, tp=2, prompts=prompts),
         dict(path=str(qwen3), pp=4, tp=1, split=(2, 1, 1, 1), prompts=prompts),
+        dict(path=str(granite), pp=4, tp=1, prompts=prompts),
     ]
     results: Any = run_on_ranks(pp_rank_generate, 4, jobs, timeout=300)
     for rank in results:
@@ -131,19 +137,17 @@ def _plan_error(path: Path) -> str:
 
 
 def test_refused_by_name_before_any_weight(tmp_path: Path) -> None:
-    """gpt2 (no base_model_pp_plan: a config alone, no weights to read) and granite (its
-    forward scales ``inputs_embeds`` by its embedding multiplier, which a later stage must not
-    do again) are refused at PP 2, naming the model type; both plan at PP 1."""
+    """gpt2 (no base_model_pp_plan: a config alone, no weights to read) is refused at PP 2,
+    naming the model type; gemma4_text's forward changes the hidden states
+    it is given (per-layer inputs from the tokens: a later stage has none), refused on its
+    meta-device model (the plan's check, ``hf_survey.pp_refusal``)."""
     import transformers
+
+    from torch_tensorrt_dist.testing.hf_survey import pp_refusal
 
     gpt2 = tmp_path / "gpt2"
     transformers.GPT2Config(n_layer=2).save_pretrained(gpt2)
     message = _plan_error(gpt2)
     assert "'gpt2' has no base_model_pp_plan" in message and "--pp 1 only" in message
-    granite, _ = _hf_ckpt.save("granite", tmp_path)
-    message = _plan_error(granite)
-    assert "'granite' cannot run as pipeline stages" in message and "inputs_embeds" in message
-    from torch_tensorrt_dist.families import checkpoint_spec
-
-    whole = _config(granite, pp=1)
-    assert checkpoint_spec(whole).plan(whole).parallel.pp == 1
+    message = pp_refusal("gemma4_text") or ""
+    assert "'gemma4_text' cannot run as pipeline stages" in message
