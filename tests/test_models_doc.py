@@ -51,7 +51,7 @@ def test_the_columns_follow_the_specs() -> None:
 
 #: the survey rows checked against the code (each kind of answer: native, plans, refused for
 #: its layers, for its attention, for no TP plan at TP 2; at PP 2 for no PP plan, for a forward
-#: that scales the hidden states it is given)
+#: that changes the hidden states it is given; granite's embedding multiplier: plans)
 SAMPLE = (
     "llama",
     "granite",
@@ -63,6 +63,7 @@ SAMPLE = (
     "mamba",
     "qwen3_next",
     "falcon",
+    "gemma4_text",
 )
 
 

@@ -302,3 +302,33 @@ def test_tp2_serve_concurrent_requests_equal_transformers(
         assert srv.stop() == 0
     finally:
         srv.kill()
+
+
+def test_q_and_k_one_matrix_where_float32_rows_are_kept(
+    ckpt: tuple[Path, list[list[int]]],
+) -> None:
+    """``lay_out_linears`` keeping float32 weights row-major (the Inductor engine's row
+    products) makes each layer's q and k weights views of one matrix (``Attention.fuse_qk``),
+    which no state dict holds and no later layout change splits; the tokens stay
+    transformers'."""
+    from torch_tensorrt_dist.models.weight_layout import is_column_major, lay_out_linears
+
+    path, expected = ckpt
+    model = load_llama(path, progress=False)
+    names = set(model.state_dict())
+    lay_out_linears(model, row_major={torch.float32})
+    assert set(model.state_dict()) == names
+    lay_out_linears(model)  # column-major: but the fused matrix's views
+    for block in model.blocks:
+        attn = block.attention
+        assert attn.wqk is not None and attn.wqk.shape == (
+            attn.wq.weight.shape[0] + attn.wk.weight.shape[0],
+            attn.wq.weight.shape[1],
+        )
+        for w in (attn.wq.weight, attn.wk.weight):
+            assert w.untyped_storage().data_ptr() == attn.wqk.untyped_storage().data_ptr()
+            assert w.is_contiguous()
+        assert is_column_major(attn.wv.weight)
+    gen = Generator(model, engine="none", max_batch_size=len(PROMPTS), cache_len=64)
+    out = gen.generate([list(p.encode()) for p in PROMPTS], max_new_tokens=MAX_NEW)
+    assert out.tokens == expected

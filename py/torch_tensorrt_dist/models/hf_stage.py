@@ -17,10 +17,12 @@ one's takes them as ``inputs_embeds`` (``models/hf_model.PagedHFModel.paged_step
 head keeps the embedding on the last stage (the head reads its matrix).
 
 This holds only where the base model's forward does nothing else to the hidden states between
-its embedding and its norm (no scale applied to ``inputs_embeds``, no position embeddings
-added, no work between layers): :func:`check_pipeline` runs that forward on the meta-device
-model with every part a passthrough, and refuses the model unless it returns the very tensor
-it was given.
+its embedding and its norm (no position embeddings added, no work between layers), besides a
+scale named in :data:`INPUT_SCALES` (granite's ``embedding_multiplier``): the first stage
+applies it to its embedded tokens, a later stage has it set to 1 (the hidden states it is
+given were scaled already). :func:`check_pipeline` runs that forward on the meta-device model
+with every part a passthrough and those scales set to 1, as a later stage's, and refuses the
+model unless it returns the values it was given.
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ from torch import Tensor, nn
 from torch_tensorrt_dist.errors import ConfigError
 from torch_tensorrt_dist.models.stage import StageRole
 
-__all__ = ["Passthrough", "check_pipeline", "cut_hf_stage", "pp_parts"]
+__all__ = ["INPUT_SCALES", "Passthrough", "check_pipeline", "cut_hf_stage", "pp_parts"]
+
+#: number attributes of a base model that its forward multiplies ``inputs_embeds`` by, given
+#: or embedded (granite's ``embedding_multiplier``, set from its config): set to 1 on a stage
+#: after the first, whose ``inputs_embeds`` are the previous stage's hidden states
+INPUT_SCALES = ("embedding_multiplier",)
 
 
 class Passthrough(nn.Module):
@@ -84,6 +91,12 @@ def _passthrough_layers(layers: nn.ModuleList, keep: range) -> None:
             layers[i] = Passthrough(f"layer {i}", getattr(layer, "attention_type", None))
 
 
+def _unscale_inputs(base: nn.Module) -> None:
+    for name in INPUT_SCALES:
+        if isinstance(getattr(base, name, None), int | float):
+            setattr(base, name, 1.0)
+
+
 def cut_hf_stage(hf: Any, role: StageRole) -> None:
     """Keep only ``role``'s parts of ``hf`` (a meta-device transformers causal LM: in place,
     before its weights are read)."""
@@ -97,9 +110,11 @@ def cut_hf_stage(hf: Any, role: StageRole) -> None:
     _passthrough_layers(layers, role.layers)
     head = hf.get_output_embeddings()
     tied = head is not None and head.weight is hf.get_input_embeddings().weight
-    if not role.first and not (role.last and tied):  # a tied head reads the embedding
-        for name in before:
-            setattr(base, name, Passthrough(name))
+    if not role.first:
+        _unscale_inputs(base)  # (the first stage scaled them)
+        if not (role.last and tied):  # a tied head reads the embedding
+            for name in before:
+                setattr(base, name, Passthrough(name))
     if not role.last:
         for name in after:
             setattr(base, name, Passthrough(name))
@@ -111,25 +126,29 @@ def cut_hf_stage(hf: Any, role: StageRole) -> None:
 def check_pipeline(hf: Any) -> None:
     """Refuse (by name) a model whose stages cannot hand hidden states on: no PP plan, or a
     base model whose forward changes the hidden states between its embedding and its layers,
-    between layers, or after them besides its final norm. Runs that forward once on a
-    meta-device model (changed in place: every part a passthrough; throw it away after)."""
+    between layers, or after them besides its final norm (a later stage's: with its
+    :data:`INPUT_SCALES` set to 1). Runs that forward once on a meta-device model (changed in
+    place: every part a passthrough; throw it away after)."""
     before, layers_name, after = pp_parts(hf)
     base, text = hf.base_model, hf.config.get_text_config()
-    x = torch.ones(1, 2, text.hidden_size, dtype=_dtype(hf))  # (its identity is checked)
+    x = torch.linspace(-2.0, 3.0, 2 * text.hidden_size).view(1, 2, -1).to(_dtype(hf))
     _passthrough_layers(getattr(base, layers_name), range(0))
     for name in before + after:
         setattr(base, name, Passthrough(name))
+    _unscale_inputs(base)
     why = "it changes them"
     try:
         out = base(inputs_embeds=x, position_ids=torch.arange(2)[None], use_cache=False)
         got: Tensor | None = getattr(out, "last_hidden_state", None)
     except Exception as exc:  # a part outside the plan (position embeddings on meta)
         got, why = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-    if got is not x:
+    same = isinstance(got, Tensor) and got.device == x.device and got.shape == x.shape
+    if not (same and got is not None and torch.equal(got, x)):
         raise ConfigError(
             f"model_type {hf.config.model_type!r} cannot run as pipeline stages: its base "
             f"model's forward does more to the hidden states it is given than its "
-            f"base_model_pp_plan's parts ({why}; a scale on inputs_embeds, position embeddings), "
+            f"base_model_pp_plan's parts ({why}; position embeddings, a scale on inputs_embeds "
+            f"other than {', '.join(INPUT_SCALES)}), "
             "so a later stage cannot take the previous stage's; run it with --pp 1"
         )
 

@@ -160,6 +160,8 @@ class KVCache(nn.Module):
 
 
 class Attention(nn.Module):
+    wqk: Tensor | None
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         d = args.head_dim
@@ -171,15 +173,43 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.n_heads * d, args.dim, bias=False)
         # Added once, after the all-reduce (a row-parallel bias must not be summed tp times).
         self.wo_bias = nn.Parameter(torch.zeros(args.dim)) if args.o_bias else None
+        self.register_buffer("wqk", None, persistent=False)  # wq's, wk's weights: fuse_qk
         self.kv_cache: KVCache | None = None
         self.kv_pages: PagedKVCache | None = None  # set by Transformer.setup_paged
         self.group: dist.ProcessGroup | None = None  # TP group; set by parallel.llama.apply_tp
 
+    def fuse_qk(self) -> None:
+        """Qwen3's q and k projections as one matrix (``wqk``, a buffer in no state dict; wq's
+        and wk's weights become views of it), where both are plain float32 ``QKNormLinear``s
+        without bias; ``weight_layout.lay_out_linears`` calls it where it keeps float32 rows
+        (the Inductor engine). One product fewer a layer; Inductor fuses the heads' norms
+        with the RoPE (else, rows a dynamic size, two kernels a layer: 26 in an 8-row step)."""
+        wq, wk = self.wq, self.wk
+        ok = type(wq) is type(wk) is QKNormLinear and wq.bias is None  # (qkv_bias: both)
+        ok = ok and type(wq.weight.data) is torch.Tensor and wq.weight.dtype == torch.float32
+        if self.wqk is not None or not ok:
+            return
+        w, n = torch.cat([wq.weight.detach(), wk.weight.detach()]), wq.weight.shape[0]
+        wq.weight = nn.Parameter(w[:n], requires_grad=False)
+        wk.weight = nn.Parameter(w[n:], requires_grad=False)
+        self._buffers["wqk"] = nn.Parameter(w, requires_grad=False)  # (row_products.py)
+
+    def _qk(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        # x: [B, S, dim] -> q [B, Hq, S, D], k [B, Hkv, S, D] (normed per head where qk_norm)
+        b, s, _ = x.shape
+        if self.wqk is None or type(self.wq) is not QKNormLinear:  # (quantized after fuse_qk)
+            q = self.wq(x).view(b, s, self.n_heads, self.head_dim)
+            k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim)
+        else:
+            y = F.linear(x, self.wqk).unflatten(-1, (-1, self.head_dim))  # [B, S, Hq + Hkv, D]
+            q = self.wq.get_submodule("norm")(y[:, :, : self.n_heads])
+            k = self.wk.get_submodule("norm")(y[:, :, self.n_heads :])
+        return q.transpose(1, 2), k.transpose(1, 2)
+
     def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         # x: [B, S, dim] -> q [B, Hq, S, D], k, v [B, Hkv, S, D] (RoPE applied to q and k)
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self._qk(x)
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         rope = apply_rope_flipped if self.qk_norm else apply_rope  # (rope.py says why)
         return rope(q, cos, sin), rope(k, cos, sin), v

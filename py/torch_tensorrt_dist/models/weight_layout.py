@@ -1,7 +1,7 @@
 """The layout of linear weights for CPU matmuls: column-major, so small batches run faster.
 
     changed = column_major_linears(model)   # before the step is compiled; shapes unchanged
-    changed = row_major_linears(model)      # back, as loaded
+    changed = row_major_linears(model)      # back, as loaded (Qwen3's q, k: one matrix)
     changed = lay_out_linears(model, row_major={torch.float32})   # what ``reduce`` reads
 
 ``F.linear(x, w)`` with ``w`` [out, in] multiplies ``x`` by ``w.t()``. Stored row-major (as
@@ -50,7 +50,14 @@ def is_column_major(w: torch.Tensor) -> bool:
 def lay_out_linears(model: nn.Module, row_major: Collection[torch.dtype] = ()) -> int:
     """Re-lay every eligible linear weight of ``model`` in place (the parameter object and its
     shape stay; its storage is replaced): row-major where its dtype is in ``row_major``,
-    column-major otherwise; returns how many changed."""
+    column-major otherwise; returns how many changed. Row-major float32 (what the row
+    products read, ``backend/row_products.py``): Qwen3's q and k weights first become one
+    matrix (``llama.Attention.fuse_qk`` says why), which keeps its layout."""
+    if torch.float32 in row_major:
+        for module in model.modules():
+            fuse = getattr(module, "fuse_qk", None)
+            if callable(fuse):
+                fuse()
     changed = 0
     for w in _eligible(model):
         if w.dtype in row_major:
@@ -85,7 +92,14 @@ def has_float32_linears(model: nn.Module) -> bool:
 
 def _eligible(model: nn.Module) -> list[torch.Tensor]:
     """The weights of ``model``'s ``nn.Linear`` modules that are plain 2-D floating-point CPU
-    tensors of at least two rows and columns (one row or column: both layouts are one)."""
+    tensors of at least two rows and columns (one row or column: both layouts are one), each
+    but views of a fused matrix (Qwen3's q and k weights after ``Attention.fuse_qk``: they
+    keep its layout)."""
+    fused = {
+        t.untyped_storage().data_ptr()
+        for t in (getattr(m, "wqk", None) for m in model.modules())
+        if isinstance(t, torch.Tensor)
+    }
     return [
         module.weight
         for module in model.modules()
@@ -95,4 +109,5 @@ def _eligible(model: nn.Module) -> list[torch.Tensor]:
         and module.weight.is_floating_point()
         and module.weight.dim() == 2
         and min(module.weight.shape) >= 2
+        and module.weight.untyped_storage().data_ptr() not in fused
     ]
