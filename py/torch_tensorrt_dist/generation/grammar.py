@@ -63,6 +63,7 @@ from torch_tensorrt_dist.generation.grammar_spec import (
     literal,
     own_options,
 )
+from torch_tensorrt_dist.generation.grammar_tokens import memoized
 
 __all__ = [
     "GrammarError",
@@ -203,8 +204,7 @@ class Grammars:
     def from_json(
         cls, text: str, *, vocab_size: int, eos_ids: Sequence[int], threads: int = 2
     ) -> Grammars:
-        """From the text of a ``tokenizers`` ``tokenizer.json`` (byte-level BPE, or
-        SentencePiece-style with byte fallback)."""
+        """From a ``tokenizer.json``'s text (byte-level BPE, or with byte fallback)."""
         llg = _llguidance()
         if not eos_ids:
             raise ConfigError(
@@ -214,7 +214,7 @@ class Grammars:
             tok = llg.LLTokenizer(text, n_vocab=vocab_size, eos_token=list(eos_ids))
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"the grammar engine cannot read the tokenizer: {exc}") from None
-        out = cls(tok, vocab_size=vocab_size, threads=threads)
+        out = cls(memoized(tok, vocab_size, eos_ids), vocab_size=vocab_size, threads=threads)
         out.eos_ids = tuple(eos_ids)
         return out
 
