@@ -89,7 +89,7 @@ def _serve_vllm() -> list[Figure]:
 def _grammar() -> list[Figure]:
     from torch_tensorrt_dist.bench.grammar_cost import grammar_cost
 
-    return grammar_cost()
+    return grammar_cost() + grammar_cost(tools=True)
 
 
 def _speculative() -> list[Figure]:
