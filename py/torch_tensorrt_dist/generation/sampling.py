@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from torch_tensorrt_dist.errors import ConfigError
+from torch_tensorrt_dist.generation.draw import draw
 from torch_tensorrt_dist.validation import check_bool, check_float, check_int, check_seed
 
 __all__ = [
@@ -279,8 +280,9 @@ def sample(logits: Tensor, cfg: SamplingConfig, generator: torch.Generator) -> T
     always keeps the most likely token (a top_p below float32's resolution keeps only it)."""
     if cfg.greedy:
         return logits.argmax(dim=-1)
-    probs = sample_probs(logits, cfg)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+    probs = sample_probs(logits, cfg)  # [B, V]: the rows draw one after the other
+    tokens = draw(probs, [generator] * probs.shape[0])
+    return torch.tensor(tokens, dtype=torch.long).to(logits.device)
 
 
 def sample_each(
@@ -293,11 +295,10 @@ def sample_each(
     :func:`sample`: ``cfgs[i]`` None (not drawn: its generator is not advanced), top-k or top-p
     set, or a maximum that is not finite (no finite logit, or a NaN: :func:`sample` says why).
 
-    The same draw, batched: ``torch.multinomial`` of one sample is the argmax of p / q, q
-    exponential(1) from the generator; only q (one call a row, each row's own generator) is
-    per row, the rest is one op over every row (8 rows: a fifth of the time of
-    :func:`sample` row by row). Each op computes row by row, so a row's token is the same
-    alone or batched (``tests/test_sampling_batch.py``)."""
+    The same draw, batched: the probabilities of every row at once (the softmax a row at a
+    time, below), then :func:`.draw.draw` (one uniform number from each row's generator).
+    Each op computes row by row, so a row's token is the same alone or batched
+    (``tests/test_sampling_batch.py``)."""
     top = logits.amax(dim=-1, keepdim=True)  # [B, 1], on logits' device
     finite = torch.isfinite(top).flatten().tolist()
     out: list[int | None] = [None] * len(cfgs)
@@ -324,15 +325,14 @@ def sample_each(
     scores = logits.float().cpu()  # [B, V]
     scale = torch.tensor(temps, dtype=torch.float32).unsqueeze(1)
     shifted = (scores - top.float().cpu()) / scale
-    probs, q = torch.empty_like(shifted), torch.empty_like(shifted)  # rows not sampled: unused
-    for i in sampled:
+    probs = torch.empty((len(sampled), shifted.shape[1]), dtype=shifted.dtype)
+    for k, i in enumerate(sampled):
         # a row at a time: the CPU softmax splits rows between threads even at 8 x 1,024
         # (grain 0) and then waits for a busy core (13 ms a call at load 11 on 2 cores)
-        torch.softmax(shifted[i], -1, out=probs[i])
-        q[i].exponential_(1, generator=generators[i])
-    tokens = (probs / q).argmax(dim=-1).tolist()
-    for i in sampled:
-        out[i] = tokens[i]
+        torch.softmax(shifted[i], -1, out=probs[k])
+    gens = [generators[i] for i in sampled]
+    for i, token in zip(sampled, draw(probs, gens)):  # type: ignore[arg-type]
+        out[i] = token
     return out
 
 

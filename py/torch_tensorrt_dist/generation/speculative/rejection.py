@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from torch_tensorrt_dist.generation.draw import draw
+
 __all__ = ["accept_point_mass"]
 
 
@@ -25,6 +27,6 @@ def accept_point_mass(probs: Tensor, draft: int, generator: torch.Generator) -> 
         return True, draft
     residual = probs.clone()
     residual[draft] = 0.0
-    # p(draft) < 1 here (u < 1 always): the residual holds mass
-    token = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    # p(draft) < 1 here (u < 1 always): the residual holds mass (draw: not normalised)
+    token = draw(residual.unsqueeze(0), [generator])[0]
     return False, token

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from torch_tensorrt_dist.generation.draw import draw
 from torch_tensorrt_dist.generation.grammar import (
     GrammarError,
     Grammars,
@@ -131,6 +132,6 @@ def verify_pick(
 
 def _draw(probs: Tensor, state: RowSampling, draft: int | None) -> tuple[Pick, bool]:
     if draft is None:
-        return Pick(int(torch.multinomial(probs, 1, generator=state.gen))), False
+        return Pick(draw(probs.unsqueeze(0), [state.gen])[0]), False
     held, token = accept_point_mass(probs, draft, state.gen)
     return Pick(token), held
