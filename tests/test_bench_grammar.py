@@ -21,7 +21,7 @@ def test_grammar_cost_times_plain_and_grammar_steps() -> None:
     assert figures[0].met is not None and "ms per step" in figures[0].note
     # the graph call's CPU is timed apart: what is outside it is a part of the step
     outside = figures[2].note.split("outside the graph ")[1].split(" ms")[0].split(" vs ")
-    assert 0 < float(outside[0]) and 0 < float(outside[1]) < float(figures[1].note.split()[-2])
+    assert float(outside[0]) > 0 and 0 < float(outside[1]) < float(figures[1].note.split()[-2])
 
 
 def test_sampling_cost_times_the_sampling_path_alone() -> None:
