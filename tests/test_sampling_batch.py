@@ -39,7 +39,7 @@ def _logits(rows: int, vocab: int, dtype: torch.dtype, masked: bool, seed: int) 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("vocab", [7, 1024, 5_000])
+@pytest.mark.parametrize("vocab", [7, 1024, 5_000, 20_000])  # 20,000: a row at a time
 def test_each_row_draws_what_it_draws_alone(dtype: torch.dtype, masked: bool, vocab: int) -> None:
     rows = 2 * len(CONFIGS)
     cfgs = [CONFIGS[(i * 3) % len(CONFIGS)] for i in range(rows)]

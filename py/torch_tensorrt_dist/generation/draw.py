@@ -6,21 +6,23 @@ the row's cumulative distribution at one uniform number.
 What ``torch.multinomial(p, 1)`` draws, in distribution, at the cost of vector sums over the
 row and one random number, where ``torch.multinomial`` (with or without replacement) and the
 exponential variates of its Gumbel-style draw take a scalar step an entry, about 20 ns here
-(AMD EPYC, one thread): 3.4 ms a row at Qwen's 151,936 tokens. ``sampling.sample_each`` of 8
-rows at temperature 1 (this machine, one thread, a helper's job beside it; before -> after):
-151,936 tokens 30-37 -> 6.4-8.5 ms (what is left is the temperature's subtraction and
-division and the softmax), one row 3.4 -> 0.3 ms; 32,000 tokens 7.9-8.4 -> 1.3-1.7 ms; at the
-demo model's 1,024 no gain (262-263 against 270-298 us). On an accelerator the logits come to
-the CPU for the draw (every rank and device type draws the same), so this is the sampled
-step's cost there too.
+(AMD EPYC, one thread): 3.4 ms a row at Qwen's 151,936 tokens. ``sampling.sample_each`` at
+temperature 1 (this machine, one thread, a helper's job beside it; before -> after, the
+row-at-a-time shift and scale above 16,384 tokens included): 8 rows of 151,936 tokens 29-40
+-> 1.8-1.9 ms, one row 3.2-3.4 -> 0.30 ms; 32,000 tokens 7.1-8.9 -> 0.61 ms, one row 0.73 ->
+0.16 ms; the demo model's 1,024 tokens, 8 rows 261-271 -> 201-203 us, one row 65 -> 99 us (a
+dozen numpy calls of 1-2 us a row where one exponential call was). On an accelerator the
+logits come to the CPU for the draw (every rank and device type draws the same), so this is
+the sampled step's cost there too.
 
 How: the row's entries are summed in chunks of :data:`CHUNK` (vector sums), the chunks'
 running sums in float64 find the chunk where the uniform number (a float64 in [0, 1) times
 the row's total) falls, and only that chunk's entries are summed one by one (float64) to find
-the token: the first whose running sum exceeds the number. A token of probability 0 is never
-drawn (its running sum equals its predecessor's), nor a chunk or an entry after the last with
-mass. Each row is computed from its own values and generator only, so a row draws the same
-token alone or batched, and every rank the same.
+the token: the first whose running sum exceeds the number (a row of at most :data:`CHUNK`
+entries: summed one by one at once). A token of probability 0 is never drawn (its running
+sum equals its predecessor's), nor a chunk or an entry after the last with mass. Each row
+is computed from its own values and generator only, so a row draws the same token alone or
+batched, and every rank the same.
 """
 
 from __future__ import annotations
@@ -49,11 +51,12 @@ def draw(probs: Tensor, generators: Sequence[torch.Generator]) -> list[int]:
     if rows != len(generators):
         raise ValueError(f"probs {tuple(probs.shape)} for {len(generators)} generators")
     a = probs.detach().numpy()  # a view of the tensor's memory
-    full = vocab // CHUNK
-    sums = [a[:, : full * CHUNK].reshape(rows, full, CHUNK).sum(-1)] if full else []
-    if vocab % CHUNK:
-        sums.append(a[:, full * CHUNK :].sum(-1, keepdims=True))
-    cdf = np.cumsum(np.concatenate(sums, 1), 1, dtype=np.float64)  # [B, chunks]
+    # chunks of CHUNK entries, or (a row of at most CHUNK) each entry its own chunk
+    size, full = (CHUNK, vocab // CHUNK) if vocab > CHUNK else (1, 0)
+    sums = [a[:, : full * size].reshape(rows, full, size).sum(-1)] if full else [a]
+    if full and vocab % size:
+        sums.append(a[:, full * size :].sum(-1, keepdims=True))
+    cdf = np.cumsum(np.concatenate(sums, 1) if full else a, 1, dtype=np.float64)  # [B, chunks]
     total = cdf[:, -1]  # NaN and inf carry to it
     if not (np.isfinite(total).all() and (total > 0).all() and a.min() >= 0):
         raise ValueError(
@@ -67,10 +70,13 @@ def draw(probs: Tensor, generators: Sequence[torch.Generator]) -> list[int]:
         # the chunk: the first whose running sum exceeds ``at`` (it has mass), at most the
         # last chunk with mass (its running sum is the total)
         c = min(int(np.searchsorted(sums_of, at, "right")), int(np.searchsorted(sums_of, end)))
-        local = np.cumsum(a[row, c * CHUNK : (c + 1) * CHUNK], dtype=np.float64)
+        if size == 1:
+            tokens.append(c)
+            continue
+        local = np.cumsum(a[row, c * size : (c + 1) * size], dtype=np.float64)
         rest = at - (sums_of[c - 1] if c else 0.0)
         # the first entry whose running sum exceeds the rest, at most the chunk's last entry
         # with mass (its sums one by one round apart from its vector sum)
         j = min(int(np.searchsorted(local, rest, "right")), int(np.searchsorted(local, local[-1])))
-        tokens.append(c * CHUNK + j)
+        tokens.append(c * size + j)
     return tokens
