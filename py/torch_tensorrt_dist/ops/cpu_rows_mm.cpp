@@ -10,11 +10,11 @@
 // Zen 4 (AMD EPYC): each weight vector is loaded once into a register and used for a block of
 // up to 8 rows, each row's vector loaded once for the block's outputs, each (row, output) pair
 // its own 16-lane accumulator (a block of rows x outputs: 8 to 16 independent chains of fused
-// multiply-adds in registers). Past 8 rows, a block of rows reads a block of weight rows that
-// stays in the L1 cache for the next block of rows, so each weight is read from memory once a
-// call. Each output is the dot product of the two rows in a fixed order
-// (16 lane sums along K, then added as a tree): a row's result does not depend on the other
-// rows, on how the rows were blocked or on the threads; it is ``mm``'s to float32 rounding.
+// multiply-adds in registers). Past 8 rows, each block of rows reads the same 24 weight rows,
+// which stay in the L1 or L2 cache for the next block of rows, so each weight is read from
+// memory once a call. Each output is the dot product of the two rows in a fixed order (16 lane
+// sums along K, then added as a tree): a row's result does not depend on the other rows, on
+// how the rows were blocked or on the threads; it is ``mm``'s to float32 rounding.
 // Built at first use by ``cpu_rows_mm.py`` (torch's C++ extension loader, -march=native; the
 // vector type is split by the compiler where the CPU has no 512-bit registers).
 
@@ -127,7 +127,8 @@ inline void block(const float* __restrict x, const float* __restrict w, float* _
       in_register(wv[j]);
     }
     // the weights 8 KiB ahead, from the outer caches: a step of several rows computes while
-    // they come (without, 8 rows cost 1.5x one row; with, 1.2x: the demo model's shapes)
+    // they come (without, 8 rows cost 1.5x one row; with, 1.2x: the demo model's shapes on
+    // the Xeon of the first form)
     for (int j = 0; j < NB; ++j) __builtin_prefetch(w + j * K + k + kAhead, 0, 3);
     for (int m = 0; m < MB; ++m) {
       v16f xv = load16(x + m * K + k);
