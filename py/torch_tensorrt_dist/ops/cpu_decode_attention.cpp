@@ -211,6 +211,53 @@ VECTOR_FORMS(c10::BFloat16, 64)
 VECTOR_FORMS(c10::BFloat16, 128)
 #undef VECTOR_FORMS
 
+// the largest of p[0:n] (n >= 1): 16 lanes' largest, then theirs (the same value as the
+// scalar loop's, which was a chain of n dependent comparisons)
+inline float largest(const float* p, int64_t n) {
+  float mx = p[0];
+  int64_t t = 1;
+  if (n >= 16) {
+    v16f m = load16(p);
+    for (t = 16; t + 16 <= n; t += 16) {
+      const v16f x = load16(p + t);
+      m = x > m ? x : m;
+    }
+    for (int l = 0; l < 16; ++l) mx = m[l] > mx ? m[l] : mx;
+  }
+  for (; t < n; ++t) mx = p[t] > mx ? p[t] : mx;
+  return mx;
+}
+
+// the softmax of G query heads over the n seen keys (head g's exponentials at p + g L,
+// normalized here) and their weighted sums of the values (at a + g D, zeroed by the caller):
+// each head's adds in the order of the keys, as one head alone, the G heads' chains of
+// dependent adds side by side (one head's sums were bound by their adds' latency)
+template <int G, typename T, int64_t DC>
+inline void head_sums(float* __restrict a, float* __restrict p, int64_t L, const T* const* v,
+                      int64_t n, int64_t d_runtime) {
+  float sum[G] = {};
+  for (int64_t t = 0; t < n; ++t)
+    for (int g = 0; g < G; ++g) sum[g] += p[g * L + t];
+  for (int g = 0; g < G; ++g) {
+    const float inv = 1.f / sum[g];
+    for (int64_t t = 0; t < n; ++t) p[g * L + t] *= inv;
+  }
+  constexpr bool vector = (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) &&
+                          (DC == 32 || DC == 64 || DC == 128);
+  if constexpr (vector) {  // weighted_sum16's sums, each value read once for the G heads
+    v16f out[G][DC / 16] = {};
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t c = 0; c < DC / 16; ++c) {
+        const v16f vt = load16(v[t] + 16 * c);
+        for (int g = 0; g < G; ++g) out[g][c] += p[g * L + t] * vt;
+      }
+    for (int g = 0; g < G; ++g) std::memcpy(a + g * DC, out[g], sizeof(out[g]));
+  } else {
+    const int64_t D = DC > 0 ? DC : d_runtime;
+    for (int g = 0; g < G; ++g) weighted_sum<T, DC>(a + g * D, p + g * L, v, n, D);
+  }
+}
+
 template <typename T, int64_t DC>
 void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
          const at::Tensor& past, const at::Tensor& k_own, const at::Tensor& v_own,
@@ -310,20 +357,23 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
               scores<float, DC>(pi, qi, wkeys.data(), seen, D);
             else
               scores<T, DC>(pi, qi, keys.data(), seen, D);
-            float mx = pi[0];
-            for (int64_t t = 1; t < seen; ++t) mx = pi[t] > mx ? pi[t] : mx;
+            const float mx = largest(pi, seen);
             for (int64_t t = 0; t < seen; ++t) pi[t] = exp_nonpositive(pi[t] - mx);
-            float sum = 0.f;
-            for (int64_t t = 0; t < seen; ++t) sum += pi[t];
-            const float inv = 1.f / sum;
-            for (int64_t t = 0; t < seen; ++t) pi[t] *= inv;
           }
-          for (int64_t i = 0; i < rep; ++i)
-            if (wide)
-              weighted_sum<float, DC>(acc.data() + i * D, p.data() + i * L, wvalues.data(), seen,
-                                      D);
-            else
-              weighted_sum<T, DC>(acc.data() + i * D, p.data() + i * L, values.data(), seen, D);
+          for (int64_t i = 0; i < rep; i += 2) {  // two query heads at once, or the last one
+            float* a = acc.data() + i * D;
+            float* pi = p.data() + i * L;
+            if (i + 1 < rep) {
+              if (wide)
+                head_sums<2, float, DC>(a, pi, L, wvalues.data(), seen, D);
+              else
+                head_sums<2, T, DC>(a, pi, L, values.data(), seen, D);
+            } else if (wide) {
+              head_sums<1, float, DC>(a, pi, L, wvalues.data(), seen, D);
+            } else {
+              head_sums<1, T, DC>(a, pi, L, values.data(), seen, D);
+            }
+          }
         }
         T* orow = od + ((r * Hq + h * rep) * S + s) * D;
         for (int64_t i = 0; i < rep; ++i)

@@ -5,14 +5,16 @@
 //   w [N, K] float32 (contiguous)  a linear layer's weight, row-major [out, in]
 //   -> y [M, N] float32 (contiguous)
 //
-// A step of few token rows is bound by reading the weights and by the latency of its sums, not
-// by arithmetic: each weight vector is loaded once and used for a block of up to 8 rows, each
-// (row, output) pair its own 16-lane accumulator (a block of rows x outputs: up to 24
-// independent chains of fused multiply-adds in registers). A block of rows reads a block of
-// weight rows that stays in the L1 cache for the next block of rows, so each weight is read
-// from memory once a call. Each output is the dot product of the two rows in a fixed order
-// (16 lane sums along K, then added as a tree): a row's result does not depend on the other
-// rows, on how the rows were blocked or on the threads; it is ``mm``'s to float32 rounding.
+// A step of one token row is bound by reading the weights; one of 5 to 8 rows (a speculative
+// verify call, a decode step of a batch) by its fused multiply-adds, one a cycle on a core of
+// Zen 4 (AMD EPYC): each weight vector is loaded once into a register and used for a block of
+// up to 8 rows, each row's vector loaded once for the block's outputs, each (row, output) pair
+// its own 16-lane accumulator (a block of rows x outputs: 8 to 16 independent chains of fused
+// multiply-adds in registers). Past 8 rows, each block of rows reads the same 24 weight rows,
+// which stay in the L1 or L2 cache for the next block of rows, so each weight is read from
+// memory once a call. Each output is the dot product of the two rows in a fixed order (16 lane
+// sums along K, then added as a tree): a row's result does not depend on the other rows, on
+// how the rows were blocked or on the threads; it is ``mm``'s to float32 rounding.
 // Built at first use by ``cpu_rows_mm.py`` (torch's C++ extension loader, -march=native; the
 // vector type is split by the compiler where the CPU has no 512-bit registers).
 
@@ -99,20 +101,38 @@ inline void all_sums(const v16f* v, float* out) {
   }
 }
 
+// v held in a register: GCC otherwise folds the loads of a vector used by several products
+// into each of them (5 rows x 3 outputs: 18 vector loads for 15 products, where a core of
+// Zen 4 loads one 64-byte vector a cycle), and the loads, not the products, bound the loop
+inline void in_register(v16f& v) {
+#if defined(__AVX512F__)
+  asm("" : "+v"(v));
+#else
+  (void)v;
+#endif
+}
+
 // y[m, n0 + j] for the MB rows at x (row stride K) and the NB weight rows at w (n0's)
 template <int MB, int NB>
 inline void block(const float* __restrict x, const float* __restrict w, float* __restrict y,
                   int64_t K, int64_t N) {
-  v16f acc[MB][NB] = {};
+  v16f acc[MB][NB];  // zeroed in registers (``= {}`` was a memset call of the array)
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < NB; ++j) acc[m][j] = v16f{};
   const int64_t full = K - K % kLanes;
   for (int64_t k = 0; k < full; k += kLanes) {
     v16f wv[NB];
-    for (int j = 0; j < NB; ++j) wv[j] = load16(w + j * K + k);
+    for (int j = 0; j < NB; ++j) {
+      wv[j] = load16(w + j * K + k);
+      in_register(wv[j]);
+    }
     // the weights 8 KiB ahead, from the outer caches: a step of several rows computes while
-    // they come (without, 8 rows cost 1.5x one row; with, 1.2x: the demo model's shapes)
+    // they come (without, 8 rows cost 1.5x one row; with, 1.2x: the demo model's shapes on
+    // the Xeon of the first form)
     for (int j = 0; j < NB; ++j) __builtin_prefetch(w + j * K + k + kAhead, 0, 3);
     for (int m = 0; m < MB; ++m) {
-      const v16f xv = load16(x + m * K + k);
+      v16f xv = load16(x + m * K + k);
+      in_register(xv);
       for (int j = 0; j < NB; ++j) acc[m][j] += xv * wv[j];
     }
   }
@@ -131,30 +151,39 @@ inline void block(const float* __restrict x, const float* __restrict w, float* _
     for (int j = 0; j < NB; ++j) y[m * N + j] = out[m * NB + j];
 }
 
-// outputs [n0, n1) of every row: for each block of NB weight rows, every block of rows
-template <int NB>
-void outputs(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N,
-             int64_t n0, int64_t n1) {
-  int64_t n = n0;
-  for (; n + NB <= n1; n += NB) {
-    const float* wn = w + n * K;
+// outputs [n, n1) of the MB rows at x: NB at a time, then the last ones in one smaller block
+template <int MB, int NB>
+void row_block(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t n,
+               int64_t n1) {
+  for (; n + NB <= n1; n += NB) block<MB, NB>(x, w + n * K, y + n, K, N);
+  if constexpr (NB > 1)
+    if (n < n1) row_block<MB, NB - 1>(x, w, y, K, N, n, n1);
+}
+
+// outputs [n0, n1) of every row, in blocks of rows x NB outputs: 8 rows at a time, then the
+// rest; past 8 rows, 24 outputs at a time, their weights read from memory once for all the
+// rows. Each row count's NB is the fastest measured (one thread of an AMD EPYC, Zen 4, the
+// demo model's 29 products, in-cache weights): 2 or 3 weight rows a block from 3 rows on;
+// blocks of 4 to 6 weight rows (more accumulators) cost up to 15% more there
+void products(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N,
+              int64_t n0, int64_t n1) {
+  const int64_t chunk = M > 8 ? 24 : n1 - n0;
+  for (int64_t n = n0; n < n1; n += chunk) {
+    const int64_t end = std::min(n1, n + chunk);
     int64_t m = 0;
-    for (; m + 8 <= M; m += 8) block<8, NB>(x + m * K, wn, y + m * N + n, K, N);
-    // the rest of the rows: NB outputs at once keeps the weight block's use
+    for (; m + 8 <= M; m += 8) row_block<8, 2>(x + m * K, w, y + m * N, K, N, n, end);
+    const float* xm = x + m * K;
+    float* ym = y + m * N;
     switch (M - m) {
-      case 7: block<7, NB>(x + m * K, wn, y + m * N + n, K, N); break;
-      case 6: block<6, NB>(x + m * K, wn, y + m * N + n, K, N); break;
-      case 5: block<5, NB>(x + m * K, wn, y + m * N + n, K, N); break;
-      case 4: block<4, NB>(x + m * K, wn, y + m * N + n, K, N); break;
-      case 3: block<3, NB>(x + m * K, wn, y + m * N + n, K, N); break;
-      case 2: block<2, NB>(x + m * K, wn, y + m * N + n, K, N); break;
-      case 1: block<1, NB>(x + m * K, wn, y + m * N + n, K, N); break;
+      case 7: row_block<7, 2>(xm, w, ym, K, N, n, end); break;
+      case 6: row_block<6, 2>(xm, w, ym, K, N, n, end); break;
+      case 5: row_block<5, 3>(xm, w, ym, K, N, n, end); break;
+      case 4: row_block<4, 3>(xm, w, ym, K, N, n, end); break;
+      case 3: row_block<3, 3>(xm, w, ym, K, N, n, end); break;
+      case 2: row_block<2, 4>(xm, w, ym, K, N, n, end); break;
+      case 1: row_block<1, 8>(xm, w, ym, K, N, n, end); break;
       default: break;
     }
-  }
-  for (; n < n1; ++n) {  // the last outputs, one at a time
-    const float* wn = w + n * K;
-    for (int64_t m = 0; m < M; ++m) block<1, 1>(x + m * K, wn, y + m * N + n, K, N);
   }
 }
 
@@ -175,13 +204,7 @@ at::Tensor rows_mm(const at::Tensor& x, const at::Tensor& w) {
   // a thread's share: whole blocks of 8 outputs, at least 64 outputs x 256 inputs of work
   const int64_t grain = std::max<int64_t>(8, ((16384 / std::max<int64_t>(K, 1)) + 7) / 8 * 8);
   at::parallel_for(0, (N + 7) / 8, grain / 8, [&](int64_t b0, int64_t b1) {
-    const int64_t n0 = b0 * 8, n1 = std::min(N, b1 * 8);
-    if (M == 1)
-      outputs<8>(xd, wd, yd, M, K, N, n0, n1);
-    else if (M <= 4)
-      outputs<4>(xd, wd, yd, M, K, N, n0, n1);
-    else
-      outputs<3>(xd, wd, yd, M, K, N, n0, n1);
+    products(xd, wd, yd, M, K, N, b0 * 8, std::min(N, b1 * 8));
   });
   return y;
 }

@@ -8,12 +8,23 @@ A decode step of few rows, or a speculative verify call of a few rows x (k + 1) 
 every weight once and does little arithmetic with it. Inductor's reductions
 (``backend/row_products.py``) keep one accumulator per output and row: each row's dot product
 is its own chain of additions, and 5 token rows cost about 5 times one. The op loads each
-weight vector once for a block of up to 8 rows (up to 24 independent accumulators in
-registers) and prefetches the weights ahead, so that the arithmetic of several rows hides in
-the time the weights take to come. Alone, one thread of this Xeon (the demo model's 28 layer
-products, in-cache weights, CPU time of a C++ loop): 1 row 478 us, 5 rows 508, 8 rows 590,
-20 rows 1,324, 40 rows 2,913 (without the prefetch 5 and 8 rows cost 1.25 and 1.5 times one
-row). In a whole decode step the gain is smaller (docs/generation.md, speculative decoding).
+weight vector into a register once for a block of up to 8 rows, and each row's vector once for
+the block's 2 to 8 outputs (8 to 16 independent accumulators in registers), and prefetches the
+weights ahead. One token row is bound by reading the weights, 5 or more by the fused
+multiply-adds (one 16-lane one a cycle on one core of either CPU below). Alone, one thread
+(the demo model's 29 products, in-cache weights, CPU time of a C++ loop, best of 11 blocks):
+
+- this AMD EPYC (Zen 4, 2026-12-07, load average 2-3): 1 row 188 us, 5 rows 381, 8 rows
+  697, 16 rows 1,550; 5 rows run at 78 % of the core's peak (299 us for their 1.07 M
+  16-lane fused multiply-adds). Before the vectors were held in registers: 567, 869 and
+  1,810 us (GCC had folded the load of each use into the product: 18 loads for 15
+  products, where a Zen 4 core loads one 64-byte vector a cycle);
+- the Xeon of the first form (2026-12-06, load average 11): 1 row 478 us, 5 rows 508, 8 rows
+  590, 20 rows 1,324, 40 rows 2,913 (without the prefetch 5 and 8 rows cost 1.25 and 1.5
+  times one row). There one row took 2.5x as long to read the weights, and 5 rows'
+  arithmetic hid in that time; on the EPYC it cannot.
+
+In a whole step the gain is smaller (docs/generation.md, speculative decoding).
 
 Each output is the dot product of its row and the weight's row in a fixed order: a row's
 result does not depend on the other rows of the call or on the threads; the values are
