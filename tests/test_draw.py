@@ -32,6 +32,23 @@ def test_tokens_without_mass_are_never_drawn() -> None:
     assert got <= {20, 22} and 22 in got
 
 
+def test_across_chunks_the_draws_follow_the_distribution_and_skip_empty_chunks() -> None:
+    from torch_tensorrt_dist.generation.draw import CHUNK
+
+    # 5 chunks (the last one short): two entries with mass in chunk 1 (one its last) and in
+    # chunk 2 (one its first: found after chunk 1's mass), one in the short last chunk; chunks
+    # 0 and 3 hold none
+    at = [CHUNK + 500, 2 * CHUNK - 1, 2 * CHUNK, 2 * CHUNK + 400, 4 * CHUNK + 3]
+    p = torch.zeros(4 * CHUNK + 8)
+    p[at] = torch.tensor([0.1, 0.2, 0.15, 0.15, 0.4])
+    n, g = 8_000, torch.Generator().manual_seed(3)
+    got = torch.tensor(draw(p.expand(n, -1), [g] * n))
+    assert set(got.tolist()) == set(at)
+    counts = torch.stack([(got == i).sum() for i in at]).double()
+    expected = p[at].double() * n
+    assert float(((counts - expected) ** 2 / expected).sum()) < 13.28  # 1 %, 4 degrees
+
+
 def test_unnormalised_rows_draw_as_their_normalised_form() -> None:
     p = torch.tensor([[0.2, 0.5, 0.3], [1.0, 0.0, 3.0]])
     assert draw(p * 7.0, _gens(3, 4)) == draw(p, _gens(3, 4))

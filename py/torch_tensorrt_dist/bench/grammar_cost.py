@@ -112,24 +112,26 @@ def _block(
             in_graph[0] += time.thread_time() - start
 
     core._step = timed
-    sched = gen.scheduler(core)
-    for r in reqs:
-        sched.add(r)
-    times: list[tuple[float, float, float]] = []
-    while not sched.idle() and len(times) < steps:
-        plan = sched.plan()
-        decoding = plan.steady and len(core.running) == ROWS
-        start, cpu, in_graph[0] = time.perf_counter(), time.thread_time(), 0.0
-        emitted = core.step(plan)
-        if decoding:
-            times.append((time.perf_counter() - start, time.thread_time() - cpu, in_graph[0]))
-        failed = [e.error for e in emitted if e.error is not None]
-        if failed:
-            raise RuntimeError(f"a row failed while timing: {failed[0]}")
-    for r in reqs:  # leave nothing running (the next block starts afresh)
-        sched.cancel(r.rid)
-    core.step(sched.plan())
-    core._step = graph_step
+    try:
+        sched = gen.scheduler(core)
+        for r in reqs:
+            sched.add(r)
+        times: list[tuple[float, float, float]] = []
+        while not sched.idle() and len(times) < steps:
+            plan = sched.plan()
+            decoding = plan.steady and len(core.running) == ROWS
+            start, cpu, in_graph[0] = time.perf_counter(), time.thread_time(), 0.0
+            emitted = core.step(plan)
+            if decoding:
+                times.append((time.perf_counter() - start, time.thread_time() - cpu, in_graph[0]))
+            failed = [e.error for e in emitted if e.error is not None]
+            if failed:
+                raise RuntimeError(f"a row failed while timing: {failed[0]}")
+        for r in reqs:  # leave nothing running (the next block starts afresh)
+            sched.cancel(r.rid)
+        core.step(sched.plan())
+    finally:
+        core._step = graph_step
     return times
 
 
